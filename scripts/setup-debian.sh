@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# setup-debian.sh: installs everything evoke needs to build, test and run on Debian 12.
+#
+# Idempotent: when every package is already installed it does nothing (no
+# network access), so the README commands can be re-run cheaply. Runs apt-get
+# directly as root, or through sudo otherwise.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  librocksdb-dev libabsl-dev libxxhash-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  redis-server procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

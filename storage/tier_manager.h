@@ -1,0 +1,181 @@
+// TierManager: the block index and the policy that moves blocks between
+// tier 1 (PinnedArena) and tier 2 (SpillStore).
+#ifndef EVOKE_STORAGE_TIER_MANAGER_H_
+#define EVOKE_STORAGE_TIER_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/hash128.h"
+#include "evoke/v1/kvtier.pb.h"
+#include "storage/pinned_arena.h"
+#include "storage/spill_store.h"
+
+namespace evoke {
+
+struct TierManagerOptions {
+  // Tier 1 starts spilling when its used bytes pass high_watermark *
+  // capacity, and spills least recently used blocks until it is under
+  // low_watermark * capacity. 0 < low < high <= 1. Defaults: 0.95, 0.80.
+  double high_watermark = 0.95;
+  double low_watermark = 0.80;
+  // Budget of payload bytes kept on disk. Past it, the least recently used
+  // payloads are dropped and their metadata kept (breadcrumbs).
+  // Default: 16 GiB.
+  uint64_t spill_bytes = 16ull << 30;
+  // Payload bytes written to the spill store per batch. Default: 64 MiB.
+  uint64_t spill_batch_bytes = 64ull << 20;
+  // How long a Save may wait for the spiller to make room in tier 1 before
+  // failing with RESOURCE_EXHAUSTED (the call's own deadline also applies).
+  // Default: 10 s.
+  absl::Duration max_wait_for_room = absl::Seconds(10);
+};
+
+// One block to store. `meta` must have passed ValidateBlockForSave.
+struct SaveItem {
+  const v1::BlockMeta* meta = nullptr;
+  absl::string_view payload;
+  bool pin = false;
+};
+
+// Where Load copies one block's payload: called once per block with the
+// block's index in the request and its metadata (payload_bytes set); returns
+// a buffer of at least meta.payload_bytes() bytes that stays valid until Load
+// returns, or an error that aborts the Load.
+using LoadDestination =
+    std::function<absl::StatusOr<uint8_t*>(size_t index, const v1::BlockMeta& meta)>;
+
+struct LoadedInfo {
+  v1::Tier served_from = v1::TIER_UNSPECIFIED;
+};
+
+struct ListFilter {
+  std::string ns;          // Empty: any.
+  std::string session_id;  // Empty: any.
+  v1::Tier tier = v1::TIER_UNSPECIFIED;
+};
+
+// TierManager owns the block index (id -> metadata, tier, pins, LRU position)
+// and both tiers. Saves land in tier 1; a background spiller thread writes
+// least recently used blocks to tier 2 once tier 1 passes its high
+// watermark, never moving a pinned block; a Load of a spilled block promotes
+// it when room allows; past the spill budget payloads become breadcrumbs.
+// Every payload is checksummed (xxHash3-64) at Save and verified on every
+// read from either tier: a mismatch is DATA_LOSS, counted, never served, and
+// the bad copy is dropped.
+//
+// Durability: a plain Save is acknowledged in tier 1 (lost on a crash, kept
+// by Shutdown); a durable Save and everything spilled is in RocksDB (kept on
+// a process crash). Open() rebuilds the index from RocksDB.
+//
+// Thread-safe. Save may block waiting for room (up to max_wait_for_room);
+// Load, Pin, Verify and Flush read or write disk; Lookup, Describe, List and
+// Stats never touch disk.
+class TierManager {
+ public:
+  // Open rebuilds the index from `spill` and starts the spiller.
+  // INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<TierManager>> Open(
+      const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
+      std::unique_ptr<SpillStore> spill);
+  // Stops the spiller. Does not flush: call Shutdown() for that.
+  ~TierManager();
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  // Save stores `items` (unique ids) all-or-nothing and returns one result per
+  // item. An id already stored with the same checksum is deduplicated; a
+  // prefix block with another checksum keeps the first copy (deduplicated);
+  // a session block with another checksum is ALREADY_EXISTS. With `durable`,
+  // returns after the blocks are fsync'd to the spill store.
+  // Errors: RESOURCE_EXHAUSTED (a block larger than tier 1, tier 1 full of
+  // pinned blocks, or no room by `deadline` / max_wait_for_room),
+  // ALREADY_EXISTS, DATA_LOSS (payload does not match meta.checksum),
+  // UNAVAILABLE (durable write failed; the blocks stay in tier 1).
+  absl::StatusOr<std::vector<v1::SaveResult>> Save(absl::Span<const SaveItem> items,
+                                                   bool durable,
+                                                   absl::Time deadline);
+
+  // Load copies the payloads of `ids` (unique) into the buffers that
+  // `destination` provides, verifying each copy's checksum, and returns the
+  // metadata of each (with payload_bytes and checksum) in `metas`.
+  // All-or-nothing: on error, nothing useful is in the buffers.
+  // Errors: NOT_FOUND (absent or breadcrumb), FAILED_PRECONDITION (stored
+  // fingerprint differs from `fingerprint`), DATA_LOSS (every copy failed
+  // verification), UNAVAILABLE (disk), or the destination's error.
+  absl::Status Load(absl::Span<const BlockId> ids,
+                    const v1::LayoutFingerprint& fingerprint,
+                    const LoadDestination& destination,
+                    std::vector<v1::BlockMeta>* metas,
+                    std::vector<LoadedInfo>* infos);
+
+  // Lookup returns the tiers of the longest run of leading `ids` whose bytes
+  // are held. Never fails.
+  std::vector<v1::Tier> Lookup(absl::Span<const BlockId> ids);
+
+  // Delete removes `ids` (unique) from every tier, all-or-nothing.
+  // Errors: NOT_FOUND (then nothing is deleted), UNAVAILABLE (disk).
+  absl::Status Delete(absl::Span<const BlockId> ids);
+
+  // DropSession deletes every session block of (ns, session_id) and returns
+  // how many. Errors: UNAVAILABLE.
+  absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
+                                       absl::string_view session_id);
+
+  // Pin adds one pin to each of `ids` (unique), promoting spilled blocks to
+  // tier 1 first. All-or-nothing.
+  // Errors: NOT_FOUND, RESOURCE_EXHAUSTED, DATA_LOSS, UNAVAILABLE.
+  absl::Status Pin(absl::Span<const BlockId> ids, absl::Time deadline);
+
+  // Unpin removes one pin from each of `ids`. All-or-nothing.
+  // Errors: NOT_FOUND, FAILED_PRECONDITION (a block is not pinned).
+  absl::Status Unpin(absl::Span<const BlockId> ids);
+
+  // Describe returns one block's metadata and state. Errors: NOT_FOUND.
+  absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);
+
+  // List returns up to `limit` blocks with id > `after` that pass `filter`,
+  // in id order, and whether more may follow.
+  std::vector<v1::BlockInfo> List(const ListFilter& filter, const BlockId& after,
+                                  bool has_after, size_t limit, bool* more);
+
+  // Stats fills the occupancy and counter fields of a StatResponse.
+  void Stats(v1::StatResponse* out);
+
+  // Verify re-reads `ids` (all blocks when empty) from every tier holding
+  // them and checks checksums; corrupt copies are dropped and counted.
+  absl::StatusOr<v1::VerifyResponse> Verify(absl::Span<const BlockId> ids);
+
+  // Flush writes every tier-1 block without a disk copy to the spill store
+  // and fsyncs; with `evict`, unpinned blocks then leave tier 1.
+  // Errors: UNAVAILABLE, RESOURCE_EXHAUSTED (disk full).
+  absl::StatusOr<v1::FlushResponse> Flush(bool evict);
+
+  // Shutdown stops the spiller and flushes tier 1 to disk (pinned blocks
+  // included), so that a restart loses nothing. Later calls fail with
+  // UNAVAILABLE. Returns the flush's error, if any.
+  absl::Status Shutdown();
+
+  // WaitForSpillerIdle blocks until tier 1 is under its high watermark and the
+  // spiller has nothing queued, or `timeout` passes (returns false). For
+  // tests and the demo.
+  bool WaitForSpillerIdle(absl::Duration timeout);
+
+  class Impl;
+
+ private:
+  explicit TierManager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_STORAGE_TIER_MANAGER_H_

@@ -1,0 +1,583 @@
+#include "storage/tier_manager.h"
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/chain_hash.h"
+#include "common/checksum.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/spill_record.pb.h"
+#include "testing/status_matchers.h"
+#include "testing/temp_dir.h"
+
+namespace evoke {
+namespace {
+
+using ::evoke::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * 1024;
+
+v1::LayoutFingerprint Fingerprint() {
+  v1::LayoutFingerprint fp;
+  fp.set_namespace_("ns");
+  fp.set_model_id("model");
+  fp.set_k_dtype(v1::DTYPE_OPAQUE);
+  fp.set_v_dtype(v1::DTYPE_OPAQUE);
+  fp.set_n_layers(1);
+  fp.set_n_kv_heads(1);
+  fp.set_head_dim(1);
+  fp.set_layout(v1::LAYOUT_OPAQUE);
+  return fp;
+}
+
+v1::BlockMeta SessionMeta(const std::string& session, uint64_t seq) {
+  v1::BlockMeta m;
+  *m.mutable_fingerprint() = Fingerprint();
+  m.set_kind(v1::BLOCK_KIND_SESSION);
+  m.set_session_id(session);
+  m.set_sequence(seq);
+  m.set_id(SessionBlockId("ns", session, seq).ToBytes());
+  m.set_n_tokens(16);
+  m.set_layer_begin(0);
+  m.set_layer_end(1);
+  return m;
+}
+
+std::string Payload(uint64_t seed, uint64_t size) {
+  std::string s(size, '\0');
+  std::mt19937_64 rng(seed);
+  for (uint64_t i = 0; i < size; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&s[i], &v, std::min<uint64_t>(8, size - i));
+  }
+  return s;
+}
+
+BlockId IdOf(const v1::BlockMeta& m) { return BlockId::FromBytes(m.id()).value(); }
+
+// A SpillStore wrapper whose writes can be made to fail (a fake of the disk
+// boundary, for this module's tests only).
+class FlakySpillStore : public SpillStore {
+ public:
+  explicit FlakySpillStore(std::unique_ptr<SpillStore> real) : real_(std::move(real)) {}
+  std::atomic<bool> fail_writes{false};
+
+  absl::Status Put(absl::Span<const SpillWrite> writes, bool sync) override {
+    if (fail_writes) return absl::ResourceExhaustedError("injected: disk full");
+    return real_->Put(writes, sync);
+  }
+  absl::Status DropPayloads(absl::Span<const SpillWrite> b) override {
+    if (fail_writes) return absl::ResourceExhaustedError("injected: disk full");
+    return real_->DropPayloads(b);
+  }
+  absl::Status Delete(absl::Span<const BlockId> ids) override {
+    return real_->Delete(ids);
+  }
+  absl::Status Read(const BlockId& id,
+                    const std::function<absl::Status(const storage::SpillRecord&,
+                                                     absl::string_view)>& consume)
+      override {
+    return real_->Read(id, consume);
+  }
+  absl::Status ForEachRecord(
+      const std::function<absl::Status(const BlockId&, storage::SpillRecord)>& v,
+      std::vector<std::string>* skipped) override {
+    return real_->ForEachRecord(v, skipped);
+  }
+  uint64_t ApproximateDiskBytes() override { return real_->ApproximateDiskBytes(); }
+  absl::Status Persist() override { return real_->Persist(); }
+
+ private:
+  std::unique_ptr<SpillStore> real_;
+};
+
+class TierManagerTest : public ::testing::Test {
+ protected:
+  void Open(uint64_t pinned_bytes, uint64_t spill_bytes = 1ull << 30,
+            absl::Duration wait = absl::Seconds(10)) {
+    tm_.reset();
+    PinnedArenaOptions arena_options;
+    arena_options.capacity_bytes = pinned_bytes;
+    arena_options.lock_memory = false;
+    auto arena = PinnedArena::Create(arena_options);
+    ASSERT_OK(arena);
+    arena_ = arena->get();
+    SpillStoreOptions spill_options;
+    spill_options.path = dir_.Join("db");
+    auto spill = SpillStore::Open(spill_options);
+    ASSERT_OK(spill);
+    auto flaky = std::make_unique<FlakySpillStore>(std::move(spill).value());
+    flaky_ = flaky.get();
+    TierManagerOptions options;
+    options.spill_bytes = spill_bytes;
+    options.max_wait_for_room = wait;
+    options.spill_batch_bytes = 256 * kKiB;
+    auto tm = TierManager::Open(options, std::move(arena).value(), std::move(flaky));
+    ASSERT_OK(tm);
+    tm_ = std::move(tm).value();
+  }
+
+  absl::StatusOr<std::vector<v1::SaveResult>> Save(const v1::BlockMeta& meta,
+                                                   const std::string& payload,
+                                                   bool pin = false,
+                                                   bool durable = false) {
+    const SaveItem item{&meta, payload, pin};
+    return tm_->Save({&item, 1}, durable, absl::InfiniteFuture());
+  }
+
+  absl::StatusOr<std::string> Load(const BlockId& id,
+                                   v1::Tier* from = nullptr,
+                                   const v1::LayoutFingerprint& fp = Fingerprint()) {
+    std::string out;
+    std::vector<v1::BlockMeta> metas;
+    std::vector<LoadedInfo> infos;
+    absl::Status s = tm_->Load(
+        {&id, 1}, fp,
+        [&](size_t, const v1::BlockMeta& meta) -> absl::StatusOr<uint8_t*> {
+          out.resize(meta.payload_bytes());
+          return reinterpret_cast<uint8_t*>(out.data());
+        },
+        &metas, &infos);
+    if (!s.ok()) return s;
+    if (from != nullptr) *from = infos[0].served_from;
+    return out;
+  }
+
+  v1::StatResponse Stat() {
+    v1::StatResponse s;
+    tm_->Stats(&s);
+    return s;
+  }
+
+  evoke::testing::TempDir dir_;
+  PinnedArena* arena_ = nullptr;
+  FlakySpillStore* flaky_ = nullptr;
+  std::unique_ptr<TierManager> tm_;
+};
+
+TEST_F(TierManagerTest, SaveLoadRoundTrip) {
+  Open(4 * kMiB);
+  const v1::BlockMeta meta = SessionMeta("s", 0);
+  const std::string payload = Payload(1, 100 * kKiB);
+  ASSERT_OK_AND_ASSIGN(auto results, Save(meta, payload));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_FALSE(results[0].deduplicated());
+  EXPECT_EQ(results[0].checksum(), PayloadChecksum(payload.data(), payload.size()));
+  EXPECT_EQ(results[0].tier(), v1::TIER_PINNED_HOST);
+  v1::Tier from;
+  ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(meta), &from));
+  EXPECT_EQ(got, payload);
+  EXPECT_EQ(from, v1::TIER_PINNED_HOST);
+
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, tm_->Describe(IdOf(meta)));
+  EXPECT_EQ(info.meta().payload_bytes(), payload.size());
+  EXPECT_EQ(info.meta().checksum(), results[0].checksum());
+  EXPECT_GT(info.meta().created_unix_ms(), 0);
+  EXPECT_EQ(info.tier(), v1::TIER_PINNED_HOST);
+  EXPECT_FALSE(info.on_disk());
+
+  const v1::StatResponse st = Stat();
+  EXPECT_EQ(st.pinned().blocks(), 1u);
+  EXPECT_EQ(st.pinned().payload_bytes(), payload.size());
+  EXPECT_EQ(st.counters().saves(), 1u);
+  EXPECT_EQ(st.counters().hits_tier1(), 1u);
+}
+
+TEST_F(TierManagerTest, DedupAndConflicts) {
+  Open(4 * kMiB);
+  const v1::BlockMeta meta = SessionMeta("s", 0);
+  ASSERT_OK(Save(meta, Payload(1, 8 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(auto again, Save(meta, Payload(1, 8 * kKiB)));
+  EXPECT_TRUE(again[0].deduplicated());
+  EXPECT_THAT(Save(meta, Payload(2, 8 * kKiB)),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("Delete it first")));
+
+  // A prefix block keeps its first copy.
+  v1::BlockMeta prefix = SessionMeta("s", 0);
+  prefix.set_kind(v1::BLOCK_KIND_PREFIX);
+  prefix.set_id(BlockId(77, 77).ToBytes());
+  ASSERT_OK(Save(prefix, Payload(3, 8 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(auto second, Save(prefix, Payload(4, 8 * kKiB)));
+  EXPECT_TRUE(second[0].deduplicated());
+  ASSERT_OK_AND_ASSIGN(std::string got, Load(BlockId(77, 77)));
+  EXPECT_EQ(got, Payload(3, 8 * kKiB));
+  EXPECT_EQ(Stat().counters().dedups(), 2u);
+}
+
+TEST_F(TierManagerTest, ChecksumMismatchRejectsWholeBatch) {
+  Open(4 * kMiB);
+  v1::BlockMeta good = SessionMeta("s", 0);
+  v1::BlockMeta bad = SessionMeta("s", 1);
+  bad.set_checksum(12345);
+  const std::string p0 = Payload(1, 8 * kKiB), p1 = Payload(2, 8 * kKiB);
+  const SaveItem items[] = {{&good, p0, false}, {&bad, p1, false}};
+  EXPECT_THAT(tm_->Save(items, false, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("blocks[1].meta.checksum")));
+  EXPECT_THAT(Load(IdOf(good)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(Stat().pinned().used_bytes(), 0u);
+  // A correct client checksum is accepted.
+  bad.set_checksum(PayloadChecksum(p1.data(), p1.size()));
+  EXPECT_OK(Save(bad, p1));
+}
+
+TEST_F(TierManagerTest, FingerprintMismatchIsRefused) {
+  Open(4 * kMiB);
+  const v1::BlockMeta meta = SessionMeta("s", 0);
+  ASSERT_OK(Save(meta, Payload(1, 4 * kKiB)));
+  v1::LayoutFingerprint other = Fingerprint();
+  other.set_model_revision("r2");
+  EXPECT_THAT(Load(IdOf(meta), nullptr, other),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("model_revision: stored \"\", requested \"r2\"")));
+}
+
+TEST_F(TierManagerTest, SpillsPastHighWatermarkAndLoadsBack) {
+  Open(1 * kMiB);
+  std::vector<v1::BlockMeta> metas;
+  for (int i = 0; i < 48; ++i) {
+    metas.push_back(SessionMeta("s", i));
+    ASSERT_OK(Save(metas.back(), Payload(i, 64 * kKiB))) << i;
+    const v1::StatResponse st = Stat();
+    ASSERT_LE(st.pinned().used_bytes(), st.pinned().capacity_bytes());
+  }
+  ASSERT_TRUE(tm_->WaitForSpillerIdle(absl::Seconds(10)));
+  v1::StatResponse st = Stat();
+  EXPECT_GT(st.counters().spills(), 0u);
+  EXPECT_GT(st.spill().blocks(), 0u);
+  EXPECT_LE(st.pinned().used_bytes(), st.pinned().capacity_bytes() * 95 / 100);
+  EXPECT_EQ(st.pinned().blocks() + st.spill().blocks() -
+                /*clean copies counted twice*/ 0,
+            st.pinned().blocks() + st.spill().blocks());
+  // The oldest block went to disk first (LRU).
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo oldest, tm_->Describe(IdOf(metas[0])));
+  EXPECT_EQ(oldest.tier(), v1::TIER_SPILL);
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo newest, tm_->Describe(IdOf(metas.back())));
+  EXPECT_EQ(newest.tier(), v1::TIER_PINNED_HOST);
+
+  for (int i = 0; i < 48; ++i) {
+    ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(metas[i])));
+    ASSERT_EQ(got, Payload(i, 64 * kKiB)) << i;
+  }
+  st = Stat();
+  EXPECT_GT(st.counters().hits_tier2(), 0u);
+  EXPECT_GT(st.counters().promotions(), 0u);
+  EXPECT_LE(st.pinned().used_bytes(), st.pinned().capacity_bytes());
+}
+
+TEST_F(TierManagerTest, PinnedBlocksNeverSpill) {
+  Open(1 * kMiB);
+  std::vector<v1::BlockMeta> pinned;
+  for (int i = 0; i < 4; ++i) {
+    pinned.push_back(SessionMeta("p", i));
+    ASSERT_OK(Save(pinned.back(), Payload(100 + i, 64 * kKiB), /*pin=*/true));
+  }
+  for (int i = 0; i < 40; ++i) ASSERT_OK(Save(SessionMeta("s", i), Payload(i, 64 * kKiB)));
+  ASSERT_TRUE(tm_->WaitForSpillerIdle(absl::Seconds(10)));
+  for (const auto& m : pinned) {
+    ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, tm_->Describe(IdOf(m)));
+    EXPECT_EQ(info.tier(), v1::TIER_PINNED_HOST);
+    EXPECT_EQ(info.pin_count(), 1u);
+  }
+  EXPECT_EQ(Stat().pinned_blocks(), 4u);
+  const BlockId id = IdOf(pinned[0]);
+  ASSERT_OK(tm_->Unpin({&id, 1}));
+  EXPECT_THAT(tm_->Unpin({&id, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not pinned")));
+}
+
+TEST_F(TierManagerTest, FullOfPinnedBlocksIsResourceExhausted) {
+  Open(1 * kMiB);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_OK(Save(SessionMeta("p", i), Payload(i, 64 * kKiB), /*pin=*/true));
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(Save(SessionMeta("s", 0), Payload(0, 64 * kKiB)),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("pinned")));
+  // It failed at once rather than waiting for a spill that cannot happen.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(TierManagerTest, BlockLargerThanTier1IsResourceExhausted) {
+  Open(1 * kMiB);
+  EXPECT_THAT(Save(SessionMeta("s", 0), Payload(0, 2 * kMiB)),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("larger than tier 1")));
+}
+
+TEST_F(TierManagerTest, PinPromotesSpilledBlock) {
+  Open(1 * kMiB);
+  const v1::BlockMeta meta = SessionMeta("s", 0);
+  ASSERT_OK(Save(meta, Payload(0, 64 * kKiB)));
+  ASSERT_OK(tm_->Flush(/*evict=*/true));
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo before, tm_->Describe(IdOf(meta)));
+  EXPECT_EQ(before.tier(), v1::TIER_SPILL);
+  const BlockId id = IdOf(meta);
+  ASSERT_OK(tm_->Pin({&id, 1}, absl::InfiniteFuture()));
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo after, tm_->Describe(id));
+  EXPECT_EQ(after.tier(), v1::TIER_PINNED_HOST);
+  EXPECT_TRUE(after.on_disk());
+  EXPECT_EQ(after.pin_count(), 1u);
+}
+
+TEST_F(TierManagerTest, BreadcrumbsPastSpillBudget) {
+  Open(1 * kMiB, /*spill_bytes=*/256 * kKiB);
+  std::vector<v1::BlockMeta> metas;
+  for (int i = 0; i < 12; ++i) {
+    metas.push_back(SessionMeta("s", i));
+    ASSERT_OK(Save(metas.back(), Payload(i, 64 * kKiB)));
+  }
+  ASSERT_OK(tm_->Flush(/*evict=*/true));
+  const v1::StatResponse st = Stat();
+  EXPECT_LE(st.spill().payload_bytes(), 256 * kKiB);
+  EXPECT_GT(st.breadcrumb_blocks(), 0u);
+  EXPECT_EQ(st.counters().breadcrumbs(), st.breadcrumb_blocks());
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo crumb, tm_->Describe(IdOf(metas[0])));
+  EXPECT_EQ(crumb.tier(), v1::TIER_BREADCRUMB);
+  EXPECT_FALSE(crumb.bytes_available());
+  EXPECT_EQ(crumb.meta().session_id(), "s");
+  EXPECT_THAT(Load(IdOf(metas[0])),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("breadcrumb")));
+  // The newest blocks kept their bytes.
+  ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(metas.back())));
+  EXPECT_EQ(got, Payload(11, 64 * kKiB));
+  // Saving the same bytes again revives a breadcrumb.
+  ASSERT_OK_AND_ASSIGN(auto revived, Save(metas[0], Payload(0, 64 * kKiB)));
+  EXPECT_FALSE(revived[0].deduplicated());
+  ASSERT_OK_AND_ASSIGN(got, Load(IdOf(metas[0])));
+  EXPECT_EQ(got, Payload(0, 64 * kKiB));
+  EXPECT_EQ(Stat().breadcrumb_blocks(), st.breadcrumb_blocks() - 1);
+}
+
+TEST_F(TierManagerTest, ShutdownThenReopenKeepsEverything) {
+  Open(1 * kMiB);
+  std::vector<v1::BlockMeta> metas;
+  for (int i = 0; i < 24; ++i) {
+    metas.push_back(SessionMeta("s", i));
+    ASSERT_OK(Save(metas.back(), Payload(i, 64 * kKiB), /*pin=*/i == 23));
+  }
+  ASSERT_OK(tm_->Shutdown());
+  EXPECT_THAT(Save(SessionMeta("s", 99), Payload(0, 4 * kKiB)),
+              StatusIs(absl::StatusCode::kUnavailable));
+  Open(1 * kMiB);
+  const v1::StatResponse st = Stat();
+  EXPECT_EQ(st.spill().blocks(), 24u);
+  EXPECT_EQ(st.pinned().blocks(), 0u);
+  for (int i = 0; i < 24; ++i) {
+    v1::Tier from;
+    ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(metas[i]), &from));
+    EXPECT_EQ(got, Payload(i, 64 * kKiB));
+    EXPECT_EQ(from, v1::TIER_SPILL);
+  }
+}
+
+TEST_F(TierManagerTest, CrashLosesOnlyTier1OnlyBlocks) {
+  Open(1 * kMiB);
+  const v1::BlockMeta durable = SessionMeta("s", 0);
+  ASSERT_OK_AND_ASSIGN(auto r, Save(durable, Payload(0, 64 * kKiB), false, /*durable=*/true));
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, tm_->Describe(IdOf(durable)));
+  EXPECT_TRUE(info.on_disk());
+  const v1::BlockMeta volatile_block = SessionMeta("s", 1);
+  ASSERT_OK(Save(volatile_block, Payload(1, 64 * kKiB)));
+  // "Crash": drop the manager without Shutdown (no flush).
+  Open(1 * kMiB);
+  ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(durable)));
+  EXPECT_EQ(got, Payload(0, 64 * kKiB));
+  EXPECT_THAT(Load(IdOf(volatile_block)), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(TierManagerTest, CorruptTier1CopyIsNeverServed) {
+  Open(1 * kMiB);
+  const v1::BlockMeta clean = SessionMeta("s", 0);
+  const v1::BlockMeta dirty = SessionMeta("s", 1);
+  ASSERT_OK(Save(clean, Payload(0, 64 * kKiB), false, /*durable=*/true));
+  ASSERT_OK(Save(dirty, Payload(1, 64 * kKiB)));
+  // Flip every byte of tier 1.
+  for (uint64_t i = 0; i < arena_->capacity_bytes(); ++i) arena_->base()[i] ^= 0x5a;
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse report, tm_->Verify({}));
+  EXPECT_EQ(report.blocks_checked(), 2u);
+  EXPECT_EQ(report.corrupt_size(), 2);
+  EXPECT_EQ(report.copies_ok(), 1u);  // The disk copy of `clean`.
+  // The block with a disk copy is still served, from disk.
+  v1::Tier from;
+  ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(clean), &from));
+  EXPECT_EQ(got, Payload(0, 64 * kKiB));
+  EXPECT_EQ(from, v1::TIER_SPILL);
+  // The other one has no good copy left: it is a breadcrumb.
+  EXPECT_THAT(Load(IdOf(dirty)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_GE(Stat().counters().checksum_failures(), 2u);
+}
+
+TEST_F(TierManagerTest, CorruptTier1CopyDetectedOnLoad) {
+  Open(1 * kMiB);
+  const v1::BlockMeta meta = SessionMeta("s", 1);
+  ASSERT_OK(Save(meta, Payload(1, 64 * kKiB)));
+  for (uint64_t i = 0; i < arena_->capacity_bytes(); i += 4096) arena_->base()[i] ^= 1;
+  EXPECT_THAT(Load(IdOf(meta)), StatusIs(absl::StatusCode::kDataLoss,
+                                         HasSubstr("failed its checksum")));
+  EXPECT_EQ(Stat().counters().checksum_failures(), 1u);
+}
+
+TEST_F(TierManagerTest, CorruptDiskCopyIsDataLoss) {
+  Open(1 * kMiB);
+  const v1::BlockMeta meta = SessionMeta("s", 0);
+  ASSERT_OK(Save(meta, Payload(0, 256 * kKiB)));
+  ASSERT_OK(tm_->Flush(/*evict=*/true));
+  tm_.reset();  // Close RocksDB so blob files are complete on disk.
+  // Flip bytes in the middle of every blob file (payloads live there).
+  int corrupted = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir_.Join("db"))) {
+    if (f.path().extension() != ".blob") continue;
+    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = std::filesystem::file_size(f.path());
+    for (uint64_t off = size / 4; off < size * 3 / 4; off += 1024) {
+      file.seekp(off);
+      file.put('\x7f');
+    }
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  Open(1 * kMiB);
+  EXPECT_THAT(Load(IdOf(meta)), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(Stat().counters().checksum_failures(), 1u);
+  // Quarantined: it is now a breadcrumb, and later loads miss.
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, tm_->Describe(IdOf(meta)));
+  EXPECT_EQ(info.tier(), v1::TIER_BREADCRUMB);
+  EXPECT_THAT(Load(IdOf(meta)), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(TierManagerTest, DeleteDropSessionLookupList) {
+  Open(4 * kMiB);
+  for (int i = 0; i < 5; ++i) ASSERT_OK(Save(SessionMeta("a", i), Payload(i, 4 * kKiB)));
+  for (int i = 0; i < 3; ++i) ASSERT_OK(Save(SessionMeta("b", i), Payload(i, 4 * kKiB)));
+
+  std::vector<BlockId> chain = {IdOf(SessionMeta("a", 0)), IdOf(SessionMeta("a", 1)),
+                                BlockId(1, 1), IdOf(SessionMeta("a", 2))};
+  EXPECT_EQ(tm_->Lookup(chain).size(), 2u);
+
+  const BlockId missing[] = {IdOf(SessionMeta("a", 0)), BlockId(5, 5)};
+  EXPECT_THAT(tm_->Delete(missing),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("ids[1]")));
+  EXPECT_OK(tm_->Describe(IdOf(SessionMeta("a", 0))));  // Nothing deleted.
+  const BlockId one[] = {IdOf(SessionMeta("a", 0))};
+  ASSERT_OK(tm_->Delete(one));
+  EXPECT_THAT(tm_->Describe(one[0]), StatusIs(absl::StatusCode::kNotFound));
+
+  ASSERT_OK_AND_ASSIGN(uint32_t dropped, tm_->DropSession("ns", "b"));
+  EXPECT_EQ(dropped, 3u);
+  ASSERT_OK_AND_ASSIGN(dropped, tm_->DropSession("ns", "b"));
+  EXPECT_EQ(dropped, 0u);
+
+  // Pagination: 4 blocks left, pages of 3.
+  bool more = false;
+  std::vector<v1::BlockInfo> page = tm_->List({}, BlockId(), false, 3, &more);
+  ASSERT_EQ(page.size(), 3u);
+  EXPECT_TRUE(more);
+  const BlockId last = BlockId::FromBytes(page.back().meta().id()).value();
+  std::vector<v1::BlockInfo> rest = tm_->List({}, last, true, 3, &more);
+  EXPECT_EQ(rest.size(), 1u);
+  EXPECT_FALSE(more);
+  ListFilter filter;
+  filter.session_id = "b";
+  EXPECT_TRUE(tm_->List(filter, BlockId(), false, 10, &more).empty());
+  EXPECT_EQ(Stat().pinned().blocks(), 4u);
+  EXPECT_EQ(Stat().pinned().used_bytes(), 4 * 4 * kKiB);
+}
+
+TEST_F(TierManagerTest, SpillFailureBackPressureAndRecovery) {
+  Open(1 * kMiB, 1ull << 30, /*wait=*/absl::Milliseconds(500));
+  flaky_->fail_writes = true;
+  int saved = 0;
+  absl::Status last;
+  for (int i = 0; i < 32 && last.ok(); ++i) {
+    auto r = Save(SessionMeta("s", i), Payload(i, 64 * kKiB));
+    last = r.status();
+    if (r.ok()) ++saved;
+  }
+  EXPECT_THAT(last, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_GT(Stat().counters().spill_errors(), 0u);
+  EXPECT_LE(Stat().pinned().used_bytes(), Stat().pinned().capacity_bytes());
+  // Reads keep working while the disk is failing.
+  ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(SessionMeta("s", 0))));
+  EXPECT_EQ(got, Payload(0, 64 * kKiB));
+  // Once the disk recovers, spilling resumes and saves succeed again.
+  flaky_->fail_writes = false;
+  ASSERT_OK(Save(SessionMeta("s", 100), Payload(100, 64 * kKiB)));
+  for (int i = 0; i < saved; ++i) {
+    ASSERT_OK_AND_ASSIGN(got, Load(IdOf(SessionMeta("s", i))));
+    ASSERT_EQ(got, Payload(i, 64 * kKiB));
+  }
+}
+
+TEST_F(TierManagerTest, ConcurrentClientsNeverExceedBudget) {
+  Open(2 * kMiB);
+  constexpr int kThreads = 8;
+  constexpr int kBlocksPerThread = 40;
+  std::atomic<int> errors{0};
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> max_used{0};
+  std::thread watcher([&] {
+    while (!done) {
+      v1::StatResponse st;
+      tm_->Stats(&st);
+      uint64_t prev = max_used.load();
+      while (st.pinned().used_bytes() > prev &&
+             !max_used.compare_exchange_weak(prev, st.pinned().used_bytes())) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      const std::string session = "t" + std::to_string(t);
+      for (int i = 0; i < kBlocksPerThread; ++i) {
+        const uint64_t size = (16 + rng() % 112) * kKiB;
+        const v1::BlockMeta meta = SessionMeta(session, i);
+        const std::string payload = Payload(t * 1000 + i, size);
+        const SaveItem item{&meta, payload, false};
+        if (!tm_->Save({&item, 1}, false, absl::InfiniteFuture()).ok()) ++errors;
+        const int j = rng() % (i + 1);
+        const BlockId id = IdOf(SessionMeta(session, j));
+        std::string out;
+        std::vector<v1::BlockMeta> metas;
+        std::vector<LoadedInfo> infos;
+        absl::Status s = tm_->Load(
+            {&id, 1}, Fingerprint(),
+            [&](size_t, const v1::BlockMeta& m) -> absl::StatusOr<uint8_t*> {
+              out.resize(m.payload_bytes());
+              return reinterpret_cast<uint8_t*>(out.data());
+            },
+            &metas, &infos);
+        if (!s.ok()) {
+          ADD_FAILURE() << s;
+          ++errors;
+        } else if (out != Payload(t * 1000 + j, out.size())) {
+          ADD_FAILURE() << "bytes differ for " << session << "/" << j;
+          ++errors;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  done = true;
+  watcher.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_LE(max_used.load(), 2 * kMiB);
+  const v1::StatResponse st = Stat();
+  EXPECT_EQ(st.counters().saves(), uint64_t{kThreads * kBlocksPerThread});
+  EXPECT_GT(st.counters().spills(), 0u);
+}
+
+}  // namespace
+}  // namespace evoke
