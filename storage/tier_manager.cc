@@ -427,6 +427,11 @@ absl::Status TierManager::Impl::WaitForRoom(uint64_t total, uint64_t largest,
   const uint64_t capacity = arena_->capacity_bytes();
   const uint64_t used = arena_->UsedBytes();
   const uint64_t could_free = evictable_bytes_ + pending_bytes_;
+  if (total > capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a batch of ", FormatByteSize(total), " cannot fit in tier 1 (",
+        FormatByteSize(capacity), ", --pinned-bytes); save it in smaller batches"));
+  }
   if ((capacity - used) + could_free < total || could_free == 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "tier 1 cannot make room for ", FormatByteSize(total), ": ",

@@ -1,0 +1,325 @@
+#include "evoke/client.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "evoke/v1/kvtier.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace evoke {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+// Per-request overhead allowance (metadata, framing).
+constexpr uint64_t kOverheadPerBlock = 4096;
+constexpr size_t kMaxBatchBlocks = 4096;
+
+}  // namespace
+
+std::string ResolveTarget(absl::string_view target) {
+  std::string t(target);
+  if (t.empty()) {
+    const char* env = std::getenv("EVOKE_SOCKET");
+    t = (env != nullptr && *env != '\0') ? env : "evoked.sock";
+  }
+  if (absl::StartsWith(t, "unix:") || absl::StartsWith(t, "dns:") ||
+      absl::StartsWith(t, "ipv4:") || absl::StartsWith(t, "ipv6:")) {
+    return t;
+  }
+  // host:port (no slash) is TCP; anything else is a socket path.
+  if (t.find('/') == std::string::npos && t.find(':') != std::string::npos) {
+    return t;
+  }
+  return "unix:" + std::filesystem::absolute(t).string();
+}
+
+class Client::Impl {
+ public:
+  ClientOptions options;
+  std::string target;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::KvTier::Stub> stub;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+
+  void Prepare(grpc::ClientContext* context) const {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          absl::ToChronoMilliseconds(options.call_timeout));
+  }
+
+  absl::Status SaveOne(const v1::SaveRequest& request,
+                       std::vector<v1::SaveResult>* results) {
+    grpc::ClientContext context;
+    Prepare(&context);
+    v1::SaveResponse response;
+    EVOKE_RETURN_IF_ERROR(FromGrpc(stub->Save(&context, request, &response)));
+    for (v1::SaveResult& r : *response.mutable_results()) {
+      results->push_back(std::move(r));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadRange(absl::Span<const BlockId> ids,
+                         const v1::LayoutFingerprint& fingerprint,
+                         std::vector<LoadedBlock>* out) {
+    v1::LoadRequest request;
+    for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+    *request.mutable_fingerprint() = fingerprint;
+    grpc::ClientContext context;
+    Prepare(&context);
+    v1::LoadResponse response;
+    absl::Status s = FromGrpc(stub->Load(&context, request, &response));
+    if (s.code() == absl::StatusCode::kResourceExhausted && ids.size() > 1) {
+      const size_t half = ids.size() / 2;
+      EVOKE_RETURN_IF_ERROR(LoadRange(ids.subspan(0, half), fingerprint, out));
+      return LoadRange(ids.subspan(half), fingerprint, out);
+    }
+    EVOKE_RETURN_IF_ERROR(s);
+    for (v1::LoadedBlock& b : *response.mutable_blocks()) {
+      LoadedBlock loaded;
+      loaded.meta = std::move(*b.mutable_meta());
+      loaded.payload = std::move(*b.mutable_inline_bytes());
+      loaded.served_from = b.served_from();
+      out->push_back(std::move(loaded));
+    }
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->target = ResolveTarget(options.target);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  impl->channel = grpc::CreateCustomChannel(
+      impl->target, grpc::InsecureChannelCredentials(), args);
+  const auto deadline = std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(options.connect_timeout);
+  if (!impl->channel->WaitForConnected(deadline)) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach evoked at ", impl->target,
+        " (is it running? set --socket or EVOKE_SOCKET)"));
+  }
+  impl->stub = v1::KvTier::NewStub(impl->channel);
+  impl->health = grpc::health::v1::Health::NewStub(impl->channel);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+const std::string& Client::target() const { return impl_->target; }
+
+absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
+    absl::Span<const BlockToSave> blocks, bool durable) {
+  std::vector<v1::SaveResult> results;
+  results.reserve(blocks.size());
+  const uint64_t budget = std::min(impl_->options.max_batch_bytes,
+                                   impl_->options.max_message_bytes - (1u << 20));
+  v1::SaveRequest request;
+  request.set_durable(durable);
+  uint64_t bytes = 0;
+  for (const BlockToSave& block : blocks) {
+    const uint64_t size = block.payload.size() + kOverheadPerBlock;
+    if (request.blocks_size() > 0 &&
+        (bytes + size > budget ||
+         static_cast<size_t>(request.blocks_size()) == kMaxBatchBlocks)) {
+      EVOKE_RETURN_IF_ERROR(impl_->SaveOne(request, &results));
+      request.clear_blocks();
+      bytes = 0;
+    }
+    v1::SaveBlock* b = request.add_blocks();
+    *b->mutable_meta() = block.meta;
+    b->set_inline_bytes(block.payload.data(), block.payload.size());
+    b->set_pin(block.pin);
+    bytes += size;
+  }
+  if (request.blocks_size() > 0) {
+    EVOKE_RETURN_IF_ERROR(impl_->SaveOne(request, &results));
+  }
+  return results;
+}
+
+absl::StatusOr<std::vector<LoadedBlock>> Client::Load(
+    absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint) {
+  std::vector<LoadedBlock> out;
+  out.reserve(ids.size());
+  for (size_t begin = 0; begin < ids.size(); begin += kMaxBatchBlocks) {
+    EVOKE_RETURN_IF_ERROR(impl_->LoadRange(
+        ids.subspan(begin, std::min(kMaxBatchBlocks, ids.size() - begin)),
+        fingerprint, &out));
+  }
+  if (ids.empty()) {
+    return absl::InvalidArgumentError("ids: has 0 ids, expected at least 1");
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids) {
+  v1::LookupRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::LookupResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Lookup(&context, request, &response)));
+  std::vector<v1::Tier> tiers;
+  tiers.reserve(response.tiers_size());
+  for (int t : response.tiers()) tiers.push_back(static_cast<v1::Tier>(t));
+  return tiers;
+}
+
+absl::Status Client::Delete(absl::Span<const BlockId> ids) {
+  v1::DeleteRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::DeleteResponse response;
+  return FromGrpc(impl_->stub->Delete(&context, request, &response));
+}
+
+absl::StatusOr<uint32_t> Client::DropSession(absl::string_view ns,
+                                             absl::string_view session_id) {
+  v1::DropSessionRequest request;
+  request.set_namespace_(std::string(ns));
+  request.set_session_id(std::string(session_id));
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::DropSessionResponse response;
+  EVOKE_RETURN_IF_ERROR(
+      FromGrpc(impl_->stub->DropSession(&context, request, &response)));
+  return response.n_deleted();
+}
+
+absl::Status Client::Pin(absl::Span<const BlockId> ids) {
+  v1::PinRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::PinResponse response;
+  return FromGrpc(impl_->stub->Pin(&context, request, &response));
+}
+
+absl::Status Client::Unpin(absl::Span<const BlockId> ids) {
+  v1::PinRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::PinResponse response;
+  return FromGrpc(impl_->stub->Unpin(&context, request, &response));
+}
+
+absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) {
+  v1::DescribeRequest request;
+  request.set_id(id.ToBytes());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::BlockInfo response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Describe(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::ListResponse> Client::List(const v1::ListRequest& request) {
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::ListResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->List(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::StatResponse> Client::Stat() {
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::StatResponse response;
+  EVOKE_RETURN_IF_ERROR(
+      FromGrpc(impl_->stub->Stat(&context, v1::StatRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<v1::VerifyResponse> Client::Verify(absl::Span<const BlockId> ids) {
+  v1::VerifyRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  grpc::ClientContext context;
+  // Verify reads every block: no per-call deadline beyond a generous one.
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  v1::VerifyResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Verify(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::FlushResponse> Client::Flush(bool evict) {
+  v1::FlushRequest request;
+  request.set_evict(evict);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  v1::FlushResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Flush(&context, request, &response)));
+  return response;
+}
+
+absl::Status Client::HealthCheck() {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("evoke.v1.KvTier");
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  grpc::health::v1::HealthCheckResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->health->Check(&context, request, &response)));
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError("evoke.v1.KvTier is not serving");
+  }
+  return absl::OkStatus();
+}
+
+BlockId BlockIdOf(const v1::BlockMeta& meta) {
+  absl::StatusOr<BlockId> id = BlockId::FromBytes(meta.id());
+  return id.ok() ? *id : BlockId();
+}
+
+v1::BlockMeta SessionBlockMeta(const v1::LayoutFingerprint& fingerprint,
+                               absl::string_view session_id, uint64_t sequence,
+                               uint32_t n_tokens, uint32_t layer_begin,
+                               uint32_t layer_end, int32_t first_position) {
+  v1::BlockMeta meta;
+  *meta.mutable_fingerprint() = fingerprint;
+  meta.set_kind(v1::BLOCK_KIND_SESSION);
+  meta.set_session_id(std::string(session_id));
+  meta.set_sequence(sequence);
+  meta.set_id(SessionBlockId(fingerprint.namespace_(), session_id, sequence).ToBytes());
+  meta.set_n_tokens(n_tokens);
+  meta.set_layer_begin(layer_begin);
+  meta.set_layer_end(layer_end);
+  meta.set_first_position(first_position);
+  return meta;
+}
+
+v1::BlockMeta PrefixBlockMeta(const v1::LayoutFingerprint& fingerprint,
+                              const BlockId& parent,
+                              absl::Span<const int32_t> tokens,
+                              uint32_t layer_begin, uint32_t layer_end,
+                              int32_t first_position) {
+  v1::BlockMeta meta;
+  *meta.mutable_fingerprint() = fingerprint;
+  meta.set_kind(v1::BLOCK_KIND_PREFIX);
+  if (!parent.IsZero()) meta.set_parent_id(parent.ToBytes());
+  meta.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  meta.set_id(PrefixBlockId(parent, tokens, DigestFingerprint(fingerprint)).ToBytes());
+  meta.set_n_tokens(static_cast<uint32_t>(tokens.size()));
+  meta.set_layer_begin(layer_begin);
+  meta.set_layer_end(layer_end);
+  meta.set_first_position(first_position);
+  return meta;
+}
+
+}  // namespace evoke

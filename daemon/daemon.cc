@@ -1,0 +1,220 @@
+#include "daemon/daemon.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/byte_size.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "daemon/executor.h"
+#include "daemon/kvtier_service.h"
+#include "gpu/device.h"
+#include "storage/pinned_arena.h"
+#include "storage/spill_store.h"
+#include "storage/tier_manager.h"
+
+#ifndef EVOKE_VERSION
+#define EVOKE_VERSION "dev"
+#endif
+
+namespace evoke {
+namespace {
+
+constexpr char kServiceName[] = "evoke.v1.KvTier";
+
+// PrepareSocketPath refuses a socket that another process is serving and
+// removes a stale one (left by a crash).
+absl::Status PrepareSocketPath(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("--socket: cannot stat ", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(absl::StrCat(
+        "--socket: ", path, " exists and is not a socket; refusing to replace it"));
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool live =
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  if (live) {
+    return absl::UnavailableError(absl::StrCat(
+        "--socket: ", path, " is served by another process (another evoked?)"));
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(absl::StrCat(
+        "--socket: cannot remove stale ", path, ": ", std::strerror(errno)));
+  }
+  EVOKE_LOG_INFO("removed stale socket ", path);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class Daemon::Impl {
+ public:
+  std::string socket_path;
+  std::unique_ptr<TierManager> tiers;
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<KvTierService> service;
+  std::unique_ptr<grpc::Server> server;
+  DaemonOptions options;
+  absl::Mutex mu;
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+  absl::Status shutdown_status ABSL_GUARDED_BY(mu);
+};
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  EVOKE_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->socket_path = std::filesystem::absolute(options.socket).string();
+  const std::string data_dir = std::filesystem::absolute(options.data_dir).string();
+  const absl::Time start = absl::Now();
+
+  SpillStoreOptions spill_options;
+  spill_options.path = data_dir;
+  spill_options.sync = options.spill_sync;
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> spill,
+                         SpillStore::Open(spill_options));
+
+  PinnedArenaOptions arena_options;
+  arena_options.capacity_bytes = options.pinned_bytes;
+  arena_options.lock_memory = options.lock_memory;
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena,
+                         PinnedArena::Create(arena_options));
+  const PinnedArena::Stats arena_stats = arena->GetStats();
+  if (!arena_stats.locked) {
+    EVOKE_LOG_WARNING("tier 1 is not locked in RAM: ", arena_stats.lock_error);
+  }
+
+  TierManagerOptions tier_options;
+  tier_options.high_watermark = options.high_watermark;
+  tier_options.low_watermark = options.low_watermark;
+  tier_options.spill_bytes = options.spill_bytes;
+  tier_options.spill_batch_bytes = options.spill_batch_bytes;
+  tier_options.max_wait_for_room = absl::Milliseconds(options.save_wait_ms);
+  EVOKE_ASSIGN_OR_RETURN(
+      impl->tiers, TierManager::Open(tier_options, std::move(arena), std::move(spill)));
+
+  impl->executor = std::make_unique<Executor>(options.ResolvedWorkerThreads());
+  KvTierServiceOptions service_options;
+  service_options.limits.block.max_block_bytes = options.max_block_bytes;
+  service_options.max_message_bytes = options.max_message_bytes;
+  service_options.data_dir = data_dir;
+  service_options.version = EVOKE_VERSION;
+  impl->service = std::make_unique<KvTierService>(
+      impl->tiers.get(), impl->executor.get(), std::move(service_options));
+
+  EVOKE_RETURN_IF_ERROR(PrepareSocketPath(impl->socket_path));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort("unix:" + impl->socket_path,
+                           grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(impl->service.get());
+  // The socket is created by BuildAndStart; keep "other" out from the start.
+  const mode_t old_umask = umask(0117);
+  impl->server = builder.BuildAndStart();
+  umask(old_umask);
+  if (impl->server == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("--socket: cannot serve on ", impl->socket_path));
+  }
+  if (chmod(impl->socket_path.c_str(), 0660) != 0) {
+    EVOKE_LOG_WARNING("chmod 0660 ", impl->socket_path, ": ", std::strerror(errno));
+  }
+  impl->server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+  impl->server->GetHealthCheckService()->SetServingStatus("", true);
+
+  absl::StatusOr<std::vector<GpuDevice>> gpus = ListGpus();
+  if (gpus.ok()) {
+    for (const GpuDevice& g : *gpus) {
+      EVOKE_LOG_INFO("GPU ", g.ordinal, ": ", g.name, " (",
+                     FormatByteSize(g.total_memory_bytes), ", sm_", g.compute_major,
+                     g.compute_minor, ")");
+    }
+  } else {
+    EVOKE_LOG_INFO("no GPU: ", gpus.status().message(), "; host paths only");
+  }
+  v1::StatResponse stat;
+  impl->tiers->Stats(&stat);
+  EVOKE_LOG_INFO(
+      "evoked ", EVOKE_VERSION, " serving on unix:", impl->socket_path,
+      "; tier 1: ", FormatByteSize(stat.pinned().capacity_bytes()),
+      stat.pinned_memory_locked() ? " (locked)" : " (not locked)",
+      "; tier 2: ", data_dir, " (budget ", FormatByteSize(options.spill_bytes),
+      "); recovered ", stat.spill().blocks(), " blocks (",
+      FormatByteSize(stat.spill().payload_bytes()), ") and ",
+      stat.breadcrumb_blocks(), " breadcrumbs in ",
+      absl::FormatDuration(absl::Now() - start));
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Daemon::~Daemon() {
+  absl::Status s = Shutdown();
+  if (!s.ok()) EVOKE_LOG_ERROR("shutdown: ", s.ToString());
+}
+
+const std::string& Daemon::socket_path() const { return impl_->socket_path; }
+
+absl::Status Daemon::Shutdown() {
+  absl::MutexLock lock(&impl_->mu);
+  if (impl_->shut_down) return impl_->shutdown_status;
+  impl_->shut_down = true;
+  const absl::Time start = absl::Now();
+  impl_->server->GetHealthCheckService()->SetServingStatus(kServiceName, false);
+  impl_->server->GetHealthCheckService()->SetServingStatus("", false);
+  // Stops accepting, lets calls in flight finish (the executor keeps
+  // running them), then cancels what is left.
+  impl_->server->Shutdown(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(impl_->options.shutdown_grace_ms));
+  impl_->executor.reset();  // Drains queued work.
+  v1::StatResponse before;
+  impl_->tiers->Stats(&before);
+  absl::Status s = impl_->tiers->Shutdown();
+  v1::StatResponse after;
+  impl_->tiers->Stats(&after);
+  impl_->server.reset();
+  impl_->tiers.reset();  // Closes RocksDB.
+  unlink(impl_->socket_path.c_str());
+  if (s.ok()) {
+    EVOKE_LOG_INFO("shut down: flushed ",
+                   after.counters().spills() - before.counters().spills(),
+                   " tier-1 blocks to disk in ",
+                   absl::FormatDuration(absl::Now() - start));
+  } else {
+    EVOKE_LOG_ERROR("shut down: flushing tier 1 failed: ", s.ToString());
+  }
+  impl_->shutdown_status = s;
+  return s;
+}
+
+}  // namespace evoke

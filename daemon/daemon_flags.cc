@@ -1,0 +1,154 @@
+#include "daemon/daemon_flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/byte_size.h"
+
+#ifndef EVOKE_VERSION
+#define EVOKE_VERSION "dev"
+#endif
+
+namespace evoke {
+namespace {
+
+void AddSize(CLI::App& app, const std::string& flag, uint64_t* field,
+             const std::string& help) {
+  app.add_option_function<std::string>(
+         "--" + flag,
+         [field, flag](const std::string& value) {
+           absl::StatusOr<uint64_t> parsed = ParseByteSize(value);
+           if (!parsed.ok()) {
+             throw CLI::ValidationError("--" + flag,
+                                        std::string(parsed.status().message()));
+           }
+           *field = *parsed;
+         },
+         help)
+      ->default_str(FormatByteSize(*field))
+      ->type_name("SIZE");
+}
+
+}  // namespace
+
+absl::Status ParseDaemonFlags(int argc, const char* const* argv,
+                              DaemonOptions* o, std::string* output,
+                              bool* exit_now) {
+  *exit_now = false;
+  CLI::App app{
+      "evoked: the evoke KV-cache tier daemon. Inference engines hand it "
+      "evicted KV blocks over gRPC; it keeps them in pinned host memory, "
+      "spills cold ones to RocksDB, and hands them back without recompute."};
+  // A flag given twice keeps its last value (the command line can override
+  // a wrapper script's defaults).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.set_config("--config", "",
+                 "Read options from FILE (lines `key = value`, keys as the "
+                 "flags without --); command-line flags override it");
+  bool print_config = false;
+  bool version = false;
+  app.add_flag("--print-config", print_config,
+               "Print the effective options as a config file and exit");
+  app.add_flag("--version", version, "Print the version and exit");
+
+  app.add_option("--socket", o->socket,
+                 "Unix socket to serve on (mode 0660); relative paths resolve "
+                 "against the working directory")
+      ->capture_default_str();
+  app.add_option("--data-dir", o->data_dir,
+                 "Directory of the spill store (RocksDB); one evoked per directory")
+      ->capture_default_str();
+  AddSize(app, "pinned-bytes", &o->pinned_bytes,
+          "Size of tier 1, the pinned host-memory arena");
+  AddSize(app, "spill-bytes", &o->spill_bytes,
+          "Budget of payload bytes on disk; past it payloads become breadcrumbs");
+  app.add_option("--high-watermark", o->high_watermark,
+                 "Tier 1 starts spilling above this fraction of pinned-bytes")
+      ->capture_default_str();
+  app.add_option("--low-watermark", o->low_watermark,
+                 "Tier 1 spills down to this fraction of pinned-bytes")
+      ->capture_default_str();
+  AddSize(app, "max-block-bytes", &o->max_block_bytes, "Largest payload of one block");
+  AddSize(app, "max-message-bytes", &o->max_message_bytes,
+          "Largest gRPC message received or sent");
+  app.add_option("--worker-threads", o->worker_threads,
+                 "Threads for RPCs that copy bytes or touch disk (0 = auto)")
+      ->capture_default_str();
+  app.add_option("--lock-memory", o->lock_memory,
+                 "mlock tier 1 (best effort; Stat reports the outcome)")
+      ->capture_default_str();
+  app.add_option("--spill-sync", o->spill_sync,
+                 "fsync the spill store's WAL on every spill batch")
+      ->capture_default_str();
+  AddSize(app, "spill-batch-bytes", &o->spill_batch_bytes,
+          "Payload bytes written to disk per spill batch");
+  app.add_option("--save-wait-ms", o->save_wait_ms,
+                 "How long a Save may wait for tier 1 to make room")
+      ->capture_default_str();
+  app.add_option("--shutdown-grace-ms", o->shutdown_grace_ms,
+                 "How long SIGTERM waits for in-flight RPCs")
+      ->capture_default_str();
+  app.add_option("--log-level", o->log_level, "debug, info, warning or error")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    *output = app.help();
+    *exit_now = true;
+    return absl::OkStatus();
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  if (version) {
+    *output = absl::StrCat("evoked ", EVOKE_VERSION, "\n");
+    *exit_now = true;
+    return absl::OkStatus();
+  }
+  absl::Status valid = o->Validate();
+  if (!valid.ok()) return valid;
+  if (print_config) {
+    *output = OptionsToConfig(*o);
+    *exit_now = true;
+  }
+  return absl::OkStatus();
+}
+
+// ShortestDouble renders `v` with the fewest digits that parse back to it.
+std::string ShortestDouble(double v) {
+  for (int precision = 1; precision <= 17; ++precision) {
+    const std::string s = absl::StrFormat("%.*g", precision, v);
+    double back = 0;
+    if (absl::SimpleAtod(s, &back) && back == v) return s;
+  }
+  return absl::StrFormat("%.17g", v);
+}
+
+std::string OptionsToConfig(const DaemonOptions& o) {
+  auto size = [](uint64_t v) {
+    return absl::StrCat("\"", FormatByteSize(v).find('.') == std::string::npos
+                                  ? FormatByteSize(v)
+                                  : absl::StrCat(v), "\"");
+  };
+  return absl::StrCat(
+      "# evoked configuration (evoked --config FILE). Keys are the flags.\n",
+      "socket = \"", o.socket, "\"\n",
+      "data-dir = \"", o.data_dir, "\"\n",
+      "pinned-bytes = ", size(o.pinned_bytes), "\n",
+      "spill-bytes = ", size(o.spill_bytes), "\n",
+      "high-watermark = ", ShortestDouble(o.high_watermark), "\n",
+      "low-watermark = ", ShortestDouble(o.low_watermark), "\n",
+      "max-block-bytes = ", size(o.max_block_bytes), "\n",
+      "max-message-bytes = ", size(o.max_message_bytes), "\n",
+      "worker-threads = ", o.worker_threads, "\n",
+      "lock-memory = ", o.lock_memory ? "true" : "false", "\n",
+      "spill-sync = ", o.spill_sync ? "true" : "false", "\n",
+      "spill-batch-bytes = ", size(o.spill_batch_bytes), "\n",
+      "save-wait-ms = ", o.save_wait_ms, "\n",
+      "shutdown-grace-ms = ", o.shutdown_grace_ms, "\n",
+      "log-level = \"", o.log_level, "\"\n");
+}
+
+}  // namespace evoke

@@ -1,0 +1,93 @@
+// DaemonOptions: everything evoked can be told. Command-line flags and the
+// optional config file map 1:1 onto these fields (flag --pinned-bytes, config
+// key pinned-bytes, field pinned_bytes); see daemon_flags.h.
+#ifndef EVOKE_DAEMON_DAEMON_OPTIONS_H_
+#define EVOKE_DAEMON_DAEMON_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace evoke {
+
+struct DaemonOptions {
+  // Unix socket the API is served on, created mode 0660. A relative path is
+  // resolved against the working directory at start. At most 107 bytes once
+  // resolved (the sun_path limit).
+  // Default: "evoked.sock" (in the current directory).
+  std::string socket = "evoked.sock";
+
+  // Directory of the spill store (RocksDB). Created when missing; one evoked
+  // per directory (a second one is refused).
+  // Default: "evoke-data" (in the current directory).
+  std::string data_dir = "evoke-data";
+
+  // Size of tier 1, the pinned host-memory arena, allocated at start.
+  // Default: 1 GiB.
+  uint64_t pinned_bytes = 1ull << 30;
+
+  // Budget of payload bytes in tier 2 (disk). Past it, the least recently
+  // used payloads are dropped and their metadata kept (breadcrumbs).
+  // Default: 16 GiB.
+  uint64_t spill_bytes = 16ull << 30;
+
+  // Tier 1 spills once used bytes pass high_watermark * pinned_bytes, down to
+  // low_watermark * pinned_bytes. 0 < low < high <= 1.
+  // Defaults: 0.95 and 0.80.
+  double high_watermark = 0.95;
+  double low_watermark = 0.80;
+
+  // Largest payload of one block (a protocol limit: larger payloads are
+  // INVALID_ARGUMENT). A block that is within it but larger than tier 1 is
+  // RESOURCE_EXHAUSTED.
+  // Default: 64 MiB.
+  uint64_t max_block_bytes = 64ull << 20;
+
+  // Largest gRPC message, received or sent. Must exceed max_block_bytes by
+  // at least 1 MiB (room for metadata).
+  // Default: 80 MiB.
+  uint64_t max_message_bytes = 80ull << 20;
+
+  // Threads that run RPCs which copy bytes or touch disk. 0 means
+  // max(4, hardware threads). At most 256.
+  // Default: 0.
+  uint32_t worker_threads = 0;
+
+  // mlock tier 1 (best effort; Stat reports whether it worked).
+  // Default: true.
+  bool lock_memory = true;
+
+  // fsync the spill store's WAL on every spill batch. Without it a process
+  // crash loses nothing that was spilled; a machine crash may lose the last
+  // batches. Durable saves always fsync.
+  // Default: false.
+  bool spill_sync = false;
+
+  // Payload bytes written to disk per spill batch.
+  // Default: 64 MiB.
+  uint64_t spill_batch_bytes = 64ull << 20;
+
+  // How long a Save may wait for tier 1 to spill before RESOURCE_EXHAUSTED.
+  // Default: 10000 ms.
+  uint32_t save_wait_ms = 10000;
+
+  // How long SIGTERM waits for in-flight RPCs before cancelling them.
+  // Default: 5000 ms.
+  uint32_t shutdown_grace_ms = 5000;
+
+  // debug, info, warning or error.
+  // Default: "info".
+  std::string log_level = "info";
+
+  // Validate checks every field and returns INVALID_ARGUMENT naming the
+  // flag, e.g. "--low-watermark: 0.99 must be below --high-watermark 0.95".
+  absl::Status Validate() const;
+
+  // ResolvedWorkerThreads returns worker_threads, or the automatic count.
+  uint32_t ResolvedWorkerThreads() const;
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_DAEMON_DAEMON_OPTIONS_H_

@@ -1,0 +1,82 @@
+// KvTierService: the gRPC face of the TierManager (evoke.v1.KvTier).
+#ifndef EVOKE_DAEMON_KVTIER_SERVICE_H_
+#define EVOKE_DAEMON_KVTIER_SERVICE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "daemon/executor.h"
+#include "daemon/request_validation.h"
+#include "evoke/v1/kvtier.grpc.pb.h"
+#include "storage/tier_manager.h"
+
+namespace evoke {
+
+struct KvTierServiceOptions {
+  RequestLimits limits;
+  // Loads whose payloads would exceed this are refused (RESOURCE_EXHAUSTED).
+  uint64_t max_message_bytes = 80ull << 20;
+  std::string data_dir;
+  std::string version;
+};
+
+// KvTierService validates each request (INVALID_ARGUMENT naming the field),
+// runs it against the TierManager and translates absl::Status into
+// grpc::Status, once, here. It uses gRPC's callback API: cheap, memory-only
+// RPCs (Lookup, Describe, List, Stat, Unpin) finish on the reactor thread;
+// everything that copies payloads, touches disk or may wait for room runs on
+// the Executor, and the reactor is finished from there. The daemon keeps
+// serving whatever a request contains.
+//
+// Thread-safe. `tiers` and `executor` must outlive the service.
+class KvTierService final : public v1::KvTier::CallbackService {
+ public:
+  KvTierService(TierManager* tiers, Executor* executor,
+                KvTierServiceOptions options);
+
+  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* context,
+                                 const v1::SaveRequest* request,
+                                 v1::SaveResponse* response) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
+                                 const v1::LoadRequest* request,
+                                 v1::LoadResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
+                                   const v1::DeleteRequest* request,
+                                   v1::DeleteResponse* response) override;
+  grpc::ServerUnaryReactor* DropSession(grpc::CallbackServerContext* context,
+                                        const v1::DropSessionRequest* request,
+                                        v1::DropSessionResponse* response) override;
+  grpc::ServerUnaryReactor* Pin(grpc::CallbackServerContext* context,
+                                const v1::PinRequest* request,
+                                v1::PinResponse* response) override;
+  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* context,
+                                  const v1::PinRequest* request,
+                                  v1::PinResponse* response) override;
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* context,
+                                 const v1::ListRequest* request,
+                                 v1::ListResponse* response) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
+                                     const v1::DescribeRequest* request,
+                                     v1::BlockInfo* response) override;
+  grpc::ServerUnaryReactor* Stat(grpc::CallbackServerContext* context,
+                                 const v1::StatRequest* request,
+                                 v1::StatResponse* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* Flush(grpc::CallbackServerContext* context,
+                                  const v1::FlushRequest* request,
+                                  v1::FlushResponse* response) override;
+
+ private:
+  TierManager* const tiers_;
+  Executor* const executor_;
+  const KvTierServiceOptions options_;
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_DAEMON_KVTIER_SERVICE_H_

@@ -1,0 +1,57 @@
+// evoked: the evoke KV-cache tier daemon. See daemon_options.h for flags.
+//
+// Exit status: 0 after a clean shutdown (SIGTERM or SIGINT: tier 1 is
+// flushed to disk first), 1 when starting or flushing failed, 2 for bad
+// flags.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "common/log.h"
+#include "daemon/daemon.h"
+#include "daemon/daemon_flags.h"
+
+int main(int argc, char** argv) {
+  evoke::SetLogProgram("evoked");
+  evoke::DaemonOptions options;
+  std::string output;
+  bool exit_now = false;
+  absl::Status parsed =
+      evoke::ParseDaemonFlags(argc, argv, &options, &output, &exit_now);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "evoked: %s\n", std::string(parsed.message()).c_str());
+    return 2;
+  }
+  if (exit_now) {
+    std::fputs(output.c_str(), stdout);
+    return 0;
+  }
+  evoke::LogLevel level = evoke::LogLevel::kInfo;
+  evoke::ParseLogLevel(options.log_level, &level);
+  evoke::SetLogLevel(level);
+
+  // Block the shutdown signals in every thread (all are created after this)
+  // and take them synchronously below.
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<evoke::Daemon>> daemon =
+      evoke::Daemon::Start(options);
+  if (!daemon.ok()) {
+    EVOKE_LOG_ERROR("cannot start: ", daemon.status().ToString());
+    return 1;
+  }
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  EVOKE_LOG_INFO("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
+                 ": flushing tier 1 to disk and exiting");
+  const absl::Status s = (*daemon)->Shutdown();
+  daemon->reset();
+  return s.ok() ? 0 : 1;
+}

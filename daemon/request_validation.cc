@@ -1,0 +1,84 @@
+#include "daemon/request_validation.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace evoke {
+
+absl::StatusOr<std::vector<BlockId>> ParseIds(
+    const google::protobuf::RepeatedPtrField<std::string>& ids,
+    absl::string_view field, size_t min_count, size_t max_count, bool unique) {
+  if (static_cast<size_t>(ids.size()) < min_count ||
+      static_cast<size_t>(ids.size()) > max_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": has ", ids.size(), " ids, expected ", min_count,
+                     "..", max_count));
+  }
+  std::vector<BlockId> out;
+  out.reserve(ids.size());
+  absl::flat_hash_map<BlockId, int> seen;
+  for (int i = 0; i < ids.size(); ++i) {
+    absl::StatusOr<BlockId> id = BlockId::FromBytes(ids[i]);
+    if (!id.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: ", id.status().message()));
+    }
+    if (unique) {
+      auto [it, inserted] = seen.emplace(*id, i);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, "[", i, "]: duplicate of ", field, "[", it->second, "]"));
+      }
+    }
+    out.push_back(*id);
+  }
+  return out;
+}
+
+absl::Status ValidateSaveRequest(const v1::SaveRequest& request,
+                                 const RequestLimits& limits) {
+  if (request.blocks().empty() ||
+      static_cast<uint32_t>(request.blocks_size()) > limits.max_batch_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("blocks: has ", request.blocks_size(), " blocks, expected 1..",
+                     limits.max_batch_blocks));
+  }
+  absl::flat_hash_map<std::string, int> seen;
+  for (int i = 0; i < request.blocks_size(); ++i) {
+    const v1::SaveBlock& block = request.blocks(i);
+    const std::string field = absl::StrCat("blocks[", i, "]");
+    if (!block.has_meta()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".meta: is required"));
+    }
+    if (block.payload_case() != v1::SaveBlock::kInlineBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".payload: is required (inline_bytes)"));
+    }
+    absl::Status s = ValidateBlockForSave(block.meta(), block.inline_bytes().size(),
+                                          limits.block, field);
+    if (!s.ok()) return s;
+    auto [it, inserted] = seen.emplace(block.meta().id(), i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".meta.id: duplicate of blocks[", it->second, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<BlockId>> ValidateLoadRequest(
+    const v1::LoadRequest& request, const RequestLimits& limits) {
+  absl::StatusOr<std::vector<BlockId>> ids =
+      ParseIds(request.ids(), "ids", 1, limits.max_batch_blocks, true);
+  if (!ids.ok()) return ids.status();
+  if (!request.has_fingerprint()) {
+    return absl::InvalidArgumentError(
+        "fingerprint: is required (the reader's layout; loads are fail-closed)");
+  }
+  absl::Status s = ValidateFingerprint(request.fingerprint(), limits.block,
+                                       "fingerprint");
+  if (!s.ok()) return s;
+  return ids;
+}
+
+}  // namespace evoke

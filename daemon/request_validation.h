@@ -1,0 +1,48 @@
+// Validation of KvTier requests before they reach the TierManager. Every
+// error is INVALID_ARGUMENT with a message that names the field, e.g.
+// "blocks[3].meta.id: duplicate of blocks[1]". Pure functions: no I/O, no
+// state; fuzzable.
+#ifndef EVOKE_DAEMON_REQUEST_VALIDATION_H_
+#define EVOKE_DAEMON_REQUEST_VALIDATION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/block_validation.h"
+#include "common/hash128.h"
+#include "evoke/v1/kvtier.pb.h"
+#include "google/protobuf/repeated_field.h"
+
+namespace evoke {
+
+struct RequestLimits {
+  BlockLimits block;
+  // Blocks in one Save or Load.
+  uint32_t max_batch_blocks = 4096;
+  // Ids in one Lookup, Delete, Pin, Unpin or Verify.
+  uint32_t max_ids = 65536;
+};
+
+// ParseIds parses a list of 16-byte ids named `field` ("ids"). Checks the
+// count is in [min_count, max_count] and, with `unique`, that no id repeats.
+absl::StatusOr<std::vector<BlockId>> ParseIds(
+    const google::protobuf::RepeatedPtrField<std::string>& ids,
+    absl::string_view field, size_t min_count, size_t max_count, bool unique);
+
+// ValidateSaveRequest checks the batch size, each block (identity, shape,
+// payload present and of the right length) and that ids are unique.
+absl::Status ValidateSaveRequest(const v1::SaveRequest& request,
+                                 const RequestLimits& limits);
+
+// ValidateLoadRequest checks the ids (1..max_batch_blocks, unique) and the
+// fingerprint, and returns the parsed ids.
+absl::StatusOr<std::vector<BlockId>> ValidateLoadRequest(
+    const v1::LoadRequest& request, const RequestLimits& limits);
+
+}  // namespace evoke
+
+#endif  // EVOKE_DAEMON_REQUEST_VALIDATION_H_
