@@ -16,6 +16,7 @@
 #include "common/byte_size.h"
 #include "common/checksum.h"
 #include "common/fingerprint.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "storage/spill_record.pb.h"
 
@@ -174,6 +175,17 @@ class TierManager::Impl {
   // SpillRound evicts one batch; returns whether it made progress.
   bool SpillRound();
 
+  // LogSpillError logs a failed spill-store write, at most once every 10 s
+  // (a full disk fails every round).
+  void LogSpillError(const absl::Status& s) {
+    const int64_t now = absl::ToUnixSeconds(absl::Now());
+    int64_t last = last_spill_error_log_s_.load();
+    if (now - last >= 10 && last_spill_error_log_s_.compare_exchange_strong(last, now)) {
+      EVOKE_LOG_ERROR("spill store write failed (tier 1 cannot drain; saves will "
+                      "wait, then fail with RESOURCE_EXHAUSTED): ", s.ToString());
+    }
+  }
+
   absl::Status CheckOpen() const {
     if (shut_down_.load()) {
       return absl::UnavailableError("evoked is shutting down");
@@ -188,6 +200,7 @@ class TierManager::Impl {
   const uint64_t low_bytes_;
   const absl::Time start_;
   std::atomic<bool> shut_down_{false};
+  std::atomic<int64_t> last_spill_error_log_s_{0};
 
   // Lock order: disk_mu_ before mu_. disk_mu_ serializes every mutation of
   // the spill store; while it is held, no entry leaves the index.
@@ -766,6 +779,7 @@ absl::Status TierManager::Impl::WriteDirty(std::vector<Entry*> entries, bool syn
                             e->payload_bytes)});
     }
     absl::Status s = spill_->Put(writes, sync);
+    if (!s.ok()) LogSpillError(s);
     absl::MutexLock lock(&mu_);
     for (Entry* e : batch) {
       if (s.ok() && !e->removed) {
@@ -815,6 +829,7 @@ void TierManager::Impl::EnforceSpillBudget() {
     absl::Status s = breadcrumbs.empty() ? absl::OkStatus()
                                          : spill_->DropPayloads(breadcrumbs);
     if (s.ok() && !forget.empty()) s = spill_->Delete(forget);
+    if (!s.ok()) LogSpillError(s);
     absl::MutexLock lock(&mu_);
     if (!s.ok()) {
       ++counters_.spill_errors;

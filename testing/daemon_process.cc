@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +34,12 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // Build the environment before fork: between fork and exec the child of a
+  // multi-threaded process may only call async-signal-safe functions.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
     const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -44,9 +52,7 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-    execv(args[0], args.data());
-    std::perror("execv");
+    execve(args[0], args.data(), envp.data());
     _exit(127);
   }
   return pid;

@@ -217,6 +217,42 @@ TEST_F(DaemonTest, CorruptSpillFileIsDataLossNeverServed) {
   EXPECT_OK(client_->HealthCheck());
 }
 
+TEST_F(DaemonTest, BreadcrumbsPastTheSpillBudget) {
+  StartDaemon({"--spill-bytes", "4MiB"});
+  std::vector<TestBlock> blocks;
+  for (int i = 0; i < 40; ++i) blocks.push_back(SessionBlock("bc", i, kTokens));  // 10 MiB.
+  ASSERT_OK(SaveBlocks(*client_, blocks));
+  ASSERT_OK(client_->Flush(/*evict=*/true));
+  const v1::StatResponse st = Stat();
+  EXPECT_LE(st.spill().payload_bytes(), 4u << 20);
+  EXPECT_GE(st.breadcrumb_blocks(), 24u);
+  EXPECT_EQ(st.counters().breadcrumbs(), st.breadcrumb_blocks());
+  // The oldest are breadcrumbs: metadata kept, bytes gone, loads say so.
+  absl::StatusOr<v1::BlockInfo> info = client_->Describe(blocks[0].id());
+  ASSERT_OK(info);
+  EXPECT_EQ(info->tier(), v1::TIER_BREADCRUMB);
+  EXPECT_FALSE(info->bytes_available());
+  EXPECT_EQ(info->meta().n_tokens(), kTokens);
+  EXPECT_THAT(client_->Load({blocks[0].id()}, SmallFingerprint()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("breadcrumb")));
+  // Lookup stops at a breadcrumb: its bytes are not there to splice.
+  absl::StatusOr<std::vector<v1::Tier>> present =
+      client_->Lookup({blocks[39].id(), blocks[0].id()});
+  ASSERT_OK(present);
+  EXPECT_EQ(present->size(), 1u);
+  // The newest kept their bytes, and breadcrumbs survive a restart.
+  absl::StatusOr<std::vector<LoadedBlock>> got =
+      client_->Load({blocks[39].id()}, SmallFingerprint());
+  ASSERT_OK(got);
+  EXPECT_EQ((*got)[0].payload, blocks[39].payload);
+  client_.reset();
+  ASSERT_OK(daemon_->Terminate());
+  Restart();
+  EXPECT_EQ(Stat().breadcrumb_blocks(), st.breadcrumb_blocks());
+  const CommandResult ls = RunEvokectl(daemon_->socket(), {"ls", "--tier", "breadcrumb"});
+  EXPECT_THAT(ls.out, HasSubstr(absl::StrCat(st.breadcrumb_blocks(), " blocks")));
+}
+
 TEST_F(DaemonTest, EightConcurrentClients) {
   StartDaemon();
   constexpr int kClients = 8;
