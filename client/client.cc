@@ -1,11 +1,22 @@
 #include "evoke/client.h"
 
 #include <algorithm>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <thread>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/mutex.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -52,6 +63,24 @@ class Client::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::KvTier::Stub> stub;
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
+
+  // The lease: a server stream held open by `lease_thread`.
+  mutable absl::Mutex lease_mu;
+  std::string lease_id ABSL_GUARDED_BY(lease_mu);
+  std::string fd_socket ABSL_GUARDED_BY(lease_mu);
+  std::unique_ptr<grpc::ClientContext> lease_context;
+  std::unique_ptr<grpc::ClientReader<v1::LeaseEvent>> lease_reader;
+  std::thread lease_thread;
+
+  ~Impl() {
+    if (lease_context != nullptr) lease_context->TryCancel();
+    if (lease_thread.joinable()) lease_thread.join();
+  }
+
+  std::string LeaseId() const {
+    absl::MutexLock lock(&lease_mu);
+    return lease_id;
+  }
 
   void Prepare(grpc::ClientContext* context) const {
     context->set_deadline(std::chrono::system_clock::now() +
@@ -131,9 +160,12 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
                                    impl_->options.max_message_bytes - (1u << 20));
   v1::SaveRequest request;
   request.set_durable(durable);
+  request.set_lease_id(impl_->LeaseId());
   uint64_t bytes = 0;
   for (const BlockToSave& block : blocks) {
-    const uint64_t size = block.payload.size() + kOverheadPerBlock;
+    // Region payloads cost the message nothing; count them as small.
+    const uint64_t size =
+        (block.region ? 0 : block.payload.size()) + kOverheadPerBlock;
     if (request.blocks_size() > 0 &&
         (bytes + size > budget ||
          static_cast<size_t>(request.blocks_size()) == kMaxBatchBlocks)) {
@@ -143,7 +175,11 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
     }
     v1::SaveBlock* b = request.add_blocks();
     *b->mutable_meta() = block.meta;
-    b->set_inline_bytes(block.payload.data(), block.payload.size());
+    if (block.region) {
+      *b->mutable_region() = *block.region;
+    } else {
+      b->set_inline_bytes(block.payload.data(), block.payload.size());
+    }
     b->set_pin(block.pin);
     bytes += size;
   }
@@ -166,6 +202,213 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::Load(
     return absl::InvalidArgumentError("ids: has 0 ids, expected at least 1");
   }
   return out;
+}
+
+absl::StatusOr<std::vector<LoadedBlock>> Client::LoadInto(
+    absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+    absl::Span<const v1::RegionSlice> destinations) {
+  if (ids.size() != destinations.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "destinations: ", destinations.size(), " slices for ", ids.size(), " ids"));
+  }
+  std::vector<LoadedBlock> out;
+  out.reserve(ids.size());
+  for (size_t begin = 0; begin < ids.size(); begin += kMaxBatchBlocks) {
+    const size_t end = std::min(ids.size(), begin + kMaxBatchBlocks);
+    v1::LoadRequest request;
+    for (size_t i = begin; i < end; ++i) {
+      request.add_ids(ids[i].ToBytes());
+      *request.add_destinations() = destinations[i];
+    }
+    *request.mutable_fingerprint() = fingerprint;
+    request.set_lease_id(impl_->LeaseId());
+    grpc::ClientContext context;
+    impl_->Prepare(&context);
+    v1::LoadResponse response;
+    EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Load(&context, request, &response)));
+    for (v1::LoadedBlock& b : *response.mutable_blocks()) {
+      LoadedBlock loaded;
+      loaded.meta = std::move(*b.mutable_meta());
+      loaded.served_from = b.served_from();
+      out.push_back(std::move(loaded));
+    }
+  }
+  return out;
+}
+
+absl::Status Client::OpenLease(absl::string_view client_name) {
+  {
+    absl::MutexLock lock(&impl_->lease_mu);
+    if (!impl_->lease_id.empty()) return absl::OkStatus();
+  }
+  v1::OpenLeaseRequest request;
+  request.set_client_name(client_name.empty()
+                              ? absl::StrCat("pid-", getpid())
+                              : std::string(client_name));
+  auto context = std::make_unique<grpc::ClientContext>();
+  std::unique_ptr<grpc::ClientReader<v1::LeaseEvent>> reader =
+      impl_->stub->OpenLease(context.get(), request);
+  v1::LeaseEvent event;
+  if (!reader->Read(&event) || !event.has_grant()) {
+    return FromGrpc(reader->Finish()).ok()
+               ? absl::UnavailableError("lease stream ended before the grant")
+               : FromGrpc(reader->Finish());
+  }
+  {
+    absl::MutexLock lock(&impl_->lease_mu);
+    impl_->lease_id = event.grant().lease_id();
+    impl_->fd_socket = event.grant().fd_socket();
+  }
+  impl_->lease_context = std::move(context);
+  impl_->lease_reader = std::move(reader);
+  // Holds the stream open; returns when the daemon or this client ends it.
+  impl_->lease_thread = std::thread([impl = impl_.get()] {
+    v1::LeaseEvent ignored;
+    while (impl->lease_reader->Read(&ignored)) {
+    }
+    impl->lease_reader->Finish();
+    absl::MutexLock lock(&impl->lease_mu);
+    impl->lease_id.clear();
+  });
+  return absl::OkStatus();
+}
+
+bool Client::has_lease() const { return !impl_->LeaseId().empty(); }
+
+SharedRegion::~SharedRegion() {
+  munmap(data_, size_);
+  close(fd_);
+}
+
+v1::RegionSlice SharedRegion::Slice(uint64_t offset, uint64_t length) const {
+  v1::RegionSlice s;
+  s.set_region_id(id_);
+  s.set_offset(offset);
+  s.set_length(length);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> Client::CreateSharedRegion(uint64_t size) {
+  std::string lease, fd_socket;
+  {
+    absl::MutexLock lock(&impl_->lease_mu);
+    lease = impl_->lease_id;
+    fd_socket = impl_->fd_socket;
+  }
+  if (lease.empty()) {
+    return absl::FailedPreconditionError("no lease: call OpenLease first");
+  }
+  const int fd = memfd_create("evoke-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  }
+  auto fail = [fd](absl::string_view what) {
+    const std::string err = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat(what, ": ", err));
+  };
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("ftruncate");
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return fail("seal");
+  }
+  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) return fail("mmap");
+  // Owns the mapping and the fd until the daemon accepts the region.
+  struct Pending {
+    void* data;
+    uint64_t size;
+    int fd;
+    ~Pending() {
+      if (data != nullptr) {
+        munmap(data, size);
+        close(fd);
+      }
+    }
+  } pending{data, size, fd};
+
+  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  struct SockCloser {
+    int fd;
+    ~SockCloser() { close(fd); }
+  } closer{sock};
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, fd_socket.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(absl::StrCat("connect ", fd_socket, ": ",
+                                               std::strerror(errno)));
+  }
+  std::string body("EVKFD001", 8);
+  body += lease;
+  for (int i = 0; i < 8; ++i) body.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
+  iovec iov{body.data(), body.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  if (sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(body.size())) {
+    return absl::UnavailableError(absl::StrCat("sendmsg: ", std::strerror(errno)));
+  }
+  char head[16];
+  size_t got = 0;
+  while (got < sizeof(head)) {
+    const ssize_t n = recv(sock, head + got, sizeof(head) - got, 0);
+    if (n <= 0) return absl::UnavailableError("fd socket closed before replying");
+    got += n;
+  }
+  auto le = [&](int at, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(head[at + i]);
+    return v;
+  };
+  const auto code = static_cast<absl::StatusCode>(le(0, 4));
+  const uint64_t region_id = le(4, 8);
+  std::string message(le(12, 4), '\0');
+  got = 0;
+  while (got < message.size()) {
+    const ssize_t n = recv(sock, message.data() + got, message.size() - got, 0);
+    if (n <= 0) break;
+    got += n;
+  }
+  if (code != absl::StatusCode::kOk) return absl::Status(code, message);
+  pending.data = nullptr;  // The SharedRegion owns them now.
+  return std::make_unique<SharedRegion>(region_id, static_cast<uint8_t*>(data), size, fd);
+}
+
+absl::StatusOr<uint64_t> Client::RegisterCudaRegion(absl::string_view ipc_handle,
+                                                    int device, uint64_t size) {
+  v1::RegisterCudaRegionRequest request;
+  request.set_lease_id(impl_->LeaseId());
+  if (request.lease_id().empty()) {
+    return absl::FailedPreconditionError("no lease: call OpenLease first");
+  }
+  request.set_ipc_handle(std::string(ipc_handle));
+  request.set_device(static_cast<uint32_t>(device));
+  request.set_size(size);
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::RegisterRegionResponse response;
+  EVOKE_RETURN_IF_ERROR(
+      FromGrpc(impl_->stub->RegisterCudaRegion(&context, request, &response)));
+  return response.region_id();
+}
+
+absl::Status Client::UnregisterRegion(uint64_t region_id) {
+  v1::UnregisterRegionRequest request;
+  request.set_lease_id(impl_->LeaseId());
+  request.set_region_id(region_id);
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::UnregisterRegionResponse response;
+  return FromGrpc(impl_->stub->UnregisterRegion(&context, request, &response));
 }
 
 absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids) {
@@ -206,6 +449,10 @@ absl::StatusOr<uint32_t> Client::DropSession(absl::string_view ns,
 absl::Status Client::Pin(absl::Span<const BlockId> ids) {
   v1::PinRequest request;
   for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_lease_id(impl_->LeaseId());
+  if (request.lease_id().empty()) {
+    return absl::FailedPreconditionError("no lease: call OpenLease first (pins belong to a lease)");
+  }
   grpc::ClientContext context;
   impl_->Prepare(&context);
   v1::PinResponse response;
@@ -215,6 +462,7 @@ absl::Status Client::Pin(absl::Span<const BlockId> ids) {
 absl::Status Client::Unpin(absl::Span<const BlockId> ids) {
   v1::PinRequest request;
   for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_lease_id(impl_->LeaseId());
   grpc::ClientContext context;
   impl_->Prepare(&context);
   v1::PinResponse response;

@@ -21,7 +21,11 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "daemon/executor.h"
+#include "daemon/fd_channel.h"
 #include "daemon/kvtier_service.h"
+#include "daemon/lease_manager.h"
+#include "daemon/payload_paths.h"
+#include "gpu/cuda_ipc.h"
 #include "gpu/device.h"
 #include "storage/pinned_arena.h"
 #include "storage/spill_store.h"
@@ -77,9 +81,14 @@ class Daemon::Impl {
  public:
   std::string socket_path;
   std::unique_ptr<TierManager> tiers;
+  std::unique_ptr<HostRegistration> registration;  // Of tier 1, with CUDA.
+  std::unique_ptr<LeaseManager> leases;
+  std::unique_ptr<DeviceCopiers> copiers;
+  std::unique_ptr<FdChannel> fd_channel;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<KvTierService> service;
   std::unique_ptr<grpc::Server> server;
+  bool cuda_available = false;
   DaemonOptions options;
   absl::Mutex mu;
   bool shut_down ABSL_GUARDED_BY(mu) = false;
@@ -106,6 +115,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena,
                          PinnedArena::Create(arena_options));
   const PinnedArena::Stats arena_stats = arena->GetStats();
+  uint8_t* const arena_base = arena->base();
+  const uint64_t arena_bytes = arena->capacity_bytes();
   if (!arena_stats.locked) {
     EVOKE_LOG_WARNING("tier 1 is not locked in RAM: ", arena_stats.lock_error);
   }
@@ -119,16 +130,60 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   EVOKE_ASSIGN_OR_RETURN(
       impl->tiers, TierManager::Open(tier_options, std::move(arena), std::move(spill)));
 
+  absl::StatusOr<std::vector<GpuDevice>> gpus = ListGpus();
+  impl->cuda_available = gpus.ok();
+  if (gpus.ok()) {
+    for (const GpuDevice& g : *gpus) {
+      EVOKE_LOG_INFO("GPU ", g.ordinal, ": ", g.name, " (",
+                     FormatByteSize(g.total_memory_bytes), ", sm_", g.compute_major,
+                     g.compute_minor, ")");
+    }
+    if (options.cuda_register_chunk_bytes > 0) {
+      absl::StatusOr<std::unique_ptr<HostRegistration>> reg = HostRegistration::Start(
+          arena_base, arena_bytes, options.cuda_register_chunk_bytes);
+      if (reg.ok()) {
+        impl->registration = std::move(reg).value();
+      } else {
+        EVOKE_LOG_WARNING("tier 1 not registered with CUDA: ", reg.status().ToString());
+      }
+    }
+  } else {
+    EVOKE_LOG_INFO("no GPU: ", gpus.status().message(), "; host paths only");
+  }
+
+  LeaseManagerOptions lease_options;
+  lease_options.max_leases = options.max_leases;
+  lease_options.max_regions_per_lease = options.max_regions_per_lease;
+  lease_options.max_region_bytes = options.max_region_bytes;
+  impl->leases = std::make_unique<LeaseManager>(lease_options, impl->tiers.get());
+  impl->copiers = std::make_unique<DeviceCopiers>();
+
   impl->executor = std::make_unique<Executor>(options.ResolvedWorkerThreads());
+  const std::string fd_socket =
+      std::filesystem::absolute(options.ResolvedFdSocket()).string();
   KvTierServiceOptions service_options;
   service_options.limits.block.max_block_bytes = options.max_block_bytes;
   service_options.max_message_bytes = options.max_message_bytes;
   service_options.data_dir = data_dir;
   service_options.version = EVOKE_VERSION;
+  service_options.fd_socket = fd_socket;
+  Impl* raw = impl.get();
+  service_options.gpu_stats = [raw](v1::StatResponse* s) {
+    s->set_cuda_available(raw->cuda_available);
+    if (raw->registration != nullptr) {
+      s->set_pinned_cuda_registered_bytes(raw->registration->registered_bytes());
+      if (raw->registration->done()) {
+        s->set_pinned_cuda_registration_ms(
+            absl::ToInt64Milliseconds(raw->registration->elapsed()));
+      }
+    }
+  };
   impl->service = std::make_unique<KvTierService>(
-      impl->tiers.get(), impl->executor.get(), std::move(service_options));
+      impl->tiers.get(), impl->executor.get(), impl->leases.get(),
+      impl->copiers.get(), std::move(service_options));
 
   EVOKE_RETURN_IF_ERROR(PrepareSocketPath(impl->socket_path));
+  EVOKE_ASSIGN_OR_RETURN(impl->fd_channel, FdChannel::Start(fd_socket, impl->leases.get()));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -152,16 +207,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   impl->server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   impl->server->GetHealthCheckService()->SetServingStatus("", true);
 
-  absl::StatusOr<std::vector<GpuDevice>> gpus = ListGpus();
-  if (gpus.ok()) {
-    for (const GpuDevice& g : *gpus) {
-      EVOKE_LOG_INFO("GPU ", g.ordinal, ": ", g.name, " (",
-                     FormatByteSize(g.total_memory_bytes), ", sm_", g.compute_major,
-                     g.compute_minor, ")");
-    }
-  } else {
-    EVOKE_LOG_INFO("no GPU: ", gpus.status().message(), "; host paths only");
-  }
   v1::StatResponse stat;
   impl->tiers->Stats(&stat);
   EVOKE_LOG_INFO(
@@ -192,6 +237,8 @@ absl::Status Daemon::Shutdown() {
   const absl::Time start = absl::Now();
   impl_->server->GetHealthCheckService()->SetServingStatus(kServiceName, false);
   impl_->server->GetHealthCheckService()->SetServingStatus("", false);
+  // Lease streams would otherwise hold the shutdown for its whole grace.
+  impl_->service->CloseLeases();
   // Stops accepting, lets calls in flight finish (the executor keeps
   // running them), then cancels what is left.
   impl_->server->Shutdown(std::chrono::system_clock::now() +
@@ -203,7 +250,12 @@ absl::Status Daemon::Shutdown() {
   v1::StatResponse after;
   impl_->tiers->Stats(&after);
   impl_->server.reset();
-  impl_->tiers.reset();  // Closes RocksDB.
+  impl_->fd_channel.reset();
+  impl_->service.reset();
+  impl_->leases.reset();        // Unmaps regions.
+  impl_->copiers.reset();
+  impl_->registration.reset();  // cudaHostUnregister before tier 1 goes.
+  impl_->tiers.reset();         // Closes RocksDB, unmaps tier 1.
   unlink(impl_->socket_path.c_str());
   if (s.ok()) {
     EVOKE_LOG_INFO("shut down: flushed ",

@@ -90,6 +90,16 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--shutdown-grace-ms", o->shutdown_grace_ms,
                  "How long SIGTERM waits for in-flight RPCs")
       ->capture_default_str();
+  app.add_option("--fd-socket", o->fd_socket,
+                 "Unix socket for shared-memory registration (default: SOCKET.fd)");
+  app.add_option("--max-leases", o->max_leases, "Open leases at once")
+      ->capture_default_str();
+  app.add_option("--max-regions-per-lease", o->max_regions_per_lease,
+                 "Regions one lease may register")
+      ->capture_default_str();
+  AddSize(app, "max-region-bytes", &o->max_region_bytes, "Largest registered region");
+  AddSize(app, "cuda-register-chunk-bytes", &o->cuda_register_chunk_bytes,
+          "Chunk size of tier 1's background CUDA registration (0 = off)");
   app.add_option("--log-level", o->log_level, "debug, info, warning or error")
       ->capture_default_str();
 
@@ -148,6 +158,11 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "spill-batch-bytes = ", size(o.spill_batch_bytes), "\n",
       "save-wait-ms = ", o.save_wait_ms, "\n",
       "shutdown-grace-ms = ", o.shutdown_grace_ms, "\n",
+      "fd-socket = \"", o.fd_socket, "\"\n",
+      "max-leases = ", o.max_leases, "\n",
+      "max-regions-per-lease = ", o.max_regions_per_lease, "\n",
+      "max-region-bytes = ", size(o.max_region_bytes), "\n",
+      "cuda-register-chunk-bytes = ", size(o.cuda_register_chunk_bytes), "\n",
       "log-level = \"", o.log_level, "\"\n");
 }
 

@@ -62,12 +62,26 @@ absl::Status DaemonOptions::Validate() const {
                    absl::StrCat(FormatByteSize(spill_batch_bytes),
                                 " is below the minimum of 1 MiB"));
   }
+  {
+    const std::string fd = std::filesystem::absolute(ResolvedFdSocket(), ec).string();
+    if (ec || fd.size() > 107) {
+      return Invalid("fd-socket", absl::StrCat("path '", fd, "' is ", fd.size(),
+                                               " bytes; Unix sockets allow 107"));
+    }
+  }
+  if (max_leases == 0) return Invalid("max-leases", "must be > 0");
+  if (max_regions_per_lease == 0) return Invalid("max-regions-per-lease", "must be > 0");
+  if (max_region_bytes == 0) return Invalid("max-region-bytes", "must be > 0");
   LogLevel level;
   if (!ParseLogLevel(log_level, &level)) {
     return Invalid("log-level", absl::StrCat("'", log_level,
                                              "' is not debug, info, warning or error"));
   }
   return absl::OkStatus();
+}
+
+std::string DaemonOptions::ResolvedFdSocket() const {
+  return fd_socket.empty() ? socket + ".fd" : fd_socket;
 }
 
 uint32_t DaemonOptions::ResolvedWorkerThreads() const {

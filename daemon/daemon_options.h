@@ -76,6 +76,25 @@ struct DaemonOptions {
   // Default: 5000 ms.
   uint32_t shutdown_grace_ms = 5000;
 
+  // Unix socket for shared-memory registration (FdChannel, SCM_RIGHTS),
+  // mode 0660. Empty means the API socket's path + ".fd".
+  // Default: "".
+  std::string fd_socket;
+
+  // Open leases at once. Default: 4096.
+  uint32_t max_leases = 4096;
+
+  // Regions (shared memory or CUDA) one lease may register. Default: 256.
+  uint32_t max_regions_per_lease = 256;
+
+  // Largest registered region. Default: 64 GiB.
+  uint64_t max_region_bytes = 64ull << 30;
+
+  // When a GPU exists, tier 1 is registered with CUDA (cudaHostRegister) in
+  // chunks of this size on a background thread. 0 disables registration.
+  // Default: 1 GiB.
+  uint64_t cuda_register_chunk_bytes = 1ull << 30;
+
   // debug, info, warning or error.
   // Default: "info".
   std::string log_level = "info";
@@ -86,6 +105,8 @@ struct DaemonOptions {
 
   // ResolvedWorkerThreads returns worker_threads, or the automatic count.
   uint32_t ResolvedWorkerThreads() const;
+  // ResolvedFdSocket returns fd_socket, or the default next to `socket`.
+  std::string ResolvedFdSocket() const;
 };
 
 }  // namespace evoke

@@ -115,6 +115,11 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.save_wait_ms = 777;
   custom.shutdown_grace_ms = 999;
   custom.log_level = "warning";
+  custom.fd_socket = dir.Join("d.fd");
+  custom.max_leases = 9;
+  custom.max_regions_per_lease = 7;
+  custom.max_region_bytes = 5ull << 30;
+  custom.cuda_register_chunk_bytes = 0;
   const std::string path = dir.Join("evoked.toml");
   std::ofstream(path) << OptionsToConfig(custom);
 
@@ -146,6 +151,8 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "low-watermark", "max-block-bytes", "max-message-bytes",
                           "worker-threads", "lock-memory", "spill-sync",
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
+                          "fd-socket", "max-leases", "max-regions-per-lease",
+                          "max-region-bytes", "cuda-register-chunk-bytes",
                           "log-level"}) {
     EXPECT_THAT(out, HasSubstr(std::string("\n") + key + " = ")) << key;
   }

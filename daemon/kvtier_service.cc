@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -60,9 +61,158 @@ grpc::ServerUnaryReactor* FinishOnExecutor(Executor* executor,
 
 }  // namespace
 
+// One open lease: grants it with the first message and holds it until the
+// stream ends, however it ends; then the lease's regions and pins go. The
+// reactor owns itself (self_) until OnDone; CloseLeases may hold another
+// reference for a moment, so Close checks that the stream is not done yet.
+class KvTierService::LeaseReactor final
+    : public grpc::ServerWriteReactor<v1::LeaseEvent> {
+ public:
+  LeaseReactor(KvTierService* service, const absl::StatusOr<Lease>& lease,
+               const std::string& fd_socket, const LeaseManagerOptions& limits)
+      : service_(service) {
+    if (lease.ok()) {
+      lease_ = *lease;
+      v1::LeaseGrant* grant = event_.mutable_grant();
+      grant->set_lease_id(lease_->id.ToBytes());
+      grant->set_fd_socket(fd_socket);
+      grant->set_max_regions(limits.max_regions_per_lease);
+      grant->set_max_region_bytes(limits.max_region_bytes);
+    } else {
+      error_ = lease.status();
+    }
+  }
+
+  // Start runs once `self` owns the reactor.
+  void Start(std::shared_ptr<LeaseReactor> self) {
+    self_ = std::move(self);
+    if (!error_.ok()) {
+      Close(ToGrpc(error_));
+      return;
+    }
+    StartWrite(&event_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    // Nothing more to write: the stream stays open until the client goes.
+    if (!ok) Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "lease stream broken"));
+  }
+  void OnCancel() override { Close(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    if (lease_) service_->leases_->End(lease_->id);
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    service_->Forget(this);
+    std::shared_ptr<LeaseReactor> self = std::move(self_);  // May delete this.
+  }
+  // Close finishes the stream once, unless it is already done.
+  void Close(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || done_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+ private:
+  KvTierService* const service_;
+  std::optional<Lease> lease_;
+  absl::Status error_;
+  v1::LeaseEvent event_;
+  std::shared_ptr<LeaseReactor> self_;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 KvTierService::KvTierService(TierManager* tiers, Executor* executor,
+                             LeaseManager* leases, DeviceCopiers* copiers,
                              KvTierServiceOptions options)
-    : tiers_(tiers), executor_(executor), options_(std::move(options)) {}
+    : tiers_(tiers),
+      executor_(executor),
+      leases_(leases),
+      copiers_(copiers),
+      options_(std::move(options)) {}
+
+KvTierService::~KvTierService() = default;
+
+void KvTierService::CloseLeases() {
+  std::vector<std::shared_ptr<LeaseReactor>> open;
+  {
+    absl::MutexLock lock(&reactors_mu_);
+    closing_ = true;
+    for (const auto& [raw, weak] : reactors_) {
+      if (std::shared_ptr<LeaseReactor> r = weak.lock()) open.push_back(std::move(r));
+    }
+  }
+  for (const auto& r : open) {
+    r->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "evoked is shutting down"));
+  }
+}
+
+void KvTierService::Forget(LeaseReactor* reactor) {
+  absl::MutexLock lock(&reactors_mu_);
+  reactors_.erase(reactor);
+}
+
+absl::StatusOr<std::optional<Lease>> KvTierService::OptionalLease(
+    absl::string_view lease_id) const {
+  if (lease_id.empty()) return std::optional<Lease>();
+  EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(lease_id));
+  return std::optional<Lease>(lease);
+}
+
+grpc::ServerWriteReactor<v1::LeaseEvent>* KvTierService::OpenLease(
+    grpc::CallbackServerContext*, const v1::OpenLeaseRequest* request) {
+  absl::StatusOr<Lease> lease;
+  {
+    absl::MutexLock lock(&reactors_mu_);
+    lease = closing_ ? absl::StatusOr<Lease>(
+                           absl::UnavailableError("evoked is shutting down"))
+                     : leases_->Grant(request->client_name());
+  }
+  auto reactor = std::make_shared<LeaseReactor>(this, lease, options_.fd_socket,
+                                                leases_->options());
+  LeaseReactor* raw = reactor.get();
+  if (lease.ok()) {
+    absl::MutexLock lock(&reactors_mu_);
+    reactors_.emplace(raw, reactor);
+  }
+  raw->Start(std::move(reactor));
+  return raw;
+}
+
+grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
+    grpc::CallbackServerContext* context, const v1::RegisterCudaRegionRequest* request,
+    v1::RegisterRegionResponse* response) {
+  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    if (request->size() > leases_->options().max_region_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "size: ", request->size(), " exceeds the region limit of ",
+          leases_->options().max_region_bytes, " bytes"));
+    }
+    EVOKE_ASSIGN_OR_RETURN(
+        std::unique_ptr<CudaIpcMapping> mapping,
+        CudaIpcMapping::Open(request->ipc_handle(), static_cast<int>(request->device()),
+                             request->size()));
+    EVOKE_ASSIGN_OR_RETURN(
+        uint64_t id,
+        leases_->AddRegion(lease.id, std::make_shared<CudaRegion>(std::move(mapping))));
+    response->set_region_id(id);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvTierService::UnregisterRegion(
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
+    v1::UnregisterRegionResponse*) {
+  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    return leases_->RemoveRegion(lease.id, request->region_id());
+  });
+}
 
 grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* context,
                                               const v1::SaveRequest* request,
@@ -70,13 +220,22 @@ grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* conte
   const absl::Time deadline = DeadlineOf(context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_RETURN_IF_ERROR(ValidateSaveRequest(*request, options_.limits));
+    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(
+        std::unique_ptr<SaveRequestSource> source,
+        SaveRequestSource::Create(*request, lease, *leases_, copiers_));
     std::vector<SaveItem> items;
     items.reserve(request->blocks_size());
     for (const v1::SaveBlock& block : request->blocks()) {
-      items.push_back(SaveItem{&block.meta(), block.inline_bytes(), block.pin()});
+      const uint64_t size = block.payload_case() == v1::SaveBlock::kRegion
+                                ? block.region().length()
+                                : block.inline_bytes().size();
+      items.push_back(SaveItem{&block.meta(), size, block.pin()});
     }
-    EVOKE_ASSIGN_OR_RETURN(std::vector<v1::SaveResult> results,
-                           tiers_->Save(items, request->durable(), deadline));
+    EVOKE_ASSIGN_OR_RETURN(
+        std::vector<v1::SaveResult> results,
+        tiers_->Save(items, *source, request->durable(), deadline,
+                     lease ? lease->owner : PinOwner{0}));
     response->mutable_results()->Reserve(results.size());
     for (v1::SaveResult& r : results) *response->add_results() = std::move(r);
     return absl::OkStatus();
@@ -89,28 +248,16 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids,
                            ValidateLoadRequest(*request, options_.limits));
-    for (size_t i = 0; i < ids.size(); ++i) response->add_blocks();
+    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(request->lease_id()));
     // Leave room for metadata in the response message.
-    const uint64_t budget = options_.max_message_bytes - (1u << 20);
-    uint64_t total = 0;
+    EVOKE_ASSIGN_OR_RETURN(
+        std::unique_ptr<LoadResponseSink> sink,
+        LoadResponseSink::Create(*request, response,
+                                 options_.max_message_bytes - (1u << 20), lease,
+                                 *leases_, copiers_));
     std::vector<v1::BlockMeta> metas;
     std::vector<LoadedInfo> infos;
-    absl::Status s = tiers_->Load(
-        ids, request->fingerprint(),
-        [&](size_t index, const v1::BlockMeta& meta) -> absl::StatusOr<uint8_t*> {
-          total += meta.payload_bytes();
-          if (total > budget) {
-            return absl::ResourceExhaustedError(absl::StrCat(
-                "ids: the payloads of ids[0..", index, "] add up to ",
-                FormatByteSize(total), ", over the response limit of ",
-                FormatByteSize(budget),
-                " (--max-message-bytes); load fewer blocks per call"));
-          }
-          std::string* bytes = response->mutable_blocks(index)->mutable_inline_bytes();
-          bytes->resize(meta.payload_bytes());
-          return reinterpret_cast<uint8_t*>(bytes->data());
-        },
-        &metas, &infos);
+    absl::Status s = tiers_->Load(ids, request->fingerprint(), *sink, &metas, &infos);
     if (!s.ok()) {
       response->Clear();
       return s;
@@ -176,7 +323,8 @@ grpc::ServerUnaryReactor* KvTierService::Pin(grpc::CallbackServerContext* contex
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    return tiers_->Pin(ids, deadline);
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    return tiers_->Pin(ids, lease.owner, deadline);
   });
 }
 
@@ -187,7 +335,8 @@ grpc::ServerUnaryReactor* KvTierService::Unpin(grpc::CallbackServerContext* cont
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    return tiers_->Unpin(ids);
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    return tiers_->Unpin(ids, lease.owner);
   });
 }
 
@@ -256,6 +405,10 @@ grpc::ServerUnaryReactor* KvTierService::Stat(grpc::CallbackServerContext* conte
     response->set_version(options_.version);
     response->set_data_dir(options_.data_dir);
     response->set_pid(static_cast<uint32_t>(getpid()));
+    const uint64_t lease_pins = response->leases().lease_pins();
+    *response->mutable_leases() = leases_->Stats();
+    response->mutable_leases()->set_lease_pins(lease_pins);
+    if (options_.gpu_stats) options_.gpu_stats(response);
     return absl::OkStatus();
   });
 }

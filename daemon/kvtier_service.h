@@ -5,7 +5,14 @@
 #include <cstdint>
 #include <string>
 
+#include <functional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/executor.h"
+#include "daemon/lease_manager.h"
+#include "daemon/payload_paths.h"
 #include "daemon/request_validation.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
 #include "storage/tier_manager.h"
@@ -18,6 +25,10 @@ struct KvTierServiceOptions {
   uint64_t max_message_bytes = 80ull << 20;
   std::string data_dir;
   std::string version;
+  // Absolute path of the FdChannel socket (told to clients in LeaseGrant).
+  std::string fd_socket;
+  // Adds GPU state (CUDA availability, tier-1 registration) to Stat.
+  std::function<void(v1::StatResponse*)> gpu_stats;
 };
 
 // KvTierService validates each request (INVALID_ARGUMENT naming the field),
@@ -31,8 +42,14 @@ struct KvTierServiceOptions {
 // Thread-safe. `tiers` and `executor` must outlive the service.
 class KvTierService final : public v1::KvTier::CallbackService {
  public:
-  KvTierService(TierManager* tiers, Executor* executor,
-                KvTierServiceOptions options);
+  // `leases` and `copiers` must outlive the service.
+  KvTierService(TierManager* tiers, Executor* executor, LeaseManager* leases,
+                DeviceCopiers* copiers, KvTierServiceOptions options);
+  ~KvTierService() override;
+
+  // CloseLeases ends every open lease stream (UNAVAILABLE "shutting down"),
+  // so that server shutdown does not wait for them.
+  void CloseLeases();
 
   grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* context,
                                  const v1::SaveRequest* request,
@@ -70,11 +87,34 @@ class KvTierService final : public v1::KvTier::CallbackService {
   grpc::ServerUnaryReactor* Flush(grpc::CallbackServerContext* context,
                                   const v1::FlushRequest* request,
                                   v1::FlushResponse* response) override;
+  grpc::ServerWriteReactor<v1::LeaseEvent>* OpenLease(
+      grpc::CallbackServerContext* context,
+      const v1::OpenLeaseRequest* request) override;
+  grpc::ServerUnaryReactor* RegisterCudaRegion(
+      grpc::CallbackServerContext* context,
+      const v1::RegisterCudaRegionRequest* request,
+      v1::RegisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(
+      grpc::CallbackServerContext* context,
+      const v1::UnregisterRegionRequest* request,
+      v1::UnregisterRegionResponse* response) override;
+
+  class LeaseReactor;
 
  private:
+  // OptionalLease resolves a request's lease_id: nullopt when empty.
+  absl::StatusOr<std::optional<Lease>> OptionalLease(absl::string_view lease_id) const;
+  void Forget(LeaseReactor* reactor);
+
   TierManager* const tiers_;
   Executor* const executor_;
+  LeaseManager* const leases_;
+  DeviceCopiers* const copiers_;
   const KvTierServiceOptions options_;
+  absl::Mutex reactors_mu_;
+  absl::flat_hash_map<LeaseReactor*, std::weak_ptr<LeaseReactor>> reactors_
+      ABSL_GUARDED_BY(reactors_mu_);
+  bool closing_ ABSL_GUARDED_BY(reactors_mu_) = false;
 };
 
 }  // namespace evoke

@@ -50,12 +50,24 @@ absl::Status ValidateSaveRequest(const v1::SaveRequest& request,
     if (!block.has_meta()) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".meta: is required"));
     }
-    if (block.payload_case() != v1::SaveBlock::kInlineBytes) {
+    uint64_t size = 0;
+    if (block.payload_case() == v1::SaveBlock::kInlineBytes) {
+      size = block.inline_bytes().size();
+    } else if (block.payload_case() == v1::SaveBlock::kRegion) {
+      size = block.region().length();
+      if (request.lease_id().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lease_id: is required when ", field, ".region names a region"));
+      }
+    } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ".payload: is required (inline_bytes)"));
+          field, ".payload: is required (inline_bytes or region)"));
     }
-    absl::Status s = ValidateBlockForSave(block.meta(), block.inline_bytes().size(),
-                                          limits.block, field);
+    if (block.pin() && request.lease_id().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lease_id: is required when ", field, ".pin is set (pins belong to a lease)"));
+    }
+    absl::Status s = ValidateBlockForSave(block.meta(), size, limits.block, field);
     if (!s.ok()) return s;
     auto [it, inserted] = seen.emplace(block.meta().id(), i);
     if (!inserted) {
@@ -78,6 +90,17 @@ absl::StatusOr<std::vector<BlockId>> ValidateLoadRequest(
   absl::Status s = ValidateFingerprint(request.fingerprint(), limits.block,
                                        "fingerprint");
   if (!s.ok()) return s;
+  if (!request.destinations().empty()) {
+    if (request.destinations_size() != request.ids_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "destinations: has ", request.destinations_size(),
+          " slices, expected none or one per id (", request.ids_size(), ")"));
+    }
+    if (request.lease_id().empty()) {
+      return absl::InvalidArgumentError(
+          "lease_id: is required with destinations (regions belong to a lease)");
+    }
+  }
   return ids;
 }
 

@@ -116,6 +116,44 @@ absl::StatusOr<Extent> PinnedArena::Allocate(uint64_t size) {
   return Extent{range_off, length};
 }
 
+absl::StatusOr<std::vector<Extent>> PinnedArena::AllocateContiguous(
+    absl::Span<const uint64_t> sizes) {
+  uint64_t total = 0;
+  for (uint64_t size : sizes) {
+    if (size == 0) return absl::InvalidArgumentError("size: must be > 0");
+    total += (size + granule_ - 1) / granule_ * granule_;
+  }
+  if (total == 0 || total > capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no free range of ", FormatByteSize(total), " (capacity ",
+        FormatByteSize(capacity_), ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = free_by_size_.lower_bound({total, 0});
+  if (it == free_by_size_.end()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no free range of ", FormatByteSize(total)));
+  }
+  const auto [range_len, range_off] = *it;
+  free_by_size_.erase(it);
+  free_by_offset_.erase(range_off);
+  if (range_len > total) {
+    free_by_offset_.emplace(range_off + total, range_len - total);
+    free_by_size_.emplace(range_len - total, range_off + total);
+  }
+  std::vector<Extent> out;
+  out.reserve(sizes.size());
+  uint64_t off = range_off;
+  for (uint64_t size : sizes) {
+    const uint64_t len = (size + granule_ - 1) / granule_ * granule_;
+    out.push_back(Extent{off, len});
+    off += len;
+  }
+  used_ += total;
+  extents_ += sizes.size();
+  return out;
+}
+
 void PinnedArena::Free(const Extent& extent) {
   absl::MutexLock lock(&mu_);
   uint64_t off = extent.offset;

@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 
 namespace evoke {
@@ -69,8 +71,16 @@ class PinnedArena {
   // INVALID_ARGUMENT for size 0.
   absl::StatusOr<Extent> Allocate(uint64_t size);
 
-  // Free returns an extent obtained from Allocate. Freeing anything else is a
-  // programming error (checked in debug builds).
+  // AllocateContiguous reserves one extent per size, all inside one free
+  // range and in order (each rounded up to the granule, not to its size
+  // class), so that copies into consecutive extents can be coalesced.
+  // RESOURCE_EXHAUSTED when no single range is large enough (callers may then
+  // fall back to Allocate per block). Each extent is freed on its own.
+  absl::StatusOr<std::vector<Extent>> AllocateContiguous(
+      absl::Span<const uint64_t> sizes);
+
+  // Free returns an extent obtained from Allocate or AllocateContiguous.
+  // Freeing anything else is a programming error (checked in debug builds).
   void Free(const Extent& extent);
 
   // RoundedSize returns the length Allocate would reserve for `size` bytes.

@@ -69,6 +69,26 @@ TEST(PinnedArenaTest, AllocateFreeCoalesce) {
   EXPECT_EQ(arena->GetStats().extents, 0u);
 }
 
+TEST(PinnedArenaTest, ContiguousBatchesAreAdjacentAndFreedOneByOne) {
+  auto arena = MakeArena(1 << 20);
+  ASSERT_OK_AND_ASSIGN(Extent first, arena->Allocate(4096));
+  const uint64_t sizes[] = {100, 64 << 10, 5000, 4096};
+  ASSERT_OK_AND_ASSIGN(std::vector<Extent> batch, arena->AllocateContiguous(sizes));
+  ASSERT_EQ(batch.size(), 4u);
+  for (size_t i = 0; i + 1 < batch.size(); ++i) {
+    EXPECT_EQ(batch[i].offset + batch[i].length, batch[i + 1].offset);
+    EXPECT_GE(batch[i].length, sizes[i]);
+  }
+  EXPECT_EQ(arena->GetStats().extents, 5u);
+  for (const Extent& e : batch) arena->Free(e);
+  arena->Free(first);
+  EXPECT_EQ(arena->UsedBytes(), 0u);
+  EXPECT_EQ(arena->LargestFreeBytes(), 1u << 20);
+  const uint64_t too_big[] = {600 << 10, 600 << 10};
+  EXPECT_THAT(arena->AllocateContiguous(too_big),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
 TEST(PinnedArenaTest, RejectsZeroAndOversized) {
   auto arena = MakeArena(1 << 20);
   EXPECT_THAT(arena->Allocate(0), StatusIs(absl::StatusCode::kInvalidArgument));

@@ -44,7 +44,8 @@ struct Entry {
   std::optional<Extent> ram;
   bool on_disk = false;         // Payload in the spill store.
   bool record_on_disk = false;  // A record (payload or breadcrumb) on disk.
-  uint32_t pins = 0;
+  uint32_t pins = 0;             // Sum over pin_owners.
+  absl::flat_hash_map<PinOwner, uint32_t> pin_owners;
   uint32_t readers = 0;         // In-flight users of the tier-1 bytes.
   bool ram_corrupt = false;     // Drop the tier-1 copy when readers reach 0.
   bool removed = false;         // Deleted while readers > 0.
@@ -90,18 +91,20 @@ class TierManager::Impl {
   void StopSpiller();
 
   absl::StatusOr<std::vector<v1::SaveResult>> Save(
-      absl::Span<const SaveItem> items, bool durable, absl::Time deadline);
+      absl::Span<const SaveItem> items, SaveSource& source, bool durable,
+      absl::Time deadline, PinOwner owner);
   absl::Status Load(absl::Span<const BlockId> ids,
-                    const v1::LayoutFingerprint& fingerprint,
-                    const LoadDestination& destination,
+                    const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
                     std::vector<v1::BlockMeta>* metas,
                     std::vector<LoadedInfo>* infos);
   std::vector<v1::Tier> Lookup(absl::Span<const BlockId> ids);
   absl::Status Delete(absl::Span<const BlockId> ids);
   absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
                                        absl::string_view session_id);
-  absl::Status Pin(absl::Span<const BlockId> ids, absl::Time deadline);
-  absl::Status Unpin(absl::Span<const BlockId> ids);
+  absl::Status Pin(absl::Span<const BlockId> ids, PinOwner owner,
+                   absl::Time deadline);
+  absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner);
+  uint64_t ReleaseOwner(PinOwner owner);
   absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);
   std::vector<v1::BlockInfo> List(const ListFilter& filter, const BlockId& after,
                                   bool has_after, size_t limit, bool* more);
@@ -138,8 +141,8 @@ class TierManager::Impl {
   void SetRam(Entry* e, const Extent& extent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClearRam(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetOnDisk(Entry* e, bool on_disk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddPin(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemovePin(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddPin(Entry* e, PinOwner owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemovePin(Entry* e, PinOwner owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseReader(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QuarantineRamLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -163,11 +166,21 @@ class TierManager::Impl {
   void EnforceSpillBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu_);
   void QuarantineDisk(const BlockId& id, uint64_t gen)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu_);
+  // ReadFromDisk reads a block from the spill store, copies it to `dest`
+  // (hashing the private RocksDB copy, never `dest`) and, when `promote` is
+  // set, also into that tier-1 extent. DATA_LOSS when the checksum fails.
   absl::Status ReadFromDisk(const BlockId& id, uint64_t checksum,
-                            uint64_t payload_bytes, uint8_t* dest);
-  void TryPromote(const BlockId& id, uint64_t gen, const uint8_t* bytes,
-                  uint64_t n);
-  absl::Status PromoteForPin(const BlockId& id, absl::Time deadline);
+                            uint64_t payload_bytes, uint8_t* dest,
+                            uint8_t* promote = nullptr);
+  // ReservePromotion reserves tier-1 room for a promotion when it fits under
+  // the high watermark (a read must never cause a spill storm).
+  std::optional<Extent> ReservePromotion(uint64_t n);
+  // CommitPromotion makes `extent` (filled) the block's tier-1 copy, or frees
+  // it when the block changed meanwhile. With `hold`, returns the entry with
+  // a reader held (nullptr when not committed).
+  Entry* CommitPromotion(const BlockId& id, uint64_t gen, const Extent& extent,
+                         bool hold);
+  absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);
 
   // --- spiller ---
   bool SpillNeededLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -229,6 +242,9 @@ class TierManager::Impl {
   uint64_t disk_payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t breadcrumb_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pinned_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  // Blocks each owner pins, with counts.
+  absl::flat_hash_map<PinOwner, absl::flat_hash_map<BlockId, uint32_t>> owner_pins_
+      ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
 
   // Spiller state.
@@ -303,7 +319,9 @@ void TierManager::Impl::SetOnDisk(Entry* e, bool on_disk) {
   }
 }
 
-void TierManager::Impl::AddPin(Entry* e) {
+void TierManager::Impl::AddPin(Entry* e, PinOwner owner) {
+  ++e->pin_owners[owner];
+  ++owner_pins_[owner][e->id];
   if (e->pins++ == 0) {
     ++pinned_blocks_;
     if (e->in_ram_lru) {
@@ -314,8 +332,16 @@ void TierManager::Impl::AddPin(Entry* e) {
   }
 }
 
-void TierManager::Impl::RemovePin(Entry* e) {
-  if (e->pins == 0) return;
+void TierManager::Impl::RemovePin(Entry* e, PinOwner owner) {
+  auto it = e->pin_owners.find(owner);
+  if (it == e->pin_owners.end()) return;
+  if (--it->second == 0) e->pin_owners.erase(it);
+  auto owned = owner_pins_.find(owner);
+  if (owned != owner_pins_.end()) {
+    auto pin = owned->second.find(e->id);
+    if (pin != owned->second.end() && --pin->second == 0) owned->second.erase(pin);
+    if (owned->second.empty()) owner_pins_.erase(owned);
+  }
   if (--e->pins == 0) {
     --pinned_blocks_;
     if (e->ram && !e->removed) {
@@ -356,6 +382,13 @@ void TierManager::Impl::RemoveLocked(Entry* e) {
     --pinned_blocks_;
     e->pins = 0;
   }
+  for (const auto& [owner, count] : e->pin_owners) {
+    auto owned = owner_pins_.find(owner);
+    if (owned == owner_pins_.end()) continue;
+    owned->second.erase(e->id);
+    if (owned->second.empty()) owner_pins_.erase(owned);
+  }
+  e->pin_owners.clear();
   const bool was_breadcrumb = !e->bytes_available();
   e->removed = true;
   SetOnDisk(e, false);
@@ -521,7 +554,8 @@ absl::Status TierManager::Impl::Rebuild() {
 // ------------------------------------------------------------ Save
 
 absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
-    absl::Span<const SaveItem> items, bool durable, absl::Time deadline) {
+    absl::Span<const SaveItem> items, SaveSource& source, bool durable,
+    absl::Time deadline, PinOwner owner) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   deadline = std::min(deadline, absl::Now() + options_.max_wait_for_room);
   const size_t n = items.size();
@@ -530,11 +564,12 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
   for (size_t i = 0; i < n; ++i) {
     EVOKE_ASSIGN_OR_RETURN(ids[i], BlockId::FromBytes(items[i].meta->id()));
     digests[i] = DigestFingerprint(items[i].meta->fingerprint());
-    EVOKE_RETURN_IF_ERROR(CheckFits(items[i].payload.size()));
+    EVOKE_RETURN_IF_ERROR(CheckFits(items[i].size));
   }
 
-  // Phase 1 (locked): classify each id, reserve tier-1 room for new blocks,
-  // and insert placeholders so that concurrent saves of an id serialize.
+  // Phase 1 (locked): classify each id, reserve tier-1 room for new blocks
+  // (one contiguous range when possible, so copies coalesce), and insert
+  // placeholders so that concurrent saves of an id serialize.
   struct Plan {
     bool fresh = false;
     uint64_t existing_gen = 0;
@@ -563,8 +598,8 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
         } else {
           plan[i].fresh = true;
           plan[i].revived = e != nullptr;
-          sizes.push_back(items[i].payload.size());
-          const uint64_t rounded = arena_->RoundedSize(items[i].payload.size());
+          sizes.push_back(items[i].size);
+          const uint64_t rounded = arena_->RoundedSize(items[i].size);
           total += rounded;
           largest = std::max(largest, rounded);
         }
@@ -577,7 +612,16 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
         continue;
       }
       std::vector<Extent> extents;
-      if (TryAllocateAll(sizes, &extents)) {
+      bool reserved = sizes.empty();
+      if (!reserved && sizes.size() > 1) {
+        absl::StatusOr<std::vector<Extent>> run = arena_->AllocateContiguous(sizes);
+        if (run.ok()) {
+          extents = std::move(run).value();
+          reserved = true;
+        }
+      }
+      if (!reserved) reserved = TryAllocateAll(sizes, &extents);
+      if (reserved) {
         size_t k = 0;
         for (size_t i = 0; i < n; ++i) {
           if (!plan[i].fresh) continue;
@@ -604,23 +648,52 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
   }
 
   // Phase 2 (unlocked): copy into tier 1 and checksum our own copy, so that
-  // what is stored is exactly what was verified.
+  // what is stored is exactly what was verified. Host sources are copied
+  // here; the others are fetched in one batch.
   absl::Status failure;
   std::vector<uint64_t> checksums(n);
-  for (size_t i = 0; i < n && failure.ok(); ++i) {
-    const SaveItem& item = items[i];
+  std::vector<size_t> fetch_items;
+  std::vector<uint8_t*> fetch_dsts;
+  std::vector<std::string> scratch;  // Existing ids whose bytes must be fetched.
+  scratch.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const absl::string_view host = source.HostBytes(i);
+    if (!host.empty() && host.size() != items[i].size) {
+      failure = absl::InternalError("source size differs from the item size");
+      break;
+    }
     if (plan[i].fresh) {
       uint8_t* dest = arena_->Data(plan[i].extent);
-      std::memcpy(dest, item.payload.data(), item.payload.size());
-      checksums[i] = PayloadChecksum(dest, item.payload.size());
+      if (!host.empty()) {
+        checksums[i] = CopyHashingDestination(dest, host.data(), host.size());
+      } else {
+        fetch_items.push_back(i);
+        fetch_dsts.push_back(dest);
+      }
+    } else if (!host.empty()) {
+      checksums[i] = PayloadChecksum(host.data(), host.size());
     } else {
-      checksums[i] = PayloadChecksum(item.payload.data(), item.payload.size());
+      scratch.emplace_back(items[i].size, '\0');
+      fetch_items.push_back(i);
+      fetch_dsts.push_back(reinterpret_cast<uint8_t*>(scratch.back().data()));
     }
-    if (item.meta->has_checksum() && item.meta->checksum() != checksums[i]) {
+  }
+  if (failure.ok() && !fetch_items.empty()) {
+    failure = source.Fetch(fetch_items, fetch_dsts);
+    if (failure.ok()) {
+      for (size_t k = 0; k < fetch_items.size(); ++k) {
+        checksums[fetch_items[k]] =
+            PayloadChecksum(fetch_dsts[k], items[fetch_items[k]].size);
+      }
+    }
+  }
+  for (size_t i = 0; i < n && failure.ok(); ++i) {
+    const v1::BlockMeta& meta = *items[i].meta;
+    if (meta.has_checksum() && meta.checksum() != checksums[i]) {
       failure = absl::DataLossError(absl::StrCat(
-          "blocks[", i, "].meta.checksum: ", absl::Hex(item.meta->checksum()),
-          " does not match the payload received (xxh3 ",
-          absl::Hex(checksums[i]), ")"));
+          "blocks[", i, "].meta.checksum: ", absl::Hex(meta.checksum()),
+          " does not match the payload received (xxh3 ", absl::Hex(checksums[i]),
+          ")"));
     }
   }
 
@@ -668,16 +741,16 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
       if (plan[i].fresh) {
         Entry* e = plan[i].entry;
         e->meta = *items[i].meta;
-        e->meta.set_payload_bytes(items[i].payload.size());
+        e->meta.set_payload_bytes(items[i].size);
         e->meta.set_checksum(checksums[i]);
         if (!plan[i].revived) e->meta.set_created_unix_ms(now_ms);
         e->fp_digest = digests[i];
-        e->payload_bytes = items[i].payload.size();
+        e->payload_bytes = items[i].size;
         e->checksum = checksums[i];
         e->last_access_ms = now_ms;
         e->access_tick = ++access_clock_;
         pending_bytes_ -= plan[i].extent.length;
-        if (items[i].pin) AddPin(e);
+        if (items[i].pin) AddPin(e, owner);
         SetRam(e, plan[i].extent);  // While `writing`: not a breadcrumb revival.
         e->writing = false;
         if (e->meta.kind() == v1::BLOCK_KIND_SESSION) {
@@ -698,7 +771,7 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
         r.set_tier(TierOf(*e));
         if (items[i].pin) {
           if (e->ram) {
-            AddPin(e);
+            AddPin(e, owner);
           } else {
             pin_later.push_back(ids[i]);
           }
@@ -711,7 +784,7 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
   }
 
   if (!pin_later.empty()) {
-    EVOKE_RETURN_IF_ERROR(Pin(pin_later, deadline));
+    EVOKE_RETURN_IF_ERROR(Pin(pin_later, owner, deadline));
   }
   if (durable) {
     absl::MutexLock disk(&disk_mu_);
@@ -873,7 +946,7 @@ void TierManager::Impl::QuarantineDisk(const BlockId& id, uint64_t gen) {
 
 absl::Status TierManager::Impl::ReadFromDisk(const BlockId& id, uint64_t checksum,
                                              uint64_t payload_bytes,
-                                             uint8_t* dest) {
+                                             uint8_t* dest, uint8_t* promote) {
   return spill_->Read(
       id, [&](const storage::SpillRecord& record,
               absl::string_view payload) -> absl::Status {
@@ -889,46 +962,46 @@ absl::Status TierManager::Impl::ReadFromDisk(const BlockId& id, uint64_t checksu
               "block ", id.ToHex(), ": disk payload is ", payload.size(),
               " bytes, expected ", payload_bytes));
         }
-        std::memcpy(dest, payload.data(), payload.size());
-        const uint64_t got = PayloadChecksum(dest, payload_bytes);
+        const uint64_t got = CopyHashingSource(dest, payload.data(), payload.size());
         if (got != checksum) {
           return absl::DataLossError(absl::StrCat(
               "block ", id.ToHex(), ": disk copy fails its checksum (stored ",
               absl::Hex(checksum), ", read ", absl::Hex(got), ")"));
         }
+        if (promote != nullptr && promote != dest) {
+          std::memcpy(promote, payload.data(), payload.size());
+        }
         return absl::OkStatus();
       });
 }
 
-void TierManager::Impl::TryPromote(const BlockId& id, uint64_t gen,
-                                   const uint8_t* bytes, uint64_t n) {
-  Extent extent;
-  {
-    absl::MutexLock lock(&mu_);
-    Entry* e = FindGenLocked(id, gen);
-    if (e == nullptr || e->ram || e->removed) return;
-    // Promote only into room that is free now and keeps tier 1 under its
-    // high watermark: a read must never trigger a spill storm.
-    if (arena_->UsedBytes() + arena_->RoundedSize(n) > high_bytes_) return;
-    absl::StatusOr<Extent> got = arena_->Allocate(n);
-    if (!got.ok()) return;
-    extent = *got;
-    pending_bytes_ += extent.length;
-  }
-  std::memcpy(arena_->Data(extent), bytes, n);
+std::optional<Extent> TierManager::Impl::ReservePromotion(uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  if (arena_->UsedBytes() + arena_->RoundedSize(n) > high_bytes_) return std::nullopt;
+  absl::StatusOr<Extent> got = arena_->Allocate(n);
+  if (!got.ok()) return std::nullopt;
+  pending_bytes_ += got->length;
+  return *got;
+}
+
+Entry* TierManager::Impl::CommitPromotion(const BlockId& id, uint64_t gen,
+                                          const Extent& extent, bool hold) {
   absl::MutexLock lock(&mu_);
   pending_bytes_ -= extent.length;
   Entry* e = FindGenLocked(id, gen);
   if (e == nullptr || e->ram || e->removed || !e->on_disk) {
     arena_->Free(extent);
     room_cv_.SignalAll();
-    return;
+    return nullptr;
   }
   SetRam(e, extent);
   ++counters_.promotions;
+  if (!hold) return nullptr;
+  ++e->readers;
+  return e;
 }
 
-absl::Status TierManager::Impl::PromoteForPin(const BlockId& id,
+absl::Status TierManager::Impl::PromoteForPin(const BlockId& id, PinOwner owner,
                                               absl::Time deadline) {
   uint64_t gen, checksum, bytes;
   Extent extent;
@@ -941,7 +1014,7 @@ absl::Status TierManager::Impl::PromoteForPin(const BlockId& id,
             absl::StrCat("block ", id.ToHex(), " disappeared before it was pinned"));
       }
       if (e->ram) {
-        AddPin(e);
+        AddPin(e, owner);
         Touch(e);
         return absl::OkStatus();
       }
@@ -973,11 +1046,11 @@ absl::Status TierManager::Impl::PromoteForPin(const BlockId& id,
       return absl::NotFoundError(
           absl::StrCat("block ", id.ToHex(), " was deleted while being pinned"));
     }
-    AddPin(e);
+    AddPin(e, owner);
     return absl::OkStatus();
   }
   SetRam(e, extent);
-  AddPin(e);
+  AddPin(e, owner);
   Touch(e);
   ++counters_.promotions;
   return absl::OkStatus();
@@ -987,22 +1060,25 @@ absl::Status TierManager::Impl::PromoteForPin(const BlockId& id,
 
 absl::Status TierManager::Impl::Load(absl::Span<const BlockId> ids,
                                      const v1::LayoutFingerprint& fingerprint,
-                                     const LoadDestination& destination,
+                                     LoadSink& sink,
                                      std::vector<v1::BlockMeta>* metas,
                                      std::vector<LoadedInfo>* infos) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   const FingerprintDigest expected = DigestFingerprint(fingerprint);
   const size_t n = ids.size();
   struct Plan {
-    Entry* reader = nullptr;  // Non-null: we hold a reader on its tier-1 copy.
     uint64_t gen = 0;
     uint64_t checksum = 0;
     uint64_t bytes = 0;
     bool on_disk = false;
   };
   std::vector<Plan> plan(n);
+  // Entries whose tier-1 bytes we hold a reader on, released at the end
+  // (after sink.Finish(), since Deliver's bytes must stay valid until then).
+  std::vector<Entry*> held;
   metas->assign(n, v1::BlockMeta());
   infos->assign(n, LoadedInfo());
+  std::vector<Entry*> ram(n, nullptr);
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < n; ++i) {
@@ -1034,46 +1110,69 @@ absl::Status TierManager::Impl::Load(absl::Span<const BlockId> ids,
       plan[i].on_disk = e->on_disk;
       if (e->ram && !e->ram_corrupt) {
         ++e->readers;
-        plan[i].reader = e;
+        ram[i] = e;
+        held.push_back(e);
       }
       Touch(e);
       (*metas)[i] = e->meta;
     }
   }
+  auto release = [&]() {
+    absl::MutexLock lock(&mu_);
+    for (Entry* e : held) ReleaseReader(e);
+    held.clear();
+  };
 
-  absl::Status failure;
-  size_t i = 0;
-  for (; i < n && failure.ok(); ++i) {
-    absl::StatusOr<uint8_t*> dest = destination(i, (*metas)[i]);
-    if (!dest.ok()) {
-      failure = dest.status();
-      break;
-    }
+  absl::Status failure = sink.Prepare(*metas);
+  std::vector<std::string> staging;  // Deliver-path copies of disk reads.
+  staging.reserve(n);
+  uint64_t hits1 = 0, hits2 = 0;
+  for (size_t i = 0; i < n && failure.ok(); ++i) {
+    uint8_t* dest = sink.HostDestination(i);
     bool served = false;
-    if (plan[i].reader != nullptr) {
-      Entry* e = plan[i].reader;
-      std::memcpy(*dest, arena_->Data(*e->ram), plan[i].bytes);
-      const uint64_t got = PayloadChecksum(*dest, plan[i].bytes);
-      absl::MutexLock lock(&mu_);
+    if (ram[i] != nullptr) {
+      const uint8_t* bytes = arena_->Data(*ram[i]->ram);
+      const uint64_t got = dest != nullptr
+                               ? CopyHashingSource(dest, bytes, plan[i].bytes)
+                               : PayloadChecksum(bytes, plan[i].bytes);
       if (got == plan[i].checksum) {
+        if (dest == nullptr) failure = sink.Deliver(i, bytes, plan[i].bytes);
         served = true;
         (*infos)[i].served_from = v1::TIER_PINNED_HOST;
-        ++counters_.hits_tier1;
+        ++hits1;
       } else {
+        absl::MutexLock lock(&mu_);
         ++counters_.checksum_failures;
-        QuarantineRamLocked(e);
-      }
-      ReleaseReader(e);
-      plan[i].reader = nullptr;
-      if (!served && !plan[i].on_disk) {
-        failure = absl::DataLossError(absl::StrCat(
-            "ids[", i, "]: block ", ids[i].ToHex(),
-            " failed its checksum in tier 1 and has no other copy"));
+        QuarantineRamLocked(ram[i]);
+        if (!plan[i].on_disk) {
+          failure = absl::DataLossError(absl::StrCat(
+              "ids[", i, "]: block ", ids[i].ToHex(),
+              " failed its checksum in tier 1 and has no other copy"));
+        }
       }
     }
-    if (!served && failure.ok()) {
-      absl::Status s =
-          ReadFromDisk(ids[i], plan[i].checksum, plan[i].bytes, *dest);
+    if (served || !failure.ok()) continue;
+    // From disk: into the destination, or (Deliver path) into a promotion
+    // extent or a staging buffer that lives until Finish.
+    std::optional<Extent> promote = ReservePromotion(plan[i].bytes);
+    uint8_t* target = dest;
+    if (target == nullptr) {
+      if (promote) {
+        target = arena_->Data(*promote);
+      } else {
+        staging.emplace_back(plan[i].bytes, '\0');
+        target = reinterpret_cast<uint8_t*>(staging.back().data());
+      }
+    }
+    absl::Status s = ReadFromDisk(ids[i], plan[i].checksum, plan[i].bytes, target,
+                                  promote ? arena_->Data(*promote) : nullptr);
+    if (!s.ok()) {
+      if (promote) {
+        absl::MutexLock lock(&mu_);
+        pending_bytes_ -= promote->length;
+        arena_->Free(*promote);
+        room_cv_.SignalAll();
+      }
       if (s.code() == absl::StatusCode::kDataLoss) {
         {
           absl::MutexLock lock(&mu_);
@@ -1081,27 +1180,35 @@ absl::Status TierManager::Impl::Load(absl::Span<const BlockId> ids,
         }
         absl::MutexLock disk(&disk_mu_);
         QuarantineDisk(ids[i], plan[i].gen);
+      } else if (s.code() == absl::StatusCode::kNotFound) {
+        absl::MutexLock lock(&mu_);
+        ++counters_.misses;
       }
-      if (!s.ok()) {
-        failure = absl::Status(s.code(), absl::StrCat("ids[", i, "]: ", s.message()));
-        if (s.code() == absl::StatusCode::kNotFound) {
-          absl::MutexLock lock(&mu_);
-          ++counters_.misses;
-        }
+      failure = absl::Status(s.code(), absl::StrCat("ids[", i, "]: ", s.message()));
+      break;
+    }
+    ++hits2;
+    (*infos)[i].served_from = v1::TIER_SPILL;
+    if (promote) {
+      // Hold the promoted copy when the sink reads it at Finish.
+      Entry* e = CommitPromotion(ids[i], plan[i].gen, *promote, dest == nullptr);
+      if (e != nullptr) {
+        held.push_back(e);
+      } else if (dest == nullptr) {
+        // The block changed meanwhile and the extent was freed: deliver from
+        // a staging copy instead.
+        failure = absl::AbortedError(absl::StrCat(
+            "ids[", i, "]: block ", ids[i].ToHex(), " changed during the load; retry"));
         break;
       }
-      {
-        absl::MutexLock lock(&mu_);
-        ++counters_.hits_tier2;
-      }
-      (*infos)[i].served_from = v1::TIER_SPILL;
-      TryPromote(ids[i], plan[i].gen, *dest, plan[i].bytes);
     }
+    if (dest == nullptr) failure = sink.Deliver(i, target, plan[i].bytes);
   }
+  if (failure.ok()) failure = sink.Finish();
+  release();
   absl::MutexLock lock(&mu_);
-  for (size_t j = 0; j < n; ++j) {
-    if (plan[j].reader != nullptr) ReleaseReader(plan[j].reader);
-  }
+  counters_.hits_tier1 += hits1;
+  counters_.hits_tier2 += hits2;
   if (failure.ok()) counters_.loads += n;
   return failure;
 }
@@ -1180,7 +1287,7 @@ absl::StatusOr<uint32_t> TierManager::Impl::DropSession(
   return n;
 }
 
-absl::Status TierManager::Impl::Pin(absl::Span<const BlockId> ids,
+absl::Status TierManager::Impl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
                                     absl::Time deadline) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   std::vector<BlockId> to_promote;
@@ -1198,7 +1305,7 @@ absl::Status TierManager::Impl::Pin(absl::Span<const BlockId> ids,
     for (const BlockId& id : ids) {
       Entry* e = FindVisibleLocked(id);
       if (e->ram) {
-        AddPin(e);
+        AddPin(e, owner);
         Touch(e);
         pinned.emplace_back(id, e->gen);
       } else {
@@ -1207,17 +1314,17 @@ absl::Status TierManager::Impl::Pin(absl::Span<const BlockId> ids,
     }
   }
   for (size_t i = 0; i < to_promote.size(); ++i) {
-    absl::Status s = PromoteForPin(to_promote[i], deadline);
+    absl::Status s = PromoteForPin(to_promote[i], owner, deadline);
     if (!s.ok()) {
       // Undo, so that Pin stays all-or-nothing.
       absl::MutexLock lock(&mu_);
       for (const auto& [id, gen] : pinned) {
         Entry* e = FindGenLocked(id, gen);
-        if (e != nullptr) RemovePin(e);
+        if (e != nullptr) RemovePin(e, owner);
       }
       for (size_t j = 0; j < i; ++j) {
         Entry* e = FindVisibleLocked(to_promote[j]);
-        if (e != nullptr) RemovePin(e);
+        if (e != nullptr) RemovePin(e, owner);
       }
       return s;
     }
@@ -1225,7 +1332,7 @@ absl::Status TierManager::Impl::Pin(absl::Span<const BlockId> ids,
   return absl::OkStatus();
 }
 
-absl::Status TierManager::Impl::Unpin(absl::Span<const BlockId> ids) {
+absl::Status TierManager::Impl::Unpin(absl::Span<const BlockId> ids, PinOwner owner) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   absl::MutexLock lock(&mu_);
   absl::flat_hash_map<BlockId, uint32_t> asked;
@@ -1235,13 +1342,32 @@ absl::Status TierManager::Impl::Unpin(absl::Span<const BlockId> ids) {
       return absl::NotFoundError(
           absl::StrCat("ids[", i, "]: block ", ids[i].ToHex(), " not found"));
     }
-    if (++asked[ids[i]] > e->pins) {
+    auto held = e->pin_owners.find(owner);
+    if (++asked[ids[i]] > (held == e->pin_owners.end() ? 0 : held->second)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "ids[", i, "]: block ", ids[i].ToHex(), " is not pinned"));
+          "ids[", i, "]: block ", ids[i].ToHex(), " is not pinned by this lease"));
     }
   }
-  for (const BlockId& id : ids) RemovePin(FindVisibleLocked(id));
+  for (const BlockId& id : ids) RemovePin(FindVisibleLocked(id), owner);
   return absl::OkStatus();
+}
+
+uint64_t TierManager::Impl::ReleaseOwner(PinOwner owner) {
+  absl::MutexLock lock(&mu_);
+  auto it = owner_pins_.find(owner);
+  if (it == owner_pins_.end()) return 0;
+  const absl::flat_hash_map<BlockId, uint32_t> pins = it->second;
+  uint64_t released = 0;
+  for (const auto& [id, count] : pins) {
+    Entry* e = FindVisibleLocked(id);
+    if (e == nullptr) continue;
+    for (uint32_t k = 0; k < count; ++k) {
+      RemovePin(e, owner);
+      ++released;
+    }
+  }
+  owner_pins_.erase(owner);
+  return released;
 }
 
 absl::StatusOr<v1::BlockInfo> TierManager::Impl::Describe(const BlockId& id) {
@@ -1295,6 +1421,11 @@ void TierManager::Impl::Stats(v1::StatResponse* out) {
   spill->set_capacity_bytes(options_.spill_bytes);
   out->set_breadcrumb_blocks(breadcrumb_blocks_);
   out->set_pinned_blocks(pinned_blocks_);
+  uint64_t pins = 0;
+  for (const auto& [owner, blocks] : owner_pins_) {
+    for (const auto& [id, count] : blocks) pins += count;
+  }
+  out->mutable_leases()->set_lease_pins(pins);
   v1::Counters* c = out->mutable_counters();
   c->set_saves(counters_.saves);
   c->set_dedups(counters_.dedups);
@@ -1585,15 +1716,15 @@ TierManager::TierManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TierManager::~TierManager() = default;
 
 absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Save(
-    absl::Span<const SaveItem> items, bool durable, absl::Time deadline) {
-  return impl_->Save(items, durable, deadline);
+    absl::Span<const SaveItem> items, SaveSource& source, bool durable,
+    absl::Time deadline, PinOwner owner) {
+  return impl_->Save(items, source, durable, deadline, owner);
 }
 absl::Status TierManager::Load(absl::Span<const BlockId> ids,
                                const v1::LayoutFingerprint& fingerprint,
-                               const LoadDestination& destination,
-                               std::vector<v1::BlockMeta>* metas,
+                               LoadSink& sink, std::vector<v1::BlockMeta>* metas,
                                std::vector<LoadedInfo>* infos) {
-  return impl_->Load(ids, fingerprint, destination, metas, infos);
+  return impl_->Load(ids, fingerprint, sink, metas, infos);
 }
 std::vector<v1::Tier> TierManager::Lookup(absl::Span<const BlockId> ids) {
   return impl_->Lookup(ids);
@@ -1605,12 +1736,14 @@ absl::StatusOr<uint32_t> TierManager::DropSession(absl::string_view ns,
                                                   absl::string_view session_id) {
   return impl_->DropSession(ns, session_id);
 }
-absl::Status TierManager::Pin(absl::Span<const BlockId> ids, absl::Time deadline) {
-  return impl_->Pin(ids, deadline);
+absl::Status TierManager::Pin(absl::Span<const BlockId> ids, PinOwner owner,
+                              absl::Time deadline) {
+  return impl_->Pin(ids, owner, deadline);
 }
-absl::Status TierManager::Unpin(absl::Span<const BlockId> ids) {
-  return impl_->Unpin(ids);
+absl::Status TierManager::Unpin(absl::Span<const BlockId> ids, PinOwner owner) {
+  return impl_->Unpin(ids, owner);
 }
+uint64_t TierManager::ReleaseOwner(PinOwner owner) { return impl_->ReleaseOwner(owner); }
 absl::StatusOr<v1::BlockInfo> TierManager::Describe(const BlockId& id) {
   return impl_->Describe(id);
 }

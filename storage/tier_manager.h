@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,23 +40,87 @@ struct TierManagerOptions {
   absl::Duration max_wait_for_room = absl::Seconds(10);
 };
 
-// One block to store. `meta` must have passed ValidateBlockForSave.
+// One block to store. `meta` must have passed ValidateBlockForSave with a
+// payload of `size` bytes.
 struct SaveItem {
   const v1::BlockMeta* meta = nullptr;
-  absl::string_view payload;
+  uint64_t size = 0;
   bool pin = false;
 };
 
-// Where Load copies one block's payload: called once per block with the
-// block's index in the request and its metadata (payload_bytes set); returns
-// a buffer of at least meta.payload_bytes() bytes that stays valid until Load
-// returns, or an error that aborts the Load.
-using LoadDestination =
-    std::function<absl::StatusOr<uint8_t*>(size_t index, const v1::BlockMeta& meta)>;
+// Where a Save's payloads come from.
+class SaveSource {
+ public:
+  virtual ~SaveSource() = default;
+  // HostBytes returns item `i`'s payload when it is addressable host memory
+  // (inline bytes, a shared-memory region); the TierManager then copies it
+  // itself, hashing its own copy (so a source that changes during the copy
+  // cannot make it store bytes that differ from their checksum). Empty when
+  // the payload must be fetched with Fetch.
+  virtual absl::string_view HostBytes(size_t i) = 0;
+  // Fetch copies the payloads of `items` into `dsts` (dsts[k] receives
+  // items[k], exactly its size). Called once per Save with every such item,
+  // so that an implementation can batch and coalesce (e.g. device copies).
+  virtual absl::Status Fetch(absl::Span<const size_t> /*items*/,
+                             absl::Span<uint8_t* const> /*dsts*/) {
+    return absl::InternalError("this source has no Fetch");
+  }
+};
+
+// A SaveSource over host byte ranges that outlive the Save.
+class HostSaveSource final : public SaveSource {
+ public:
+  explicit HostSaveSource(std::vector<absl::string_view> payloads)
+      : payloads_(std::move(payloads)) {}
+  absl::string_view HostBytes(size_t i) override { return payloads_[i]; }
+
+ private:
+  std::vector<absl::string_view> payloads_;
+};
+
+// Where a Load's payloads go.
+class LoadSink {
+ public:
+  virtual ~LoadSink() = default;
+  // Prepare sees every block's metadata (payload_bytes set) before any copy;
+  // an error (e.g. a destination too small) aborts the Load.
+  virtual absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) = 0;
+  // HostDestination returns where block `i` goes in host memory (at least
+  // its payload_bytes), or nullptr to receive the bytes through Deliver.
+  virtual uint8_t* HostDestination(size_t i) = 0;
+  // Deliver hands over the verified bytes of block `i`; they stay valid
+  // until Finish() returns.
+  virtual absl::Status Deliver(size_t /*i*/, const uint8_t* /*bytes*/,
+                               uint64_t /*n*/) {
+    return absl::InternalError("this sink has no Deliver");
+  }
+  // Finish completes every delivery (e.g. waits for device copies).
+  virtual absl::Status Finish() { return absl::OkStatus(); }
+};
+
+// A LoadSink into std::strings (inline responses, tests).
+class StringLoadSink final : public LoadSink {
+ public:
+  absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) override {
+    payloads_.resize(metas.size());
+    for (size_t i = 0; i < metas.size(); ++i) payloads_[i].resize(metas[i].payload_bytes());
+    return absl::OkStatus();
+  }
+  uint8_t* HostDestination(size_t i) override {
+    return reinterpret_cast<uint8_t*>(payloads_[i].data());
+  }
+  std::vector<std::string>& payloads() { return payloads_; }
+
+ private:
+  std::vector<std::string> payloads_;
+};
 
 struct LoadedInfo {
   v1::Tier served_from = v1::TIER_UNSPECIFIED;
 };
+
+// Who holds a pin (a lease). Pins are counted per owner.
+using PinOwner = uint64_t;
 
 struct ListFilter {
   std::string ns;          // Empty: any.
@@ -91,29 +156,33 @@ class TierManager {
   TierManager(const TierManager&) = delete;
   TierManager& operator=(const TierManager&) = delete;
 
-  // Save stores `items` (unique ids) all-or-nothing and returns one result per
-  // item. An id already stored with the same checksum is deduplicated; a
-  // prefix block with another checksum keeps the first copy (deduplicated);
-  // a session block with another checksum is ALREADY_EXISTS. With `durable`,
-  // returns after the blocks are fsync'd to the spill store.
+  // Save stores `items` (unique ids, payloads from `source`) all-or-nothing
+  // and returns one result per item. An id already stored with the same
+  // checksum is deduplicated; a prefix block with another checksum keeps the
+  // first copy (deduplicated); a session block with another checksum is
+  // ALREADY_EXISTS. Items with `pin` are pinned for `owner`. Blocks of one
+  // Save land in one contiguous range of tier 1 when one is free. With
+  // `durable`, returns after the blocks are fsync'd to the spill store.
   // Errors: RESOURCE_EXHAUSTED (a block larger than tier 1, tier 1 full of
   // pinned blocks, or no room by `deadline` / max_wait_for_room),
   // ALREADY_EXISTS, DATA_LOSS (payload does not match meta.checksum),
   // UNAVAILABLE (durable write failed; the blocks stay in tier 1).
   absl::StatusOr<std::vector<v1::SaveResult>> Save(absl::Span<const SaveItem> items,
-                                                   bool durable,
-                                                   absl::Time deadline);
+                                                   SaveSource& source, bool durable,
+                                                   absl::Time deadline,
+                                                   PinOwner owner = 0);
 
-  // Load copies the payloads of `ids` (unique) into the buffers that
-  // `destination` provides, verifying each copy's checksum, and returns the
-  // metadata of each (with payload_bytes and checksum) in `metas`.
-  // All-or-nothing: on error, nothing useful is in the buffers.
+  // Load hands the payloads of `ids` (unique) to `sink`, each verified
+  // against its checksum as it is read (a tier-1 copy or a RocksDB read,
+  // never the sink's memory), and returns the metadata of each (with
+  // payload_bytes and checksum) in `metas`. All-or-nothing: on error,
+  // nothing useful reached the sink. A spilled block is promoted to tier 1
+  // when there is room under the high watermark.
   // Errors: NOT_FOUND (absent or breadcrumb), FAILED_PRECONDITION (stored
-  // fingerprint differs from `fingerprint`), DATA_LOSS (every copy failed
-  // verification), UNAVAILABLE (disk), or the destination's error.
+  // fingerprint differs from `fingerprint`), DATA_LOSS (no copy passed
+  // verification), UNAVAILABLE (disk), or the sink's error.
   absl::Status Load(absl::Span<const BlockId> ids,
-                    const v1::LayoutFingerprint& fingerprint,
-                    const LoadDestination& destination,
+                    const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
                     std::vector<v1::BlockMeta>* metas,
                     std::vector<LoadedInfo>* infos);
 
@@ -130,14 +199,19 @@ class TierManager {
   absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
                                        absl::string_view session_id);
 
-  // Pin adds one pin to each of `ids` (unique), promoting spilled blocks to
-  // tier 1 first. All-or-nothing.
+  // Pin adds one pin of `owner` to each of `ids` (unique), promoting
+  // spilled blocks to tier 1 first. All-or-nothing.
   // Errors: NOT_FOUND, RESOURCE_EXHAUSTED, DATA_LOSS, UNAVAILABLE.
-  absl::Status Pin(absl::Span<const BlockId> ids, absl::Time deadline);
+  absl::Status Pin(absl::Span<const BlockId> ids, PinOwner owner,
+                   absl::Time deadline);
 
-  // Unpin removes one pin from each of `ids`. All-or-nothing.
-  // Errors: NOT_FOUND, FAILED_PRECONDITION (a block is not pinned).
-  absl::Status Unpin(absl::Span<const BlockId> ids);
+  // Unpin removes one pin of `owner` from each of `ids`. All-or-nothing.
+  // Errors: NOT_FOUND, FAILED_PRECONDITION (not pinned by `owner`).
+  absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner);
+
+  // ReleaseOwner removes every pin `owner` holds (its lease ended) and
+  // returns how many. Never fails.
+  uint64_t ReleaseOwner(PinOwner owner);
 
   // Describe returns one block's metadata and state. Errors: NOT_FOUND.
   absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);

@@ -65,6 +65,8 @@ std::string Payload(uint64_t seed, uint64_t size) {
 
 BlockId IdOf(const v1::BlockMeta& m) { return BlockId::FromBytes(m.id()).value(); }
 
+constexpr PinOwner kOwner = 1;
+
 // A SpillStore wrapper whose writes can be made to fail (a fake of the disk
 // boundary, for this module's tests only).
 class FlakySpillStore : public SpillStore {
@@ -131,26 +133,21 @@ class TierManagerTest : public ::testing::Test {
                                                    const std::string& payload,
                                                    bool pin = false,
                                                    bool durable = false) {
-    const SaveItem item{&meta, payload, pin};
-    return tm_->Save({&item, 1}, durable, absl::InfiniteFuture());
+    const SaveItem item{&meta, payload.size(), pin};
+    HostSaveSource source({payload});
+    return tm_->Save({&item, 1}, source, durable, absl::InfiniteFuture(), kOwner);
   }
 
   absl::StatusOr<std::string> Load(const BlockId& id,
                                    v1::Tier* from = nullptr,
                                    const v1::LayoutFingerprint& fp = Fingerprint()) {
-    std::string out;
+    StringLoadSink sink;
     std::vector<v1::BlockMeta> metas;
     std::vector<LoadedInfo> infos;
-    absl::Status s = tm_->Load(
-        {&id, 1}, fp,
-        [&](size_t, const v1::BlockMeta& meta) -> absl::StatusOr<uint8_t*> {
-          out.resize(meta.payload_bytes());
-          return reinterpret_cast<uint8_t*>(out.data());
-        },
-        &metas, &infos);
+    absl::Status s = tm_->Load({&id, 1}, fp, sink, &metas, &infos);
     if (!s.ok()) return s;
     if (from != nullptr) *from = infos[0].served_from;
-    return out;
+    return sink.payloads()[0];
   }
 
   v1::StatResponse Stat() {
@@ -220,8 +217,9 @@ TEST_F(TierManagerTest, ChecksumMismatchRejectsWholeBatch) {
   v1::BlockMeta bad = SessionMeta("s", 1);
   bad.set_checksum(12345);
   const std::string p0 = Payload(1, 8 * kKiB), p1 = Payload(2, 8 * kKiB);
-  const SaveItem items[] = {{&good, p0, false}, {&bad, p1, false}};
-  EXPECT_THAT(tm_->Save(items, false, absl::InfiniteFuture()),
+  const SaveItem items[] = {{&good, p0.size(), false}, {&bad, p1.size(), false}};
+  HostSaveSource source({p0, p1});
+  EXPECT_THAT(tm_->Save(items, source, false, absl::InfiniteFuture()),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("blocks[1].meta.checksum")));
   EXPECT_THAT(Load(IdOf(good)), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(Stat().pinned().used_bytes(), 0u);
@@ -290,9 +288,15 @@ TEST_F(TierManagerTest, PinnedBlocksNeverSpill) {
   }
   EXPECT_EQ(Stat().pinned_blocks(), 4u);
   const BlockId id = IdOf(pinned[0]);
-  ASSERT_OK(tm_->Unpin({&id, 1}));
-  EXPECT_THAT(tm_->Unpin({&id, 1}),
+  EXPECT_THAT(tm_->Unpin({&id, 1}, /*owner=*/2),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not pinned")));
+  ASSERT_OK(tm_->Unpin({&id, 1}, kOwner));
+  EXPECT_THAT(tm_->Unpin({&id, 1}, kOwner),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not pinned")));
+  // Releasing an owner drops all of its pins at once.
+  EXPECT_EQ(tm_->ReleaseOwner(kOwner), 3u);
+  EXPECT_EQ(Stat().pinned_blocks(), 0u);
+  EXPECT_EQ(tm_->ReleaseOwner(kOwner), 0u);
 }
 
 TEST_F(TierManagerTest, FullOfPinnedBlocksIsResourceExhausted) {
@@ -322,7 +326,7 @@ TEST_F(TierManagerTest, PinPromotesSpilledBlock) {
   ASSERT_OK_AND_ASSIGN(v1::BlockInfo before, tm_->Describe(IdOf(meta)));
   EXPECT_EQ(before.tier(), v1::TIER_SPILL);
   const BlockId id = IdOf(meta);
-  ASSERT_OK(tm_->Pin({&id, 1}, absl::InfiniteFuture()));
+  ASSERT_OK(tm_->Pin({&id, 1}, kOwner, absl::InfiniteFuture()));
   ASSERT_OK_AND_ASSIGN(v1::BlockInfo after, tm_->Describe(id));
   EXPECT_EQ(after.tier(), v1::TIER_PINNED_HOST);
   EXPECT_TRUE(after.on_disk());
@@ -545,20 +549,16 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverExceedBudget) {
         const uint64_t size = (16 + rng() % 112) * kKiB;
         const v1::BlockMeta meta = SessionMeta(session, i);
         const std::string payload = Payload(t * 1000 + i, size);
-        const SaveItem item{&meta, payload, false};
-        if (!tm_->Save({&item, 1}, false, absl::InfiniteFuture()).ok()) ++errors;
+        const SaveItem item{&meta, payload.size(), false};
+        HostSaveSource source({payload});
+        if (!tm_->Save({&item, 1}, source, false, absl::InfiniteFuture()).ok()) ++errors;
         const int j = rng() % (i + 1);
         const BlockId id = IdOf(SessionMeta(session, j));
-        std::string out;
+        StringLoadSink sink;
         std::vector<v1::BlockMeta> metas;
         std::vector<LoadedInfo> infos;
-        absl::Status s = tm_->Load(
-            {&id, 1}, Fingerprint(),
-            [&](size_t, const v1::BlockMeta& m) -> absl::StatusOr<uint8_t*> {
-              out.resize(m.payload_bytes());
-              return reinterpret_cast<uint8_t*>(out.data());
-            },
-            &metas, &infos);
+        absl::Status s = tm_->Load({&id, 1}, Fingerprint(), sink, &metas, &infos);
+        const std::string& out = s.ok() ? sink.payloads()[0] : std::string();
         if (!s.ok()) {
           ADD_FAILURE() << s;
           ++errors;

@@ -336,7 +336,7 @@ TEST_F(DaemonTest, PrefixBlocksAreSharedAndLookedUp) {
     parent = BlockIdOf(meta);
     chain.push_back(parent);
     payloads.push_back(Bytes(b, CanonicalPayloadBytes(fp, 16, 4).value()));
-    batch.push_back({meta, {}, false});
+    batch.push_back(BlockToSave(meta, absl::string_view()));
   }
   for (int b = 0; b < 4; ++b) batch[b].payload = payloads[b];
   ASSERT_OK(client_->Save({batch.data(), 2}));

@@ -96,6 +96,7 @@ class E2eTest : public ::testing::Test {
     daemon_ = std::move(d).value();
     client_ = daemon_->Connect();
     ASSERT_NE(client_, nullptr);
+    ASSERT_OK(client_->OpenLease("e2e-test"));
   }
   void Restart() {
     client_.reset();

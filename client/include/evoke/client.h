@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,11 +51,45 @@ struct ClientOptions {
 // default) into a gRPC target string such as "unix:/abs/path/evoked.sock".
 std::string ResolveTarget(absl::string_view target);
 
-// A block to save. `payload` must stay valid during the Save call.
+// A block to save: its payload either inline (`payload`, valid during the
+// Save call) or in a registered region (`region` set; the daemon copies it
+// from there, once).
 struct BlockToSave {
+  BlockToSave() = default;
+  BlockToSave(v1::BlockMeta m, absl::string_view bytes, bool pin_it = false)
+      : meta(std::move(m)), payload(bytes), pin(pin_it) {}
+  BlockToSave(v1::BlockMeta m, v1::RegionSlice slice, bool pin_it = false)
+      : meta(std::move(m)), pin(pin_it), region(std::move(slice)) {}
+
   v1::BlockMeta meta;
   absl::string_view payload;
   bool pin = false;
+  std::optional<v1::RegionSlice> region;
+};
+
+// SharedRegion: host memory shared with the daemon (a sealed memfd mapped in
+// both processes). Save and Load can name slices of it instead of carrying
+// bytes in messages. Move-only; unmapped here on destruction (the daemon
+// unmaps its side when the region is unregistered or the lease ends).
+class SharedRegion {
+ public:
+  SharedRegion(uint64_t id, uint8_t* data, uint64_t size, int fd)
+      : id_(id), data_(data), size_(size), fd_(fd) {}
+  ~SharedRegion();
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+
+  uint64_t id() const { return id_; }
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // Slice names [offset, offset + length) of this region for Save or Load.
+  v1::RegionSlice Slice(uint64_t offset, uint64_t length) const;
+
+ private:
+  uint64_t id_;
+  uint8_t* data_;
+  uint64_t size_;
+  int fd_;
 };
 
 struct LoadedBlock {
@@ -87,12 +122,44 @@ class Client {
   absl::StatusOr<std::vector<LoadedBlock>> Load(absl::Span<const BlockId> ids,
                                                 const v1::LayoutFingerprint& fingerprint);
 
+  // LoadInto loads blocks into region slices (one per id, each at least the
+  // block's payload long) instead of into messages; the daemon copies each
+  // payload once. Returns each block's metadata (payload_bytes tells how
+  // much of the slice was written) and source tier. Needs a lease.
+  absl::StatusOr<std::vector<LoadedBlock>> LoadInto(
+      absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+      absl::Span<const v1::RegionSlice> destinations);
+
+  // OpenLease opens this client's lease (once; later calls are no-ops). The
+  // lease owns its registered regions and pins; it ends when the Client is
+  // destroyed or the process dies, and the daemon then unmaps the regions
+  // and releases the pins. Regions and pins need a lease.
+  absl::Status OpenLease(absl::string_view client_name = "");
+  bool has_lease() const;
+
+  // CreateSharedRegion creates a memfd of `size` bytes, seals it against
+  // shrinking and growing, maps it here and hands it to the daemon over the
+  // fd socket. Needs a lease. Errors from the daemon come back as they are
+  // (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...).
+  absl::StatusOr<std::unique_ptr<SharedRegion>> CreateSharedRegion(uint64_t size);
+
+  // RegisterCudaRegion registers a device allocation of this process by its
+  // cudaIpcMemHandle_t (64 bytes, from cudaIpcGetMemHandle) and returns the
+  // region id. Needs a lease.
+  absl::StatusOr<uint64_t> RegisterCudaRegion(absl::string_view ipc_handle,
+                                              int device, uint64_t size);
+
+  // UnregisterRegion ends a region of this client's lease.
+  absl::Status UnregisterRegion(uint64_t region_id);
+
   // Lookup returns the tiers of the longest present prefix of `ids`.
   absl::StatusOr<std::vector<v1::Tier>> Lookup(absl::Span<const BlockId> ids);
 
   absl::Status Delete(absl::Span<const BlockId> ids);
   absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
                                        absl::string_view session_id);
+  // Pin and Unpin act for this client's lease (FAILED_PRECONDITION without
+  // one): its pins go when the lease ends.
   absl::Status Pin(absl::Span<const BlockId> ids);
   absl::Status Unpin(absl::Span<const BlockId> ids);
   absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);

@@ -1,0 +1,137 @@
+#include "daemon/lease_manager.h"
+
+#include <sys/random.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace evoke {
+
+LeaseManager::LeaseManager(const LeaseManagerOptions& options, TierManager* tiers)
+    : options_(options), tiers_(tiers) {}
+
+absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name) {
+  char bytes[16];
+  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    return absl::UnavailableError("no randomness for a lease id");
+  }
+  const BlockId id = BlockId::FromBytes(absl::string_view(bytes, sizeof(bytes))).value();
+  absl::MutexLock lock(&mu_);
+  if (leases_.size() >= options_.max_leases) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("too many open leases (", options_.max_leases, ")"));
+  }
+  LeaseState& state = leases_[id];
+  state.owner = next_owner_++;
+  state.client_name = std::string(client_name.substr(0, 128));
+  EVOKE_LOG_DEBUG("lease ", id.ToHex().substr(0, 8), " granted to '",
+                  state.client_name, "'");
+  return Lease{id, state.owner};
+}
+
+void LeaseManager::End(const BlockId& id) {
+  LeaseState state;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = leases_.find(id);
+    if (it == leases_.end()) return;
+    state = std::move(it->second);
+    leases_.erase(it);
+    ++expired_;
+  }
+  // Outside the lock: the TierManager takes its own.
+  const uint64_t released = tiers_->ReleaseOwner(state.owner);
+  {
+    absl::MutexLock lock(&mu_);
+    pins_released_ += released;
+  }
+  if (!state.regions.empty() || released > 0) {
+    EVOKE_LOG_INFO("lease of '", state.client_name, "' ended: unmapped ",
+                   state.regions.size(), " regions, released ", released, " pins");
+  }
+  // state.regions drops here; each region unmaps when its last copy ends.
+}
+
+absl::StatusOr<Lease> LeaseManager::Find(absl::string_view lease_id) const {
+  if (lease_id.empty()) {
+    return absl::InvalidArgumentError(
+        "lease_id: is required (open a lease with OpenLease)");
+  }
+  absl::StatusOr<BlockId> id = BlockId::FromBytes(lease_id);
+  if (!id.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_id: ", id.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(*id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError("lease_id: unknown or ended lease");
+  }
+  return Lease{*id, it->second.owner};
+}
+
+absl::StatusOr<uint64_t> LeaseManager::AddRegion(const BlockId& lease,
+                                                 std::shared_ptr<Region> region) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  if (it->second.regions.size() >= options_.max_regions_per_lease) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the lease already has ", options_.max_regions_per_lease,
+        " regions; unregister some first"));
+  }
+  const uint64_t id = next_region_++;
+  it->second.regions.emplace(id, std::move(region));
+  return id;
+}
+
+absl::StatusOr<std::shared_ptr<Region>> LeaseManager::GetRegion(
+    const BlockId& lease, uint64_t region_id, const std::string& field) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  auto r = it->second.regions.find(region_id);
+  if (r == it->second.regions.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        field, ".region_id: region ", region_id, " is not registered by this lease"));
+  }
+  return r->second;
+}
+
+absl::Status LeaseManager::RemoveRegion(const BlockId& lease, uint64_t region_id) {
+  std::shared_ptr<Region> dropped;  // Unmapped outside the lock.
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  auto r = it->second.regions.find(region_id);
+  if (r == it->second.regions.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "region_id: region ", region_id, " is not registered by this lease"));
+  }
+  dropped = std::move(r->second);
+  it->second.regions.erase(r);
+  return absl::OkStatus();
+}
+
+v1::LeaseStat LeaseManager::Stats() const {
+  v1::LeaseStat s;
+  absl::MutexLock lock(&mu_);
+  s.set_leases(leases_.size());
+  for (const auto& [id, lease] : leases_) {
+    for (const auto& [rid, region] : lease.regions) {
+      if (region->kind() == Region::Kind::kSharedMemory) {
+        s.set_shm_regions(s.shm_regions() + 1);
+        s.set_shm_bytes(s.shm_bytes() + region->size());
+      } else {
+        s.set_cuda_regions(s.cuda_regions() + 1);
+        s.set_cuda_bytes(s.cuda_bytes() + region->size());
+      }
+    }
+  }
+  s.set_leases_expired(expired_);
+  s.set_pins_released_on_expiry(pins_released_);
+  return s;
+}
+
+}  // namespace evoke

@@ -1,0 +1,86 @@
+// LeaseManager: client leases and what they own (regions and pins).
+#ifndef EVOKE_DAEMON_LEASE_MANAGER_H_
+#define EVOKE_DAEMON_LEASE_MANAGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/hash128.h"
+#include "daemon/region.h"
+#include "evoke/v1/kvtier.pb.h"
+#include "storage/tier_manager.h"
+
+namespace evoke {
+
+struct LeaseManagerOptions {
+  // Open leases at once. Default: 4096.
+  uint32_t max_leases = 4096;
+  // Regions one lease may register. Default: 256.
+  uint32_t max_regions_per_lease = 256;
+  // Largest region. Default: 64 GiB.
+  uint64_t max_region_bytes = 64ull << 30;
+};
+
+struct Lease {
+  BlockId id;      // The capability (16 random bytes).
+  PinOwner owner;  // Its pins in the TierManager.
+};
+
+// LeaseManager hands out leases and tracks their regions; pins are counted
+// in the TierManager under the lease's PinOwner. Ending a lease removes its
+// regions (each unmapped once the last copy using it finishes) and releases
+// its pins. Thread-safe.
+class LeaseManager {
+ public:
+  LeaseManager(const LeaseManagerOptions& options, TierManager* tiers);
+
+  // Grant opens a lease. RESOURCE_EXHAUSTED past max_leases; UNAVAILABLE if
+  // the system cannot provide randomness.
+  absl::StatusOr<Lease> Grant(absl::string_view client_name);
+  // End closes a lease (idempotent).
+  void End(const BlockId& id);
+  // Find resolves the `lease_id` field of a request. INVALID_ARGUMENT when
+  // malformed or empty, NOT_FOUND when unknown or ended.
+  absl::StatusOr<Lease> Find(absl::string_view lease_id) const;
+
+  // AddRegion registers a region under a lease and returns its id.
+  // NOT_FOUND (lease), RESOURCE_EXHAUSTED (max_regions_per_lease).
+  absl::StatusOr<uint64_t> AddRegion(const BlockId& lease, std::shared_ptr<Region> region);
+  // GetRegion returns a region of the lease (the reference keeps it mapped).
+  // NOT_FOUND naming `field` when the region is unknown or not the lease's.
+  absl::StatusOr<std::shared_ptr<Region>> GetRegion(const BlockId& lease,
+                                                    uint64_t region_id,
+                                                    const std::string& field) const;
+  // RemoveRegion unregisters a region. NOT_FOUND.
+  absl::Status RemoveRegion(const BlockId& lease, uint64_t region_id);
+
+  const LeaseManagerOptions& options() const { return options_; }
+  v1::LeaseStat Stats() const;
+
+ private:
+  struct LeaseState {
+    PinOwner owner;
+    std::string client_name;
+    absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions;
+  };
+
+  const LeaseManagerOptions options_;
+  TierManager* const tiers_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<BlockId, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
+  PinOwner next_owner_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t expired_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pins_released_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_DAEMON_LEASE_MANAGER_H_

@@ -1,0 +1,89 @@
+// Payload paths of the gRPC service: where Save reads payloads from and
+// where Load writes them to, for inline bytes, shared-memory regions and
+// CUDA regions. Region slices are resolved and bounds-checked here.
+#ifndef EVOKE_DAEMON_PAYLOAD_PATHS_H_
+#define EVOKE_DAEMON_PAYLOAD_PATHS_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/lease_manager.h"
+#include "daemon/region.h"
+#include "evoke/v1/kvtier.pb.h"
+#include "gpu/cuda_ipc.h"
+#include "storage/tier_manager.h"
+
+namespace evoke {
+
+// DeviceCopiers: one DeviceCopier per CUDA device, created on first use.
+// Thread-safe.
+class DeviceCopiers {
+ public:
+  // Get errors: UNAVAILABLE (no CUDA, no such device).
+  absl::StatusOr<DeviceCopier*> Get(int device);
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<int, std::unique_ptr<DeviceCopier>> copiers_ ABSL_GUARDED_BY(mu_);
+};
+
+// SaveRequestSource serves the payloads of a validated SaveRequest. Host
+// payloads (inline, shared memory) are read in place; CUDA slices are
+// fetched in one batch per device, coalesced.
+class SaveRequestSource final : public SaveSource {
+ public:
+  // Create resolves every region slice of the request against `lease`
+  // (which must be set when any block names a region): NOT_FOUND for a
+  // region that is not the lease's, INVALID_ARGUMENT for a slice outside it.
+  static absl::StatusOr<std::unique_ptr<SaveRequestSource>> Create(
+      const v1::SaveRequest& request, const std::optional<Lease>& lease,
+      const LeaseManager& leases, DeviceCopiers* copiers);
+
+  absl::string_view HostBytes(size_t i) override;
+  absl::Status Fetch(absl::Span<const size_t> items,
+                     absl::Span<uint8_t* const> dsts) override;
+
+ private:
+  SaveRequestSource(const v1::SaveRequest& request, DeviceCopiers* copiers)
+      : request_(request), copiers_(copiers) {}
+  const v1::SaveRequest& request_;
+  DeviceCopiers* const copiers_;
+  std::vector<std::shared_ptr<Region>> regions_;  // Per block; null when inline.
+};
+
+// LoadResponseSink writes a Load's payloads inline into the response (under
+// a byte budget: RESOURCE_EXHAUSTED past it) or into the request's
+// destination slices (shared memory: copied in place; CUDA: one batch of
+// host-to-device copies per device at Finish).
+class LoadResponseSink final : public LoadSink {
+ public:
+  static absl::StatusOr<std::unique_ptr<LoadResponseSink>> Create(
+      const v1::LoadRequest& request, v1::LoadResponse* response,
+      uint64_t inline_budget, const std::optional<Lease>& lease,
+      const LeaseManager& leases, DeviceCopiers* copiers);
+
+  absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) override;
+  uint8_t* HostDestination(size_t i) override;
+  absl::Status Deliver(size_t i, const uint8_t* bytes, uint64_t n) override;
+  absl::Status Finish() override;
+
+ private:
+  LoadResponseSink(const v1::LoadRequest& request, v1::LoadResponse* response,
+                   uint64_t budget, DeviceCopiers* copiers)
+      : request_(request), response_(response), budget_(budget), copiers_(copiers) {}
+  const v1::LoadRequest& request_;
+  v1::LoadResponse* const response_;
+  const uint64_t budget_;
+  DeviceCopiers* const copiers_;
+  std::vector<std::shared_ptr<Region>> regions_;  // Empty: inline.
+  absl::flat_hash_map<int, std::vector<CopyOp>> device_ops_;
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_DAEMON_PAYLOAD_PATHS_H_

@@ -1,0 +1,127 @@
+// CUDA IPC and device copies for the daemon. Every class here is RAII and
+// move-free (held by unique_ptr); CUDA errors become absl::Status at this
+// edge (cuda_status.h). Builds without CUDA too: then every factory returns
+// UNAVAILABLE ("built without CUDA").
+#ifndef EVOKE_GPU_CUDA_IPC_H_
+#define EVOKE_GPU_CUDA_IPC_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace evoke {
+
+// Size of a cudaIpcMemHandle_t.
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+
+// CudaIpcMapping: a device allocation of another process, opened from its
+// IPC handle (cudaIpcOpenMemHandle) and closed on destruction. Open checks
+// that [base, base + size) lies inside the exported allocation (the driver's
+// cuMemGetAddressRange), so a client cannot make the daemon copy past it.
+class CudaIpcMapping {
+ public:
+  // Open errors: INVALID_ARGUMENT (handle not 64 bytes, handle the driver
+  // rejects, size 0 or beyond the allocation), UNAVAILABLE (no CUDA, no such
+  // device ordinal, driver failure).
+  static absl::StatusOr<std::unique_ptr<CudaIpcMapping>> Open(
+      absl::string_view handle, int device, uint64_t size);
+  ~CudaIpcMapping();
+  CudaIpcMapping(const CudaIpcMapping&) = delete;
+  CudaIpcMapping& operator=(const CudaIpcMapping&) = delete;
+
+  void* device_ptr() const { return ptr_; }
+  int device() const { return device_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  CudaIpcMapping(void* ptr, int device, uint64_t size)
+      : ptr_(ptr), device_(device), size_(size) {}
+  void* ptr_;
+  int device_;
+  uint64_t size_;
+};
+
+// One copy between host and device memory.
+struct CopyOp {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint64_t bytes = 0;
+};
+
+// CoalesceCopies merges consecutive ops whose sources and destinations are
+// both contiguous, so a batch of small blocks becomes a few large copies.
+// Exposed for tests; the copier applies it.
+std::vector<CopyOp> CoalesceCopies(absl::Span<const CopyOp> ops);
+
+// DeviceCopier copies batches between host and one device on its own CUDA
+// streams (a pool, so concurrent RPCs do not serialize), coalescing
+// adjacent ops, and returns when the batch is complete. Host memory should be
+// registered (HostRegistration) for full speed; unregistered host memory
+// still works, staged by the driver. Thread-safe.
+class DeviceCopier {
+ public:
+  // Create errors: UNAVAILABLE (no CUDA, no such device).
+  static absl::StatusOr<std::unique_ptr<DeviceCopier>> Create(int device,
+                                                              int streams = 4);
+  ~DeviceCopier();
+  DeviceCopier(const DeviceCopier&) = delete;
+  DeviceCopier& operator=(const DeviceCopier&) = delete;
+
+  // Copies device -> host (src device pointers, dst host pointers).
+  absl::Status DeviceToHost(absl::Span<const CopyOp> ops);
+  // Copies host -> device (src host pointers, dst device pointers).
+  absl::Status HostToDevice(absl::Span<const CopyOp> ops);
+  int device() const { return device_; }
+
+  class Impl;
+
+ private:
+  DeviceCopier(int device, std::unique_ptr<Impl> impl);
+  int device_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// HostRegistration registers a host range with CUDA (cudaHostRegister) in
+// chunks on a background thread, so that start-up is not stalled; the range
+// is unregistered on destruction. Copies into a chunk registered later
+// still work meanwhile (staged). Thread-safe.
+class HostRegistration {
+ public:
+  // Start returns UNAVAILABLE when there is no CUDA device (nothing to do).
+  static absl::StatusOr<std::unique_ptr<HostRegistration>> Start(
+      void* base, uint64_t size, uint64_t chunk_bytes = 1ull << 30);
+  ~HostRegistration();
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+
+  uint64_t registered_bytes() const { return registered_.load(); }
+  bool done() const { return done_.load(); }
+  // Time the whole range took (valid once done()).
+  absl::Duration elapsed() const { return absl::Nanoseconds(elapsed_ns_.load()); }
+  // The first error, if a chunk failed (later chunks are skipped).
+  absl::Status status() const;
+
+ private:
+  HostRegistration(void* base, uint64_t size, uint64_t chunk);
+  void Run();
+  uint8_t* base_;
+  uint64_t size_;
+  uint64_t chunk_;
+  std::atomic<uint64_t> registered_{0};
+  std::atomic<bool> done_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> elapsed_ns_{0};
+  std::atomic<int> error_code_{0};
+  std::thread thread_;
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_GPU_CUDA_IPC_H_
