@@ -1,30 +1,55 @@
-// Payload checksums: xxHash3-64, recorded at Save and verified on every read
-// from any tier.
+// Payload checksums, recorded at Save and verified on every read from any
+// tier.
+//
+// Definition (v1), so that any client can compute it:
+//   payload <= 1 MiB:  XXH3_64bits(payload)                (seed 0)
+//   payload >  1 MiB:  XXH3_64bits(u64 total_length ||
+//                                  XXH3_64bits(chunk_0) || ... ||
+//                                  XXH3_64bits(chunk_k))
+//     where chunk_i are consecutive 1 MiB pieces (the last may be shorter)
+//     and every u64 is little endian.
+// Chunking lets large payloads be copied and hashed on several threads.
 #ifndef EVOKE_COMMON_CHECKSUM_H_
 #define EVOKE_COMMON_CHECKSUM_H_
 
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/types/span.h"
+
 namespace evoke {
 
-// PayloadChecksum returns the xxHash3-64 (seed 0) of `size` bytes at `data`.
-// `data` may be null when size is 0. Thread-safe; reads the bytes once at
-// memory speed (tens of GB/s).
+inline constexpr size_t kChecksumChunkBytes = 1 << 20;
+
+// PayloadChecksum returns the checksum of `size` bytes at `data` (null when
+// size is 0). Thread-safe.
 uint64_t PayloadChecksum(const void* data, size_t size);
 
+// ChunkChecksum is XXH3_64bits of one chunk (at most kChecksumChunkBytes).
+uint64_t ChunkChecksum(const void* data, size_t size);
+
+// CombineChunkChecksums turns the chunk checksums of a payload of
+// `total_size` bytes into its checksum (for total_size <= 1 MiB, the one
+// chunk's checksum).
+uint64_t CombineChunkChecksums(absl::Span<const uint64_t> chunks, size_t total_size);
+
 // CopyHashingDestination copies `size` bytes and returns the checksum of the
-// destination, computed chunk by chunk while each chunk is still in cache, so
-// the checksum costs little beyond the copy. Use it when the destination is
+// destination, hashing each piece while it is still in cache, so the
+// checksum costs little beyond the copy. Use it when the destination is
 // private (what is stored is exactly what was hashed) and the source may
 // change under us (client shared memory).
 uint64_t CopyHashingDestination(void* dst, const void* src, size_t size);
 
 // CopyHashingSource copies `size` bytes and returns the checksum of the
-// source, hashing each chunk before copying it. Use it to verify a private
+// source, hashing each piece before copying it. Use it to verify a private
 // copy (tier 1, a RocksDB read) while handing it to memory the client can
 // change.
 uint64_t CopyHashingSource(void* dst, const void* src, size_t size);
+
+// The same, for one chunk (size <= kChecksumChunkBytes): returns
+// ChunkChecksum of the hashed side. Building blocks of parallel copies.
+uint64_t CopyHashingDestinationChunk(void* dst, const void* src, size_t size);
+uint64_t CopyHashingSourceChunk(void* dst, const void* src, size_t size);
 
 }  // namespace evoke
 

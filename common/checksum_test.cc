@@ -23,5 +23,25 @@ TEST(ChecksumTest, FusedCopiesMatchOneShotHash) {
   }
 }
 
+TEST(ChecksumTest, DefinitionIsChunkedPastOneMiB) {
+  std::string small(kChecksumChunkBytes, 's');
+  // Up to 1 MiB: one chunk, XXH3 of the bytes.
+  EXPECT_EQ(PayloadChecksum(small.data(), small.size()),
+            ChunkChecksum(small.data(), small.size()));
+  // Past it: XXH3 over the length and the chunk checksums.
+  std::string big(2 * kChecksumChunkBytes + 5, 'b');
+  big[kChecksumChunkBytes + 7] = 'x';
+  const uint64_t chunks[] = {
+      ChunkChecksum(big.data(), kChecksumChunkBytes),
+      ChunkChecksum(big.data() + kChecksumChunkBytes, kChecksumChunkBytes),
+      ChunkChecksum(big.data() + 2 * kChecksumChunkBytes, 5)};
+  EXPECT_EQ(PayloadChecksum(big.data(), big.size()), CombineChunkChecksums(chunks, big.size()));
+  // Any byte matters, including in later chunks.
+  std::string other = big;
+  other[2 * kChecksumChunkBytes + 2] = 'y';
+  EXPECT_NE(PayloadChecksum(big.data(), big.size()),
+            PayloadChecksum(other.data(), other.size()));
+}
+
 }  // namespace
 }  // namespace evoke

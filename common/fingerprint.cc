@@ -7,6 +7,7 @@
 #include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -118,7 +119,9 @@ v1::LayoutFingerprint NormalizeFingerprint(const v1::LayoutFingerprint& fp) {
   return out;
 }
 
-FingerprintDigest DigestFingerprint(const v1::LayoutFingerprint& fp) {
+namespace {
+
+FingerprintDigest ComputeDigest(const v1::LayoutFingerprint& fp) {
   XXH3_state_t state;
   XXH3_128bits_reset(&state);
   static constexpr absl::string_view kDomain = "evoke/fingerprint/v1";
@@ -133,6 +136,23 @@ FingerprintDigest DigestFingerprint(const v1::LayoutFingerprint& fp) {
   }
   const XXH128_hash_t h = XXH3_128bits_digest(&state);
   return FingerprintDigest(h.high64, h.low64);
+}
+
+}  // namespace
+
+FingerprintDigest DigestFingerprint(const v1::LayoutFingerprint& fp) {
+  // A batch carries the same fingerprint on every block: remember recent
+  // digests by the message's bytes (cheap to produce) rather than rebuild the
+  // canonical encoding each time. Per thread, so no locking.
+  thread_local absl::flat_hash_map<std::string, FingerprintDigest> cache;
+  std::string key;
+  fp.SerializeToString(&key);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= 256) cache.clear();
+  const FingerprintDigest digest = ComputeDigest(fp);
+  cache.emplace(std::move(key), digest);
+  return digest;
 }
 
 std::string FingerprintMismatch(const v1::LayoutFingerprint& stored,

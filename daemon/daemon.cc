@@ -127,6 +127,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   tier_options.spill_bytes = options.spill_bytes;
   tier_options.spill_batch_bytes = options.spill_batch_bytes;
   tier_options.max_wait_for_room = absl::Milliseconds(options.save_wait_ms);
+  tier_options.copy_threads = static_cast<int>(options.copy_threads);
   EVOKE_ASSIGN_OR_RETURN(
       impl->tiers, TierManager::Open(tier_options, std::move(arena), std::move(spill)));
 

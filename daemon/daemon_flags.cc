@@ -76,6 +76,9 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--worker-threads", o->worker_threads,
                  "Threads for RPCs that copy bytes or touch disk (0 = auto)")
       ->capture_default_str();
+  app.add_option("--copy-threads", o->copy_threads,
+                 "Extra threads that copy and checksum payloads over 2 MiB")
+      ->capture_default_str();
   app.add_option("--lock-memory", o->lock_memory,
                  "mlock tier 1 (best effort; Stat reports the outcome)")
       ->capture_default_str();
@@ -153,6 +156,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "max-block-bytes = ", size(o.max_block_bytes), "\n",
       "max-message-bytes = ", size(o.max_message_bytes), "\n",
       "worker-threads = ", o.worker_threads, "\n",
+      "copy-threads = ", o.copy_threads, "\n",
       "lock-memory = ", o.lock_memory ? "true" : "false", "\n",
       "spill-sync = ", o.spill_sync ? "true" : "false", "\n",
       "spill-batch-bytes = ", size(o.spill_batch_bytes), "\n",

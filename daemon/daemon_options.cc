@@ -54,6 +54,9 @@ absl::Status DaemonOptions::Validate() const {
                                 FormatByteSize(max_block_bytes + (1u << 20)),
                                 ") and below 2 GiB"));
   }
+  if (copy_threads > 64) {
+    return Invalid("copy-threads", absl::StrCat(copy_threads, " exceeds 64"));
+  }
   if (worker_threads > 256) {
     return Invalid("worker-threads", absl::StrCat(worker_threads, " exceeds 256"));
   }

@@ -64,6 +64,11 @@ struct DaemonOptions {
   // Default: false.
   bool spill_sync = false;
 
+  // Extra threads that copy and checksum payloads over 2 MiB in parallel.
+  // 0 copies on the RPC's own thread. At most 64.
+  // Default: 2.
+  uint32_t copy_threads = 2;
+
   // Payload bytes written to disk per spill batch.
   // Default: 64 MiB.
   uint64_t spill_batch_bytes = 64ull << 20;

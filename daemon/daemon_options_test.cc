@@ -109,6 +109,7 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.max_block_bytes = 8ull << 20;
   custom.max_message_bytes = (16ull << 20) + 12345;  // Not a round unit.
   custom.worker_threads = 5;
+  custom.copy_threads = 3;
   custom.lock_memory = false;
   custom.spill_sync = true;
   custom.spill_batch_bytes = 32ull << 20;
@@ -149,7 +150,7 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
   EXPECT_THAT(out, HasSubstr("pinned-bytes = \"2 GiB\""));
   for (const char* key : {"socket", "data-dir", "spill-bytes", "high-watermark",
                           "low-watermark", "max-block-bytes", "max-message-bytes",
-                          "worker-threads", "lock-memory", "spill-sync",
+                          "worker-threads", "copy-threads", "lock-memory", "spill-sync",
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-regions-per-lease",
                           "max-region-bytes", "cuda-register-chunk-bytes",

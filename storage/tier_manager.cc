@@ -18,6 +18,7 @@
 #include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "storage/copy_pool.h"
 #include "storage/spill_record.pb.h"
 
 namespace evoke {
@@ -78,6 +79,7 @@ class TierManager::Impl {
       : options_(options),
         arena_(std::move(arena)),
         spill_(std::move(spill)),
+        copier_(options.copy_threads),
         high_bytes_(static_cast<uint64_t>(options.high_watermark *
                                           arena_->capacity_bytes())),
         low_bytes_(static_cast<uint64_t>(options.low_watermark *
@@ -209,6 +211,7 @@ class TierManager::Impl {
   const TierManagerOptions options_;
   const std::unique_ptr<PinnedArena> arena_;
   const std::unique_ptr<SpillStore> spill_;
+  CopyPool copier_;
   const uint64_t high_bytes_;
   const uint64_t low_bytes_;
   const absl::Time start_;
@@ -665,7 +668,7 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
     if (plan[i].fresh) {
       uint8_t* dest = arena_->Data(plan[i].extent);
       if (!host.empty()) {
-        checksums[i] = CopyHashingDestination(dest, host.data(), host.size());
+        checksums[i] = copier_.CopyHashingDestination(dest, host.data(), host.size());
       } else {
         fetch_items.push_back(i);
         fetch_dsts.push_back(dest);
@@ -962,7 +965,7 @@ absl::Status TierManager::Impl::ReadFromDisk(const BlockId& id, uint64_t checksu
               "block ", id.ToHex(), ": disk payload is ", payload.size(),
               " bytes, expected ", payload_bytes));
         }
-        const uint64_t got = CopyHashingSource(dest, payload.data(), payload.size());
+        const uint64_t got = copier_.CopyHashingSource(dest, payload.data(), payload.size());
         if (got != checksum) {
           return absl::DataLossError(absl::StrCat(
               "block ", id.ToHex(), ": disk copy fails its checksum (stored ",
@@ -1133,8 +1136,8 @@ absl::Status TierManager::Impl::Load(absl::Span<const BlockId> ids,
     if (ram[i] != nullptr) {
       const uint8_t* bytes = arena_->Data(*ram[i]->ram);
       const uint64_t got = dest != nullptr
-                               ? CopyHashingSource(dest, bytes, plan[i].bytes)
-                               : PayloadChecksum(bytes, plan[i].bytes);
+                               ? copier_.CopyHashingSource(dest, bytes, plan[i].bytes)
+                               : copier_.Checksum(bytes, plan[i].bytes);
       if (got == plan[i].checksum) {
         if (dest == nullptr) failure = sink.Deliver(i, bytes, plan[i].bytes);
         served = true;

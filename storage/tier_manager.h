@@ -38,6 +38,10 @@ struct TierManagerOptions {
   // failing with RESOURCE_EXHAUSTED (the call's own deadline also applies).
   // Default: 10 s.
   absl::Duration max_wait_for_room = absl::Seconds(10);
+  // Extra threads that copy and checksum payloads larger than 2 MiB in
+  // parallel (1 MiB pieces). 0: every copy on the calling thread.
+  // Default: 2.
+  int copy_threads = 2;
 };
 
 // One block to store. `meta` must have passed ValidateBlockForSave with a

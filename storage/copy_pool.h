@@ -1,0 +1,59 @@
+// CopyPool: copies (and checksums) large payloads on several threads.
+#ifndef EVOKE_STORAGE_COPY_POOL_H_
+#define EVOKE_STORAGE_COPY_POOL_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace evoke {
+
+// CopyPool splits a payload larger than two checksum chunks (1 MiB each, see
+// common/checksum.h) across its worker threads and the calling thread; the
+// result is identical to the serial functions. Small payloads are copied on
+// the calling thread. When every worker is busy (many concurrent calls), the
+// caller does the work itself, so the pool never queues a copy behind
+// another. Thread-safe.
+class CopyPool {
+ public:
+  // `workers` extra threads; 0 makes every copy serial.
+  explicit CopyPool(int workers);
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
+
+  // CopyHashingDestination / CopyHashingSource as in common/checksum.h.
+  uint64_t CopyHashingDestination(void* dst, const void* src, size_t size);
+  uint64_t CopyHashingSource(void* dst, const void* src, size_t size);
+  // Checksum as PayloadChecksum.
+  uint64_t Checksum(const void* data, size_t size);
+
+ private:
+  struct Job {
+    std::function<void(size_t)> task;
+    size_t tasks = 0;
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> done{0};
+  };
+  // ParallelFor runs task(0..tasks-1) on the workers and this thread.
+  void ParallelFor(size_t tasks, std::function<void(size_t)> task);
+  static void Drain(Job& job);
+  void Work();
+
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_STORAGE_COPY_POOL_H_
