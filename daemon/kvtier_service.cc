@@ -194,12 +194,13 @@ grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
           leases_->options().max_region_bytes, " bytes"));
     }
     EVOKE_ASSIGN_OR_RETURN(
-        std::unique_ptr<CudaIpcMapping> mapping,
-        CudaIpcMapping::Open(request->ipc_handle(), static_cast<int>(request->device()),
-                             request->size()));
+        std::shared_ptr<CudaIpcMapping> mapping,
+        cuda_mappings_.Get(request->ipc_handle(), static_cast<int>(request->device()),
+                           request->size()));
     EVOKE_ASSIGN_OR_RETURN(
         uint64_t id,
-        leases_->AddRegion(lease.id, std::make_shared<CudaRegion>(std::move(mapping))));
+        leases_->AddRegion(lease.id,
+                           std::make_shared<CudaRegion>(std::move(mapping), request->size())));
     response->set_region_id(id);
     return absl::OkStatus();
   });

@@ -111,6 +111,7 @@ class KvTierService final : public v1::KvTier::CallbackService {
   LeaseManager* const leases_;
   DeviceCopiers* const copiers_;
   const KvTierServiceOptions options_;
+  CudaMappings cuda_mappings_;
   absl::Mutex reactors_mu_;
   absl::flat_hash_map<LeaseReactor*, std::weak_ptr<LeaseReactor>> reactors_
       ABSL_GUARDED_BY(reactors_mu_);

@@ -71,4 +71,34 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Map(int fd, uint64_t size,
 
 ShmRegion::~ShmRegion() { munmap(data_, size_); }
 
+absl::StatusOr<std::shared_ptr<CudaIpcMapping>> CudaMappings::Get(
+    const std::string& handle, int device, uint64_t size) {
+  const std::string key = absl::StrCat(device, "/", handle);
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(key);
+  if (it != open_.end()) {
+    if (std::shared_ptr<CudaIpcMapping> m = it->second.lock()) {
+      if (size > m->available()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "size: ", size, " bytes exceed the exported allocation (", m->available(),
+            " bytes)"));
+      }
+      return m;
+    }
+    open_.erase(it);
+  }
+  absl::StatusOr<std::unique_ptr<CudaIpcMapping>> opened =
+      CudaIpcMapping::Open(handle, device, size);
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<CudaIpcMapping> m = std::move(opened).value();
+  open_[key] = m;
+  // Forget closed mappings now and then.
+  if (open_.size() > 1024) {
+    for (auto i = open_.begin(); i != open_.end();) {
+      i = i->second.expired() ? (open_.erase(i), open_.begin()) : std::next(i);
+    }
+  }
+  return m;
+}
+
 }  // namespace evoke

@@ -8,8 +8,11 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "gpu/cuda_ipc.h"
 
 namespace evoke {
@@ -52,18 +55,36 @@ class ShmRegion final : public Region {
   uint64_t size_;
 };
 
-// CudaRegion: a device allocation of the client, opened by IPC handle.
+// CudaRegion: `size` bytes of a device allocation of the client, opened by
+// IPC handle. Regions of the same allocation share one mapping.
 class CudaRegion final : public Region {
  public:
-  explicit CudaRegion(std::unique_ptr<CudaIpcMapping> mapping)
-      : mapping_(std::move(mapping)) {}
+  CudaRegion(std::shared_ptr<CudaIpcMapping> mapping, uint64_t size)
+      : mapping_(std::move(mapping)), size_(size) {}
   Kind kind() const override { return Kind::kCuda; }
-  uint64_t size() const override { return mapping_->size(); }
+  uint64_t size() const override { return size_; }
   void* device_ptr() const override { return mapping_->device_ptr(); }
   int device() const override { return mapping_->device(); }
 
  private:
-  std::unique_ptr<CudaIpcMapping> mapping_;
+  std::shared_ptr<CudaIpcMapping> mapping_;
+  uint64_t size_;
+};
+
+// CudaMappings opens each (device, IPC handle) once and shares the mapping
+// among the regions that use it; the mapping closes when the last of them
+// goes. Thread-safe.
+class CudaMappings {
+ public:
+  // Get returns the mapping of `handle` on `device`, covering at least
+  // `size` bytes. Errors as CudaIpcMapping::Open.
+  absl::StatusOr<std::shared_ptr<CudaIpcMapping>> Get(const std::string& handle,
+                                                      int device, uint64_t size);
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::weak_ptr<CudaIpcMapping>> open_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace evoke

@@ -74,11 +74,12 @@ absl::StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(
     return s;
   }
   // Bound the claimed size by the real allocation.
+  uint64_t available = size;
   if (GetAddressRangeFn range = AddressRangeFn(); range != nullptr) {
     CUdeviceptr base = 0;
     size_t alloc = 0;
     if (range(&base, &alloc, reinterpret_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS) {
-      const uint64_t available = base + alloc - reinterpret_cast<CUdeviceptr>(ptr);
+      available = base + alloc - reinterpret_cast<CUdeviceptr>(ptr);
       if (size > available) {
         cudaIpcCloseMemHandle(ptr);
         return absl::InvalidArgumentError(absl::StrCat(
@@ -87,7 +88,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(
       }
     }
   }
-  return std::unique_ptr<CudaIpcMapping>(new CudaIpcMapping(ptr, device, size));
+  return std::unique_ptr<CudaIpcMapping>(new CudaIpcMapping(ptr, device, size, available));
 }
 
 CudaIpcMapping::~CudaIpcMapping() {

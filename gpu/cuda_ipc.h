@@ -38,14 +38,19 @@ class CudaIpcMapping {
 
   void* device_ptr() const { return ptr_; }
   int device() const { return device_; }
+  // The size asked for at Open.
   uint64_t size() const { return size_; }
+  // Bytes from device_ptr() to the end of the exported allocation (as the
+  // driver reports it; size() when it cannot tell).
+  uint64_t available() const { return available_; }
 
  private:
-  CudaIpcMapping(void* ptr, int device, uint64_t size)
-      : ptr_(ptr), device_(device), size_(size) {}
+  CudaIpcMapping(void* ptr, int device, uint64_t size, uint64_t available)
+      : ptr_(ptr), device_(device), size_(size), available_(available) {}
   void* ptr_;
   int device_;
   uint64_t size_;
+  uint64_t available_;
 };
 
 // One copy between host and device memory.

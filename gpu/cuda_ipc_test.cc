@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -74,8 +75,9 @@ TEST(CudaIpcMappingTest, OpensAnotherProcessAllocation) {
     dup2(from_child[1], 1);
     close(to_child[1]);
     close(from_child[0]);
-    execl(EVOKE_IPC_EXPORTER_PATH, "ipc_exporter", "0", std::to_string(kBytes).c_str(),
-          nullptr);
+    const char* env = std::getenv("EVOKE_IPC_EXPORTER");
+    execl(env != nullptr ? env : EVOKE_IPC_EXPORTER_PATH, "ipc_exporter", "0",
+          std::to_string(kBytes).c_str(), nullptr);
     _exit(127);
   }
   close(to_child[0]);

@@ -85,9 +85,16 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
   return result;
 }
 
+std::string BinaryPath(const char* env_var, const char* built) {
+  const char* v = std::getenv(env_var);
+  return v != nullptr && *v != '\0' ? std::string(v) : std::string(built);
+}
+std::string EvokedPath() { return BinaryPath("EVOKE_EVOKED", EVOKE_EVOKED_PATH); }
+std::string EvokectlPath() { return BinaryPath("EVOKE_EVOKECTL", EVOKE_EVOKECTL_PATH); }
+
 CommandResult RunEvokectl(const std::string& socket,
                           const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {EVOKE_EVOKECTL_PATH, "--socket", socket};
+  std::vector<std::string> argv = {EvokectlPath(), "--socket", socket};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv);
 }
@@ -99,7 +106,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
   d->socket_ = dir + "/evoked.sock";
   d->data_dir_ = dir + "/data";
   d->log_path_ = dir + "/evoked.log";
-  std::vector<std::string> argv = {EVOKE_EVOKED_PATH, "--socket", d->socket_,
+  std::vector<std::string> argv = {EvokedPath(), "--socket", d->socket_,
                                    "--data-dir", d->data_dir_, "--pinned-bytes",
                                    "32MiB", "--worker-threads", "4"};
   argv.insert(argv.end(), flags.begin(), flags.end());

@@ -26,6 +26,14 @@ struct CommandResult {
 CommandResult RunCommand(const std::vector<std::string>& argv,
                          const std::vector<std::string>& env = {});
 
+// Paths of the binaries under test: the build tree's, unless the
+// environment names others (EVOKE_EVOKED, EVOKE_EVOKECTL), e.g. when the
+// tests run on another machine from a copied tree.
+std::string EvokedPath();
+std::string EvokectlPath();
+// BinaryPath returns $env_var when set, else `built`.
+std::string BinaryPath(const char* env_var, const char* built);
+
 // Runs evokectl against `socket` with `args`.
 CommandResult RunEvokectl(const std::string& socket,
                           const std::vector<std::string>& args);

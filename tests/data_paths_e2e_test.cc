@@ -353,7 +353,8 @@ pid_t StartLeaseClient(const std::string& socket, const std::string& mode, int* 
   if (pid == 0) {
     dup2(pipefd[1], 1);
     close(pipefd[0]);
-    execl(EVOKE_LEASE_CLIENT_PATH, "lease_client", socket.c_str(), mode.c_str(), nullptr);
+    const std::string path = BinaryPath("EVOKE_LEASE_CLIENT", EVOKE_LEASE_CLIENT_PATH);
+    execl(path.c_str(), "lease_client", socket.c_str(), mode.c_str(), nullptr);
     _exit(127);
   }
   close(pipefd[1]);

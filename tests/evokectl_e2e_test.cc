@@ -86,7 +86,7 @@ TEST_F(EvokectlTest, ErrorsAreOneLineAndNonZero) {
 }
 
 TEST_F(EvokectlTest, SocketFromEnvironment) {
-  CommandResult r = RunCommand({EVOKE_EVOKECTL_PATH, "health"},
+  CommandResult r = RunCommand({EvokectlPath(), "health"},
                                {"EVOKE_SOCKET=" + daemon_->socket()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("SERVING"));

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# device_check.sh: every GPU check of evoke, in one run on a GPU machine.
+#
+# Prepare here (a machine with the toolchain, nvcc and the Debian packages):
+#   scripts/build.sh && gpu/make_device_carry.sh      # -> .device-carry/
+# Run there, from the repository root (the device tool: carry .device-carry):
+#   gpu/device_check.sh [OUT_DIR]
+# It runs the GPU unit tests (device discovery, batched copies, CUDA IPC across
+# processes, background host registration), the CUDA IPC end-to-end tests
+# against a real evoked, and evoke-bench (quick set: inline, shared memory
+# and CUDA IPC, with the in-process cudaMemcpyAsync baseline) plus the time to
+# register an 8 GiB tier 1 with CUDA. Sized to finish in a few minutes on an
+# H200 machine; prints a short summary and leaves logs and JSON in OUT_DIR.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-/tmp/evoke-device-out}}
+mkdir -p "$OUT_DIR"
+CARRY=${EVOKE_CARRY:-.device-carry}
+export LD_LIBRARY_PATH="$PWD/$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BIN="$PWD/$CARRY/bin"
+export EVOKE_EVOKED="$BIN/evoked" EVOKE_EVOKECTL="$BIN/evokectl"
+export EVOKE_IPC_EXPORTER="$BIN/ipc_exporter"
+export TMPDIR=${TMPDIR:-/tmp}
+summary=()
+run() {  # run NAME TIMEOUT CMD...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT_DIR/$name.log" 2>&1
+  local rc=$?
+  local verdict=PASS
+  [ $rc -ne 0 ] && verdict="FAIL(rc=$rc)"
+  summary+=("$(printf '%-22s %-12s %4ss' "$name" "$verdict" $((SECONDS - start)))")
+  echo "== $name: $verdict"
+  tail -n 25 "$OUT_DIR/$name.log"
+}
+
+nvidia-smi -L 2>&1 | tee "$OUT_DIR/nvidia-smi.log"
+run gpu_test 120 "$BIN/gpu_test"
+run cuda_ipc_test 180 "$BIN/cuda_ipc_test"
+run cuda_e2e_test 300 "$BIN/cuda_e2e_test"
+run evoke_bench 420 "$BIN/evoke-bench" --quick --evoked "$BIN/evoked" \
+  --case-mib 256 --register-probe 8GiB --json "$OUT_DIR/bench_gpu.json"
+
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}" | tee "$OUT_DIR/summary.txt"
+grep -E "^(op|save|load).* cuda " "$OUT_DIR/evoke_bench.log" | tee -a "$OUT_DIR/summary.txt"
+grep -E "cuda registration" "$OUT_DIR/evoke_bench.log" | tee -a "$OUT_DIR/summary.txt"
+grep -q FAIL "$OUT_DIR/summary.txt" && exit 1
+exit 0
