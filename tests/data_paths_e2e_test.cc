@@ -319,8 +319,14 @@ TEST_F(DataPathTest, HostileFdChannelRequestsAreRefusedWithoutLeaks) {
   EXPECT_EQ(code, 0) << message;
   EXPECT_NE(ftruncate(good, 4096), 0);
   close(good);
-  // Registrations are capped per lease; the daemon keeps no fd of any.
-  EXPECT_EQ(CountFds(daemon_->pid()), fds_before);
+  // The daemon keeps no fd of any request (a transient one, e.g. RocksDB's
+  // or gRPC's own, may come and go: wait for the count to settle).
+  int fds_after = CountFds(daemon_->pid());
+  for (int i = 0; i < 100 && fds_after > fds_before; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    fds_after = CountFds(daemon_->pid());
+  }
+  EXPECT_LE(fds_after, fds_before);
   lease_context.TryCancel();
   reader->Finish();
   for (int i = 0; i < 200 && Stat().leases().leases() > 1; ++i) {
