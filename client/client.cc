@@ -204,12 +204,23 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::Load(
   return out;
 }
 
-absl::StatusOr<std::vector<LoadedBlock>> Client::LoadInto(
+absl::StatusOr<std::vector<LoadedBlock>> Client::LoadReanchored(
     absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
-    absl::Span<const v1::RegionSlice> destinations) {
-  if (ids.size() != destinations.size()) {
+    absl::Span<const int32_t> new_first_positions) {
+  std::vector<v1::Reanchor> reanchor(new_first_positions.size());
+  for (size_t i = 0; i < reanchor.size(); ++i) {
+    reanchor[i].set_first_position(new_first_positions[i]);
+  }
+  return LoadWith(ids, fingerprint, reanchor, {});
+}
+
+absl::StatusOr<std::vector<LoadedBlock>> Client::LoadWith(
+    absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+    absl::Span<const v1::Reanchor> reanchor, absl::Span<const v1::RegionSlice> destinations) {
+  if ((!reanchor.empty() && reanchor.size() != ids.size()) ||
+      (!destinations.empty() && destinations.size() != ids.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "destinations: ", destinations.size(), " slices for ", ids.size(), " ids"));
+        "reanchor, destinations: need none or one per id (", ids.size(), ")"));
   }
   std::vector<LoadedBlock> out;
   out.reserve(ids.size());
@@ -218,7 +229,8 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::LoadInto(
     v1::LoadRequest request;
     for (size_t i = begin; i < end; ++i) {
       request.add_ids(ids[i].ToBytes());
-      *request.add_destinations() = destinations[i];
+      if (!reanchor.empty()) *request.add_reanchor() = reanchor[i];
+      if (!destinations.empty()) *request.add_destinations() = destinations[i];
     }
     *request.mutable_fingerprint() = fingerprint;
     request.set_lease_id(impl_->LeaseId());
@@ -229,11 +241,22 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::LoadInto(
     for (v1::LoadedBlock& b : *response.mutable_blocks()) {
       LoadedBlock loaded;
       loaded.meta = std::move(*b.mutable_meta());
+      loaded.payload = std::move(*b.mutable_inline_bytes());
       loaded.served_from = b.served_from();
       out.push_back(std::move(loaded));
     }
   }
   return out;
+}
+
+absl::StatusOr<std::vector<LoadedBlock>> Client::LoadInto(
+    absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+    absl::Span<const v1::RegionSlice> destinations) {
+  if (ids.size() != destinations.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "destinations: ", destinations.size(), " slices for ", ids.size(), " ids"));
+  }
+  return LoadWith(ids, fingerprint, {}, destinations);
 }
 
 absl::Status Client::OpenLease(absl::string_view client_name) {
@@ -409,6 +432,14 @@ absl::Status Client::UnregisterRegion(uint64_t region_id) {
   impl_->Prepare(&context);
   v1::UnregisterRegionResponse response;
   return FromGrpc(impl_->stub->UnregisterRegion(&context, request, &response));
+}
+
+absl::StatusOr<v1::RecoverResponse> Client::Recover(const v1::RecoverRequest& request) {
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::RecoverResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Recover(&context, request, &response)));
+  return response;
 }
 
 absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids) {

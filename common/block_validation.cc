@@ -1,7 +1,10 @@
 #include "common/block_validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -266,6 +269,55 @@ absl::Status ValidateBlockForSave(const v1::BlockMeta& meta,
                                        "BLOCK_KIND_SESSION)")
                          : absl::StrCat("unknown block kind ",
                                         static_cast<int>(meta.kind())));
+  }
+  if (meta.summaries_size() > 8) {
+    return Invalid(m, "summaries",
+                   absl::StrCat("has ", meta.summaries_size(), " summaries, at most 8"));
+  }
+  std::vector<std::pair<int, uint32_t>> seen;
+  for (int i = 0; i < meta.summaries_size(); ++i) {
+    const v1::Summary& s = meta.summaries(i);
+    const std::string sf = absl::StrCat(m, ".summaries[", i, "]");
+    if (!v1::SummaryKind_IsValid(s.kind()) || s.kind() == v1::SUMMARY_KIND_UNSPECIFIED) {
+      return Invalid(sf, "kind",
+                     s.kind() == v1::SUMMARY_KIND_UNSPECIFIED
+                         ? std::string("is required")
+                         : absl::StrCat("unknown summary kind ", static_cast<int>(s.kind())));
+    }
+    if (s.kind() == v1::SUMMARY_EMBEDDING) {
+      if (s.heads() != 1) return Invalid(sf, "heads", absl::StrCat(s.heads(), " must be 1 for an embedding"));
+      if (s.dim() == 0 || s.dim() > 8192) {
+        return Invalid(sf, "dim", absl::StrCat(s.dim(), " is out of range [1, 8192]"));
+      }
+      if (s.layer() != 0) return Invalid(sf, "layer", "must be 0 for an embedding");
+    } else {
+      if (s.layer() < meta.layer_begin() || s.layer() >= meta.layer_end()) {
+        return Invalid(sf, "layer", absl::StrCat(s.layer(), " is outside the block's layers [",
+                                                 meta.layer_begin(), ", ", meta.layer_end(), ")"));
+      }
+      if (s.heads() != fp.n_kv_heads()) {
+        return Invalid(sf, "heads", absl::StrCat(s.heads(), " must equal n_kv_heads ",
+                                                 fp.n_kv_heads()));
+      }
+      if (s.dim() != fp.head_dim()) {
+        return Invalid(sf, "dim", absl::StrCat(s.dim(), " must equal head_dim ", fp.head_dim()));
+      }
+      if (s.kind() == v1::SUMMARY_REPR_KEYS && (s.r() == 0 || s.r() > meta.n_tokens())) {
+        return Invalid(sf, "r", absl::StrCat(s.r(), " must be in [1, n_tokens ", meta.n_tokens(), "]"));
+      }
+    }
+    if (static_cast<uint64_t>(s.values_size()) != static_cast<uint64_t>(s.heads()) * s.dim()) {
+      return Invalid(sf, "values", absl::StrCat("has ", s.values_size(), " floats, expected heads x dim = ",
+                                                static_cast<uint64_t>(s.heads()) * s.dim()));
+    }
+    for (float v : s.values()) {
+      if (!std::isfinite(v)) return Invalid(sf, "values", "must all be finite");
+    }
+    const std::pair<int, uint32_t> key(s.kind(), s.layer());
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return Invalid(sf, "kind", "duplicates another summary of the same kind and layer");
+    }
+    seen.push_back(key);
   }
   const std::string payload = absl::StrCat(field, ".payload");
   if (payload_bytes == 0) {

@@ -1,5 +1,6 @@
 #include "common/block_validation.h"
 
+#include <cmath>
 #include <functional>
 
 #include "common/chain_hash.h"
@@ -126,6 +127,56 @@ TEST(BlockValidationTest, RejectsEachProblemNamingTheField) {
        kPayload, "blocks[2].meta.kind: is required"},
       {"no session", [](v1::BlockMeta* m) { m->clear_session_id(); }, kPayload,
        "blocks[2].meta.session_id: is required"},
+      {"summary heads",
+       [](v1::BlockMeta* m) {
+         v1::Summary* s = m->add_summaries();
+         s->set_kind(v1::SUMMARY_MEAN_KEYS);
+         s->set_layer(1);
+         s->set_heads(3);
+         s->set_dim(8);
+       },
+       kPayload, "blocks[2].meta.summaries[0].heads: 3 must equal n_kv_heads 2"},
+      {"summary layer",
+       [](v1::BlockMeta* m) {
+         v1::Summary* s = m->add_summaries();
+         s->set_kind(v1::SUMMARY_MEAN_KEYS);
+         s->set_layer(3);
+         s->set_heads(2);
+         s->set_dim(8);
+       },
+       kPayload, "blocks[2].meta.summaries[0].layer: 3 is outside the block's layers [1, 3)"},
+      {"summary values",
+       [](v1::BlockMeta* m) {
+         v1::Summary* s = m->add_summaries();
+         s->set_kind(v1::SUMMARY_EMBEDDING);
+         s->set_heads(1);
+         s->set_dim(4);
+         s->add_values(1);
+       },
+       kPayload, "blocks[2].meta.summaries[0].values: has 1 floats"},
+      {"summary nan",
+       [](v1::BlockMeta* m) {
+         v1::Summary* s = m->add_summaries();
+         s->set_kind(v1::SUMMARY_EMBEDDING);
+         s->set_heads(1);
+         s->set_dim(1);
+         s->add_values(std::nanf(""));
+       },
+       kPayload, "blocks[2].meta.summaries[0].values: must all be finite"},
+      {"summary duplicate",
+       [](v1::BlockMeta* m) {
+         for (int k = 0; k < 2; ++k) {
+           v1::Summary* s = m->add_summaries();
+           s->set_kind(v1::SUMMARY_EMBEDDING);
+           s->set_heads(1);
+           s->set_dim(1);
+           s->add_values(1);
+         }
+       },
+       kPayload, "blocks[2].meta.summaries[1].kind: duplicates"},
+      {"summary kind",
+       [](v1::BlockMeta* m) { m->add_summaries()->set_kind(static_cast<v1::SummaryKind>(9)); },
+       kPayload, "blocks[2].meta.summaries[0].kind: unknown summary kind 9"},
       {"empty payload", [](v1::BlockMeta*) {}, 0, "blocks[2].payload: is empty"},
       {"oversized payload", [](v1::BlockMeta*) {}, (64ull << 20) + 1,
        "blocks[2].payload: 64.00 MiB exceeds the maximum block size 64 MiB"},

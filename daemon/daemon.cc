@@ -20,6 +20,7 @@
 #include "common/byte_size.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/summaries.h"
 #include "daemon/executor.h"
 #include "daemon/fd_channel.h"
 #include "daemon/kvtier_service.h"
@@ -80,6 +81,7 @@ absl::Status PrepareSocketPath(const std::string& path) {
 class Daemon::Impl {
  public:
   std::string socket_path;
+  std::unique_ptr<RecoveryIndex> recovery;  // Outlives the TierManager.
   std::unique_ptr<TierManager> tiers;
   std::unique_ptr<HostRegistration> registration;  // Of tier 1, with CUDA.
   std::unique_ptr<LeaseManager> leases;
@@ -121,7 +123,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     EVOKE_LOG_WARNING("tier 1 is not locked in RAM: ", arena_stats.lock_error);
   }
 
+  impl->recovery = std::make_unique<RecoveryIndex>();
   TierManagerOptions tier_options;
+  tier_options.recovery = impl->recovery.get();
+  // MEAN_KEYS for canonical blocks saved without one, so Recover can find
+  // every block an engine evicts.
+  tier_options.summarize = [layer_option = options.summary_layer](
+                               const v1::BlockMeta& meta, const uint8_t* payload,
+                               uint64_t size) -> std::optional<v1::Summary> {
+    if (meta.fingerprint().layout() != v1::LAYOUT_CANONICAL_V1 ||
+        meta.summaries_size() >= 8) {
+      return std::nullopt;
+    }
+    for (const v1::Summary& s : meta.summaries()) {
+      if (s.kind() == v1::SUMMARY_MEAN_KEYS) return std::nullopt;
+    }
+    uint32_t layer = DefaultSummaryLayer(meta);
+    if (layer_option >= 0 && static_cast<uint32_t>(layer_option) >= meta.layer_begin() &&
+        static_cast<uint32_t>(layer_option) < meta.layer_end()) {
+      layer = static_cast<uint32_t>(layer_option);
+    }
+    absl::StatusOr<v1::Summary> s = MeanKeysSummary(meta, payload, size, layer);
+    if (!s.ok()) {
+      EVOKE_LOG_DEBUG("no mean_keys summary: ", s.status().ToString());
+      return std::nullopt;
+    }
+    return std::move(s).value();
+  };
   tier_options.high_watermark = options.high_watermark;
   tier_options.low_watermark = options.low_watermark;
   tier_options.spill_bytes = options.spill_bytes;
@@ -181,7 +209,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   };
   impl->service = std::make_unique<KvTierService>(
       impl->tiers.get(), impl->executor.get(), impl->leases.get(),
-      impl->copiers.get(), std::move(service_options));
+      impl->copiers.get(), impl->recovery.get(), std::move(service_options));
 
   EVOKE_RETURN_IF_ERROR(PrepareSocketPath(impl->socket_path));
   EVOKE_ASSIGN_OR_RETURN(impl->fd_channel, FdChannel::Start(fd_socket, impl->leases.get()));

@@ -103,6 +103,9 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   AddSize(app, "max-region-bytes", &o->max_region_bytes, "Largest registered region");
   AddSize(app, "cuda-register-chunk-bytes", &o->cuda_register_chunk_bytes,
           "Chunk size of tier 1's background CUDA registration (0 = off)");
+  app.add_option("--summary-layer", o->summary_layer,
+                 "Layer summarized for Recover (-1: the middle of each block's layers)")
+      ->capture_default_str();
   app.add_option("--log-level", o->log_level, "debug, info, warning or error")
       ->capture_default_str();
 
@@ -167,6 +170,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "max-regions-per-lease = ", o.max_regions_per_lease, "\n",
       "max-region-bytes = ", size(o.max_region_bytes), "\n",
       "cuda-register-chunk-bytes = ", size(o.cuda_register_chunk_bytes), "\n",
+      "summary-layer = ", o.summary_layer, "\n",
       "log-level = \"", o.log_level, "\"\n");
 }
 

@@ -72,6 +72,9 @@ absl::Status DaemonOptions::Validate() const {
                                                " bytes; Unix sockets allow 107"));
     }
   }
+  if (summary_layer < -1 || summary_layer >= 1024) {
+    return Invalid("summary-layer", absl::StrCat(summary_layer, " must be -1 or a layer index"));
+  }
   if (max_leases == 0) return Invalid("max-leases", "must be > 0");
   if (max_regions_per_lease == 0) return Invalid("max-regions-per-lease", "must be > 0");
   if (max_region_bytes == 0) return Invalid("max-region-bytes", "must be > 0");

@@ -100,6 +100,12 @@ struct DaemonOptions {
   // Default: 1 GiB.
   uint64_t cuda_register_chunk_bytes = 1ull << 30;
 
+  // The layer whose keys the daemon summarizes (SUMMARY_MEAN_KEYS) for
+  // canonical blocks saved without such a summary; -1 means the middle of
+  // each block's layers. Recover asks for a layer: use the same one.
+  // Default: -1.
+  int32_t summary_layer = -1;
+
   // debug, info, warning or error.
   // Default: "info".
   std::string log_level = "info";

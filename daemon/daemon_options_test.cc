@@ -121,6 +121,7 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.max_regions_per_lease = 7;
   custom.max_region_bytes = 5ull << 30;
   custom.cuda_register_chunk_bytes = 0;
+  custom.summary_layer = 7;
   const std::string path = dir.Join("evoked.toml");
   std::ofstream(path) << OptionsToConfig(custom);
 
@@ -153,7 +154,7 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "worker-threads", "copy-threads", "lock-memory", "spill-sync",
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-regions-per-lease",
-                          "max-region-bytes", "cuda-register-chunk-bytes",
+                          "max-region-bytes", "cuda-register-chunk-bytes", "summary-layer",
                           "log-level"}) {
     EXPECT_THAT(out, HasSubstr(std::string("\n") + key + " = ")) << key;
   }

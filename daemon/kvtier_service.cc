@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
+#include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -128,12 +129,99 @@ class KvTierService::LeaseReactor final
 
 KvTierService::KvTierService(TierManager* tiers, Executor* executor,
                              LeaseManager* leases, DeviceCopiers* copiers,
-                             KvTierServiceOptions options)
+                             const RecoveryIndex* recovery, KvTierServiceOptions options)
     : tiers_(tiers),
       executor_(executor),
       leases_(leases),
       copiers_(copiers),
+      recovery_(recovery),
       options_(std::move(options)) {}
+
+grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* context,
+                                                 const v1::RecoverRequest* request,
+                                                 v1::RecoverResponse* response) {
+  // CPU work proportional to the scope's size: off the reactor.
+  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+    RecoveryQuery query;
+    switch (request->scope_case()) {
+      case v1::RecoverRequest::kSession:
+        if (request->session().namespace_().empty()) {
+          return absl::InvalidArgumentError("session.namespace: is required");
+        }
+        if (request->session().session_id().empty()) {
+          return absl::InvalidArgumentError("session.session_id: is required");
+        }
+        query.scope = SessionScopeKey(request->session().namespace_(),
+                                      request->session().session_id());
+        break;
+      case v1::RecoverRequest::kModel:
+        EVOKE_RETURN_IF_ERROR(ValidateFingerprint(request->model().fingerprint(),
+                                                  options_.limits.block, "model.fingerprint"));
+        query.scope = ModelScopeKey(DigestFingerprint(request->model().fingerprint()));
+        break;
+      default:
+        return absl::InvalidArgumentError("scope: is required (session or model)");
+    }
+    if (!v1::SummaryKind_IsValid(request->kind()) ||
+        request->kind() == v1::SUMMARY_KIND_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          request->kind() == v1::SUMMARY_KIND_UNSPECIFIED
+              ? std::string("kind: is required")
+              : absl::StrCat("kind: unknown summary kind ", static_cast<int>(request->kind())));
+    }
+    if (request->k() == 0 || request->k() > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("k: ", request->k(), " is out of range [1, 1024]"));
+    }
+    if (request->queries().empty()) return absl::InvalidArgumentError("queries: is required");
+    if (request->aggregation() != v1::AGGREGATION_MEAN &&
+        request->aggregation() != v1::AGGREGATION_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "aggregation: unknown aggregation ", static_cast<int>(request->aggregation())));
+    }
+    EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> excluded,
+                           ParseIds(request->exclude_ids(), "exclude_ids", 0,
+                                    options_.limits.max_ids, false));
+    const absl::flat_hash_set<BlockId> exclude(excluded.begin(), excluded.end());
+    query.kind = request->kind();
+    query.layer = request->layer();
+    query.queries = absl::MakeConstSpan(request->queries().data(), request->queries_size());
+    query.n_query_heads = request->n_query_heads();
+    query.aggregate_max = request->aggregation() == v1::AGGREGATION_MAX;
+    query.exclude = &exclude;
+    query.has_min_score = request->has_min_score();
+    query.min_score = request->min_score();
+    // Ask for more than k when breadcrumbs may be skipped; widen until k
+    // blocks with bytes are found or the scope is exhausted.
+    uint32_t want = request->k();
+    for (;;) {
+      query.k = want;
+      uint64_t candidates = 0;
+      EVOKE_ASSIGN_OR_RETURN(std::vector<RecoveryHit> hits,
+                             recovery_->Search(query, &candidates));
+      response->Clear();
+      response->set_candidates(candidates);
+      for (const RecoveryHit& hit : hits) {
+        absl::StatusOr<v1::BlockInfo> info = tiers_->Describe(hit.id);
+        if (!info.ok()) continue;  // Deleted since it was scored.
+        if (request->require_bytes() && !info->bytes_available()) continue;
+        v1::RecoveredBlock* out = response->add_blocks();
+        out->set_id(hit.id.ToBytes());
+        out->set_score(hit.score);
+        out->set_tier(info->tier());
+        out->set_bytes_available(info->bytes_available());
+        *out->mutable_meta() = std::move(*info->mutable_meta());
+        out->mutable_meta()->clear_summaries();
+        if (static_cast<uint32_t>(response->blocks_size()) == request->k()) break;
+      }
+      if (static_cast<uint32_t>(response->blocks_size()) == request->k() ||
+          hits.size() < want || want >= candidates) {
+        return absl::OkStatus();
+      }
+      want = static_cast<uint32_t>(std::min<uint64_t>(candidates, want * 4ull));
+    }
+  });
+}
 
 KvTierService::~KvTierService() = default;
 
@@ -263,9 +351,11 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
       response->Clear();
       return s;
     }
+    sink->ApplyNewPositions(&metas);
     for (size_t i = 0; i < ids.size(); ++i) {
       v1::LoadedBlock* block = response->mutable_blocks(i);
       *block->mutable_meta() = std::move(metas[i]);
+      block->mutable_meta()->clear_summaries();
       block->set_served_from(infos[i].served_from);
     }
     return absl::OkStatus();

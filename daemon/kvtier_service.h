@@ -42,9 +42,10 @@ struct KvTierServiceOptions {
 // Thread-safe. `tiers` and `executor` must outlive the service.
 class KvTierService final : public v1::KvTier::CallbackService {
  public:
-  // `leases` and `copiers` must outlive the service.
+  // `leases`, `copiers` and `recovery` must outlive the service.
   KvTierService(TierManager* tiers, Executor* executor, LeaseManager* leases,
-                DeviceCopiers* copiers, KvTierServiceOptions options);
+                DeviceCopiers* copiers, const RecoveryIndex* recovery,
+                KvTierServiceOptions options);
   ~KvTierService() override;
 
   // CloseLeases ends every open lease stream (UNAVAILABLE "shutting down"),
@@ -87,6 +88,9 @@ class KvTierService final : public v1::KvTier::CallbackService {
   grpc::ServerUnaryReactor* Flush(grpc::CallbackServerContext* context,
                                   const v1::FlushRequest* request,
                                   v1::FlushResponse* response) override;
+  grpc::ServerUnaryReactor* Recover(grpc::CallbackServerContext* context,
+                                    const v1::RecoverRequest* request,
+                                    v1::RecoverResponse* response) override;
   grpc::ServerWriteReactor<v1::LeaseEvent>* OpenLease(
       grpc::CallbackServerContext* context,
       const v1::OpenLeaseRequest* request) override;
@@ -110,6 +114,7 @@ class KvTierService final : public v1::KvTier::CallbackService {
   Executor* const executor_;
   LeaseManager* const leases_;
   DeviceCopiers* const copiers_;
+  const RecoveryIndex* const recovery_;
   const KvTierServiceOptions options_;
   CudaMappings cuda_mappings_;
   absl::Mutex reactors_mu_;

@@ -1,6 +1,11 @@
 #include "daemon/payload_paths.h"
 
+#include <climits>
+
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "gpu/rope_device.h"
+#include "gpu/xxh3_device.h"
 #include "common/byte_size.h"
 #include "common/status_macros.h"
 
@@ -44,19 +49,96 @@ absl::string_view SaveRequestSource::HostBytes(size_t i) {
       block.region().length());
 }
 
+namespace {
+
+// Chunks of a payload as the checksum definition cuts them.
+struct Chunking {
+  std::vector<DeviceRange> device;   // Chunks hashed on the GPU.
+  std::vector<size_t> device_index;  // Their index in the payload.
+  size_t chunks = 0;
+};
+
+Chunking ChunksOf(const uint8_t* device_ptr, uint64_t bytes) {
+  Chunking c;
+  for (uint64_t off = 0; off < bytes; off += kChecksumChunkBytes) {
+    const uint64_t n = std::min<uint64_t>(kChecksumChunkBytes, bytes - off);
+    if (n >= kDeviceChecksumMinBytes) {
+      c.device.push_back(DeviceRange{device_ptr + off, n});
+      c.device_index.push_back(c.chunks);
+    }
+    ++c.chunks;
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> PayloadChecksumOnDevice(int device, const uint8_t* device_ptr,
+                                                 uint64_t bytes, const uint8_t* host_copy) {
+  const Chunking c = ChunksOf(device_ptr, bytes);
+  std::vector<uint64_t> device_sums(c.device.size());
+  EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, c.device, absl::MakeSpan(device_sums)));
+  std::vector<uint64_t> sums(c.chunks);
+  std::vector<bool> done(c.chunks, false);
+  for (size_t k = 0; k < c.device.size(); ++k) {
+    sums[c.device_index[k]] = device_sums[k];
+    done[c.device_index[k]] = true;
+  }
+  for (size_t k = 0; k < c.chunks; ++k) {
+    if (done[k]) continue;
+    const uint64_t off = k * kChecksumChunkBytes;
+    sums[k] = ChunkChecksum(host_copy + off, std::min<uint64_t>(kChecksumChunkBytes, bytes - off));
+  }
+  return CombineChunkChecksums(sums, bytes);
+}
+
 absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
-                                      absl::Span<uint8_t* const> dsts) {
+                                      absl::Span<uint8_t* const> dsts,
+                                      absl::Span<std::optional<uint64_t>> checksums) {
   absl::flat_hash_map<int, std::vector<CopyOp>> by_device;
+  // Device chunk checksums of the session blocks, all in one launch per
+  // device, before the copy.
+  absl::flat_hash_map<int, std::vector<DeviceRange>> ranges;
+  absl::flat_hash_map<int, std::vector<std::pair<size_t, size_t>>> owners;  // (k, chunk)
+  std::vector<std::vector<uint64_t>> sums(items.size());
+  std::vector<std::vector<bool>> have(items.size());
   for (size_t k = 0; k < items.size(); ++k) {
+    const v1::SaveBlock& block = request_.blocks(static_cast<int>(items[k]));
     const Region& region = *regions_[items[k]];
-    const v1::RegionSlice& slice = request_.blocks(static_cast<int>(items[k])).region();
-    by_device[region.device()].push_back(
-        {dsts[k], static_cast<const uint8_t*>(region.device_ptr()) + slice.offset(),
-         slice.length()});
+    const v1::RegionSlice& slice = block.region();
+    const uint8_t* src = static_cast<const uint8_t*>(region.device_ptr()) + slice.offset();
+    by_device[region.device()].push_back({dsts[k], src, slice.length()});
+    if (block.meta().kind() != v1::BLOCK_KIND_SESSION) continue;
+    const Chunking c = ChunksOf(src, slice.length());
+    sums[k].assign(c.chunks, 0);
+    have[k].assign(c.chunks, false);
+    for (size_t j = 0; j < c.device.size(); ++j) {
+      ranges[region.device()].push_back(c.device[j]);
+      owners[region.device()].emplace_back(k, c.device_index[j]);
+    }
+  }
+  for (auto& [device, list] : ranges) {
+    std::vector<uint64_t> out(list.size());
+    EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, list, absl::MakeSpan(out)));
+    const auto& who = owners[device];
+    for (size_t j = 0; j < out.size(); ++j) {
+      sums[who[j].first][who[j].second] = out[j];
+      have[who[j].first][who[j].second] = true;
+    }
   }
   for (auto& [device, ops] : by_device) {
     EVOKE_ASSIGN_OR_RETURN(DeviceCopier* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->DeviceToHost(ops));
+  }
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (sums[k].empty()) continue;  // Prefix block: hashed from tier 1.
+    const uint64_t bytes = request_.blocks(static_cast<int>(items[k])).region().length();
+    for (size_t j = 0; j < sums[k].size(); ++j) {
+      if (have[k][j]) continue;  // Else a short final chunk: hash the copy.
+      const uint64_t off = j * kChecksumChunkBytes;
+      sums[k][j] = ChunkChecksum(dsts[k] + off, std::min<uint64_t>(kChecksumChunkBytes, bytes - off));
+    }
+    checksums[k] = CombineChunkChecksums(sums[k], bytes);
   }
   return absl::OkStatus();
 }
@@ -78,9 +160,87 @@ absl::StatusOr<std::unique_ptr<LoadResponseSink>> LoadResponseSink::Create(
   return sink;
 }
 
+absl::Status LoadResponseSink::PrepareReanchor(size_t i, const v1::BlockMeta& meta) {
+  const v1::Reanchor& r = request_.reanchor(static_cast<int>(i));
+  if (!r.has_first_position() && r.positions().empty()) return absl::OkStatus();
+  const std::string field = absl::StrCat("reanchor[", i, "]");
+  if (meta.fingerprint().layout() != v1::LAYOUT_CANONICAL_V1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": block ", BlockId::FromBytes(meta.id())->ToHex(),
+        " has an opaque layout; only canonical blocks can be re-anchored"));
+  }
+  Reanchoring plan;
+  absl::StatusOr<RopePlan> rope = MakeRopePlan(meta.fingerprint());
+  if (!rope.ok()) {
+    return absl::Status(rope.status().code(), absl::StrCat(field, ": ", rope.status().message()));
+  }
+  plan.plan = std::move(rope).value();
+  const uint32_t n = meta.n_tokens();
+  std::vector<int64_t> target(n);
+  if (!r.positions().empty()) {
+    if (r.has_first_position()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": give first_position or positions, not both"));
+    }
+    if (static_cast<uint32_t>(r.positions_size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".positions: has ", r.positions_size(), " entries, expected n_tokens = ", n));
+    }
+    for (uint32_t t = 0; t < n; ++t) {
+      if (r.positions(t) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".positions[", t, "]: ", r.positions(t), " is negative"));
+      }
+      target[t] = r.positions(t);
+    }
+    plan.contiguous = false;
+    plan.positions.assign(r.positions().begin(), r.positions().end());
+  } else {
+    const int64_t last = static_cast<int64_t>(r.first_position()) + n - 1;
+    if (r.first_position() < 0 || last > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".first_position: ", r.first_position(), " + n_tokens ", n,
+          " must stay within [0, 2^31)"));
+    }
+    for (uint32_t t = 0; t < n; ++t) target[t] = static_cast<int64_t>(r.first_position()) + t;
+    plan.first = r.first_position();
+  }
+  const std::vector<int64_t> original = OriginalPositions(meta);
+  plan.delta.resize(n);
+  for (uint32_t t = 0; t < n; ++t) plan.delta[t] = target[t] - original[t];
+  plan.meta = meta;
+  reanchor_[i] = std::move(plan);
+  return absl::OkStatus();
+}
+
+absl::Status LoadResponseSink::AfterHostCopy(size_t i, uint8_t* dest, uint64_t n) {
+  if (i >= reanchor_.size() || !reanchor_[i]) return absl::OkStatus();
+  const Reanchoring& r = *reanchor_[i];
+  return ReanchorCanonicalBlock(r.plan, r.meta, dest, n, r.delta);
+}
+
+void LoadResponseSink::ApplyNewPositions(std::vector<v1::BlockMeta>* metas) const {
+  for (size_t i = 0; i < reanchor_.size() && i < metas->size(); ++i) {
+    if (!reanchor_[i]) continue;
+    v1::BlockMeta& m = (*metas)[i];
+    if (reanchor_[i]->contiguous) {
+      m.clear_positions();
+      m.set_first_position(reanchor_[i]->first);
+    } else {
+      m.mutable_positions()->Assign(reanchor_[i]->positions.begin(),
+                                    reanchor_[i]->positions.end());
+      m.set_first_position(reanchor_[i]->positions.empty() ? 0 : reanchor_[i]->positions[0]);
+    }
+  }
+}
+
 absl::Status LoadResponseSink::Prepare(absl::Span<const v1::BlockMeta> metas) {
   response_->clear_blocks();
   for (size_t i = 0; i < metas.size(); ++i) response_->add_blocks();
+  reanchor_.assign(metas.size(), std::nullopt);
+  for (int i = 0; i < request_.reanchor_size() && static_cast<size_t>(i) < metas.size(); ++i) {
+    EVOKE_RETURN_IF_ERROR(PrepareReanchor(i, metas[i]));
+  }
   if (!regions_.empty()) {
     for (size_t i = 0; i < metas.size(); ++i) {
       if (request_.destinations(static_cast<int>(i)).length() < metas[i].payload_bytes()) {
@@ -118,8 +278,11 @@ uint8_t* LoadResponseSink::HostDestination(size_t i) {
   return regions_[i]->host_data() + request_.destinations(static_cast<int>(i)).offset();
 }
 
-absl::Status LoadResponseSink::Deliver(size_t i, const uint8_t* bytes, uint64_t n) {
+absl::Status LoadResponseSink::Deliver(size_t i, const uint8_t* bytes, uint64_t n,
+                                       uint64_t checksum) {
   const Region& region = *regions_[i];
+  if (reanchor_[i]) device_reanchor_.push_back(i);
+  delivered_.push_back(Delivered{i, bytes, n, checksum});
   device_ops_[region.device()].push_back(
       {static_cast<uint8_t*>(region.device_ptr()) +
            request_.destinations(static_cast<int>(i)).offset(),
@@ -131,6 +294,29 @@ absl::Status LoadResponseSink::Finish() {
   for (auto& [device, ops] : device_ops_) {
     EVOKE_ASSIGN_OR_RETURN(DeviceCopier* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->HostToDevice(ops));
+  }
+  // Verify what landed on the GPU against the stored checksums.
+  for (const Delivered& d : delivered_) {
+    const Region& region = *regions_[d.index];
+    const uint8_t* where = static_cast<const uint8_t*>(region.device_ptr()) +
+                           request_.destinations(static_cast<int>(d.index)).offset();
+    EVOKE_ASSIGN_OR_RETURN(uint64_t got,
+                           PayloadChecksumOnDevice(region.device(), where, d.bytes, d.host));
+    if (got != d.checksum) {
+      return absl::DataLossError(absl::StrCat(
+          "ids[", d.index, "]: the copy on the GPU fails its checksum (stored ",
+          absl::Hex(d.checksum), ", on device ", absl::Hex(got), "); nothing was served"));
+    }
+  }
+  // The splice on the GPU: K rotated in place in the destination.
+  for (size_t i : device_reanchor_) {
+    const Reanchoring& r = *reanchor_[i];
+    const Region& region = *regions_[i];
+    EVOKE_RETURN_IF_ERROR(ReanchorCanonicalBlockOnDevice(
+        r.plan, r.meta,
+        static_cast<uint8_t*>(region.device_ptr()) +
+            request_.destinations(static_cast<int>(i)).offset(),
+        r.meta.payload_bytes(), r.delta, region.device()));
   }
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/rope.h"
 #include "daemon/lease_manager.h"
 #include "daemon/region.h"
 #include "evoke/v1/kvtier.pb.h"
@@ -45,8 +46,11 @@ class SaveRequestSource final : public SaveSource {
       const LeaseManager& leases, DeviceCopiers* copiers);
 
   absl::string_view HostBytes(size_t i) override;
-  absl::Status Fetch(absl::Span<const size_t> items,
-                     absl::Span<uint8_t* const> dsts) override;
+  // CUDA slices: session blocks are checksummed on the GPU before the copy
+  // (their bytes are private to their owner); prefix blocks, shared by every
+  // client, are checksummed from the daemon's own copy in tier 1.
+  absl::Status Fetch(absl::Span<const size_t> items, absl::Span<uint8_t* const> dsts,
+                     absl::Span<std::optional<uint64_t>> checksums) override;
 
  private:
   SaveRequestSource(const v1::SaveRequest& request, DeviceCopiers* copiers)
@@ -55,6 +59,13 @@ class SaveRequestSource final : public SaveSource {
   DeviceCopiers* const copiers_;
   std::vector<std::shared_ptr<Region>> regions_;  // Per block; null when inline.
 };
+
+// PayloadChecksumOnDevice computes PayloadChecksum of `bytes` of device
+// memory on `device` (1 MiB chunks hashed on the GPU; a final chunk of at
+// most 240 bytes, which XXH3 hashes differently, is hashed from `host_copy`,
+// the same bytes on the host). Errors: UNAVAILABLE without CUDA.
+absl::StatusOr<uint64_t> PayloadChecksumOnDevice(int device, const uint8_t* device_ptr,
+                                                 uint64_t bytes, const uint8_t* host_copy);
 
 // LoadResponseSink writes a Load's payloads inline into the response (under
 // a byte budget: RESOURCE_EXHAUSTED past it) or into the request's
@@ -69,10 +80,29 @@ class LoadResponseSink final : public LoadSink {
 
   absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) override;
   uint8_t* HostDestination(size_t i) override;
-  absl::Status Deliver(size_t i, const uint8_t* bytes, uint64_t n) override;
+  absl::Status AfterHostCopy(size_t i, uint8_t* dest, uint64_t n) override;
+  absl::Status Deliver(size_t i, const uint8_t* bytes, uint64_t n, uint64_t checksum) override;
+  // Blocks bound for a GPU are verified there, after the copy (before any
+  // re-anchoring).
+  bool VerifiesDeliveries() const override { return true; }
   absl::Status Finish() override;
 
+  // ApplyNewPositions writes each re-anchored block's new positions into its
+  // returned metadata.
+  void ApplyNewPositions(std::vector<v1::BlockMeta>* metas) const;
+
  private:
+  // A block to re-anchor: its plan, per-token deltas and new positions.
+  struct Reanchoring {
+    RopePlan plan;
+    std::vector<int64_t> delta;
+    bool contiguous = true;  // New positions are first, first + 1, ...
+    int32_t first = 0;
+    std::vector<int32_t> positions;
+    v1::BlockMeta meta;
+  };
+  absl::Status PrepareReanchor(size_t i, const v1::BlockMeta& meta);
+
   LoadResponseSink(const v1::LoadRequest& request, v1::LoadResponse* response,
                    uint64_t budget, DeviceCopiers* copiers)
       : request_(request), response_(response), budget_(budget), copiers_(copiers) {}
@@ -82,6 +112,15 @@ class LoadResponseSink final : public LoadSink {
   DeviceCopiers* const copiers_;
   std::vector<std::shared_ptr<Region>> regions_;  // Empty: inline.
   absl::flat_hash_map<int, std::vector<CopyOp>> device_ops_;
+  struct Delivered {
+    size_t index;
+    const uint8_t* host;  // The verified-on-arrival source (tier 1 or staging).
+    uint64_t bytes;
+    uint64_t checksum;
+  };
+  std::vector<Delivered> delivered_;
+  std::vector<std::optional<Reanchoring>> reanchor_;  // Per block.
+  std::vector<size_t> device_reanchor_;  // Blocks to re-anchor on the device.
 };
 
 }  // namespace evoke

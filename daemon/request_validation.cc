@@ -90,6 +90,11 @@ absl::StatusOr<std::vector<BlockId>> ValidateLoadRequest(
   absl::Status s = ValidateFingerprint(request.fingerprint(), limits.block,
                                        "fingerprint");
   if (!s.ok()) return s;
+  if (!request.reanchor().empty() && request.reanchor_size() != request.ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reanchor: has ", request.reanchor_size(), " entries, expected none or one per id (",
+        request.ids_size(), ")"));
+  }
   if (!request.destinations().empty()) {
     if (request.destinations_size() != request.ids_size()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -39,13 +39,38 @@ nvidia-smi -L 2>&1 | tee "$OUT_DIR/nvidia-smi.log"
 run gpu_test 120 "$BIN/gpu_test"
 run cuda_ipc_test 180 "$BIN/cuda_ipc_test"
 run cuda_e2e_test 300 "$BIN/cuda_e2e_test"
+# EVOKE_BENCH_ONLY=cuda limits the benchmark to the CUDA cases.
 run evoke_bench 420 "$BIN/evoke-bench" --quick --evoked "$BIN/evoked" \
-  --case-mib 256 --register-probe 8GiB --json "$OUT_DIR/bench_gpu.json"
+  --case-mib 256 --register-probe 8GiB --json "$OUT_DIR/bench_gpu.json" \
+  ${EVOKE_BENCH_ONLY:+--only "$EVOKE_BENCH_ONLY"}
+# The headline of issue #4: save + re-anchored load of 2048 tokens of
+# Llama-3.1-8B-shaped KV (256 MiB) against re-prefilling them with PyTorch.
+run headline 300 "$BIN/evoke-bench" --evoked "$BIN/evoked" --headline 2048 \
+  --json "$OUT_DIR/headline.json"
+run prefill 300 python3 gpu/prefill_baseline.py --tokens 2048 --runs 7
+grep '^{' "$OUT_DIR/prefill.log" | tail -1 > "$OUT_DIR/prefill.json"
+python3 - "$OUT_DIR" <<'PY' | tee "$OUT_DIR/headline.txt"
+import json, sys
+out = sys.argv[1]
+try:
+    h = json.load(open(out + "/headline.json"))
+    p = json.load(open(out + "/prefill.json"))
+except Exception as e:
+    print("headline: no result (%s)" % e)
+    sys.exit(0)
+pre = p["prefill_ms_median"]
+print("headline: 2048 tokens, %d MiB of KV: re-prefill %.2f ms (PyTorch, %s); "
+      "save %.2f ms, load re-anchored %.2f ms" % (h["kv_bytes"] >> 20, pre, p["gpu"],
+                                                   h["save_ms"], h["load_ms"]))
+print("headline: save+load is %.2fx faster than re-prefill (target 5x); load alone %.2fx "
+      "(target 10x)" % (pre / h["save_load_ms"], pre / h["load_ms"]))
+PY
 
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}" | tee "$OUT_DIR/summary.txt"
 grep -E "^(op|save|load).* cuda " "$OUT_DIR/evoke_bench.log" | tee -a "$OUT_DIR/summary.txt"
 grep -E "cuda registration" "$OUT_DIR/evoke_bench.log" | tee -a "$OUT_DIR/summary.txt"
+grep -E "^headline" "$OUT_DIR/headline.txt" "$OUT_DIR/headline.log" 2>/dev/null | tee -a "$OUT_DIR/summary.txt"
 grep -q FAIL "$OUT_DIR/summary.txt" && exit 1
 exit 0

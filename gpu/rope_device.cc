@@ -1,0 +1,173 @@
+// CUDA implementation of gpu/rope_device.h: validates on the host, stages the
+// angle table and the deltas, launches gpu/rope_kernel.cu on a private
+// stream and waits for it.
+#include "gpu/rope_device.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "gpu/cuda_status.h"
+
+namespace evoke {
+
+// Defined in gpu/rope_kernel.cu (which stays free of Abseil and protobuf).
+extern "C++" cudaError_t LaunchRopeReanchor(void* payload, uint64_t layer_stride_bytes,
+                                            uint32_t n_layers, uint32_t n_tokens,
+                                            uint32_t n_heads, uint32_t head_dim,
+                                            uint32_t rotary_dim, int rope_type,
+                                            int k_dtype, const double* omega,
+                                            const int64_t* delta, cudaStream_t stream);
+
+namespace {
+
+// Restores the calling thread's current device when it goes out of scope.
+class CurrentDeviceRestorer {
+ public:
+  explicit CurrentDeviceRestorer(int previous) : previous_(previous) {}
+  CurrentDeviceRestorer(const CurrentDeviceRestorer&) = delete;
+  CurrentDeviceRestorer& operator=(const CurrentDeviceRestorer&) = delete;
+  ~CurrentDeviceRestorer() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_;
+};
+
+// A non-blocking stream of the current device, destroyed with its owner.
+class OwnedStream {
+ public:
+  OwnedStream() = default;
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  ~OwnedStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  absl::Status Create() {
+    return CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                      "cudaStreamCreateWithFlags");
+  }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// The driver's cuMemGetAddressRange, reached through the runtime (no link
+// against libcuda, which build machines do not have). Null if unavailable.
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+GetAddressRangeFn AddressRangeFn() {
+  static GetAddressRangeFn fn = []() -> GetAddressRangeFn {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return nullptr;
+    }
+    return reinterpret_cast<GetAddressRangeFn>(p);
+  }();
+  return fn;
+}
+
+// A kernel that touched host or foreign memory would leave the context
+// unusable for the whole process: refuse what is not `device`'s memory.
+absl::Status CheckDevicePayload(const void* payload, uint64_t bytes, int device) {
+  cudaPointerAttributes attrs;
+  const cudaError_t err = cudaPointerGetAttributes(&attrs, payload);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // Not sticky; clear it.
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_payload: not CUDA memory (", cudaGetErrorName(err), ")"));
+  }
+  if (attrs.type != cudaMemoryTypeDevice && attrs.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError(
+        "device_payload: not device memory (host or unregistered memory)");
+  }
+  if (attrs.type == cudaMemoryTypeDevice && attrs.device != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_payload: memory of CUDA device ", attrs.device, ", not of device ",
+        device));
+  }
+  if (GetAddressRangeFn range = AddressRangeFn(); range != nullptr) {
+    CUdeviceptr base = 0;
+    size_t alloc = 0;
+    const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(payload);
+    if (range(&base, &alloc, ptr) == CUDA_SUCCESS && base + alloc - ptr < bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_payload: ", bytes, " bytes run past the allocation (",
+          base + alloc - ptr, " bytes left)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReanchorCanonicalBlockOnDevice(const RopePlan& plan,
+                                            const v1::BlockMeta& meta,
+                                            void* device_payload,
+                                            uint64_t payload_bytes,
+                                            absl::Span<const int64_t> delta,
+                                            int device) {
+  EVOKE_ASSIGN_OR_RETURN(const CanonicalKSections s,
+                         CheckCanonicalReanchor(plan, meta, payload_bytes, delta));
+  if (plan.type == v1::ROPE_NONE ||
+      std::all_of(delta.begin(), delta.end(), [](int64_t d) { return d == 0; })) {
+    return absl::OkStatus();
+  }
+  if (device_payload == nullptr) {
+    return absl::InvalidArgumentError("device_payload: is null");
+  }
+
+  int count = 0;
+  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  if (device < 0 || device >= count) {
+    return absl::UnavailableError(absl::StrCat(
+        "device: CUDA device ", device, " does not exist (", count, " visible)"));
+  }
+  int previous = 0;
+  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
+  CurrentDeviceRestorer restore(previous);
+  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  EVOKE_RETURN_IF_ERROR(CheckDevicePayload(device_payload, payload_bytes, device));
+
+  OwnedStream stream;
+  EVOKE_RETURN_IF_ERROR(stream.Create());
+
+  // Stage omega then delta (both 8-byte elements) in one device buffer.
+  const size_t n_pairs = plan.omega.size();
+  std::vector<uint8_t> staging((n_pairs + delta.size()) * 8);
+  std::memcpy(staging.data(), plan.omega.data(), n_pairs * 8);
+  std::memcpy(staging.data() + n_pairs * 8, delta.data(), delta.size() * 8);
+  void* table = nullptr;
+  cudaError_t err = cudaMallocAsync(&table, staging.size(), stream.get());
+  if (err != cudaSuccess) return CudaStatus(err, "cudaMallocAsync");
+
+  err = cudaMemcpyAsync(table, staging.data(), staging.size(), cudaMemcpyHostToDevice,
+                        stream.get());
+  absl::Status status = CudaStatus(err, "cudaMemcpyAsync");
+  if (status.ok()) {
+    const double* omega = static_cast<const double*>(table);
+    const int64_t* d = reinterpret_cast<const int64_t*>(static_cast<uint8_t*>(table) +
+                                                        n_pairs * 8);
+    status = CudaStatus(
+        LaunchRopeReanchor(device_payload, s.layer_stride_bytes, s.n_layers, s.n_tokens,
+                           s.n_heads, s.head_dim, plan.rotary_dim,
+                           static_cast<int>(plan.type), static_cast<int>(s.k_dtype),
+                           omega, d, stream.get()),
+        "rope re-anchor kernel launch");
+  }
+  const cudaError_t free_err = cudaFreeAsync(table, stream.get());
+  const cudaError_t sync_err = cudaStreamSynchronize(stream.get());
+  if (status.ok()) status = CudaStatus(sync_err, "cudaStreamSynchronize");
+  if (status.ok()) status = CudaStatus(free_err, "cudaFreeAsync");
+  return status;
+}
+
+}  // namespace evoke

@@ -392,6 +392,7 @@ void TierManager::Impl::RemoveLocked(Entry* e) {
     if (owned->second.empty()) owner_pins_.erase(owned);
   }
   e->pin_owners.clear();
+  if (options_.recovery != nullptr) options_.recovery->Remove(e->id, e->meta);
   const bool was_breadcrumb = !e->bytes_available();
   e->removed = true;
   SetOnDisk(e, false);
@@ -529,6 +530,7 @@ absl::Status TierManager::Impl::Rebuild() {
                                    raw->meta.session_id())]
                   .insert(id);
             }
+            if (options_.recovery != nullptr) options_.recovery->Add(id, raw->meta);
             if (record.payload_present()) {
               by_access.emplace_back(raw->last_access_ms, raw);
             } else {
@@ -682,11 +684,22 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
     }
   }
   if (failure.ok() && !fetch_items.empty()) {
-    failure = source.Fetch(fetch_items, fetch_dsts);
+    std::vector<std::optional<uint64_t>> fetched(fetch_items.size());
+    failure = source.Fetch(fetch_items, fetch_dsts, absl::MakeSpan(fetched));
     if (failure.ok()) {
       for (size_t k = 0; k < fetch_items.size(); ++k) {
         checksums[fetch_items[k]] =
-            PayloadChecksum(fetch_dsts[k], items[fetch_items[k]].size);
+            fetched[k] ? *fetched[k]
+                       : copier_.Checksum(fetch_dsts[k], items[fetch_items[k]].size);
+      }
+    }
+  }
+  std::vector<std::optional<v1::Summary>> extra(n);
+  if (failure.ok() && options_.summarize) {
+    for (size_t i = 0; i < n; ++i) {
+      if (plan[i].fresh) {
+        extra[i] = options_.summarize(*items[i].meta, arena_->Data(plan[i].extent),
+                                      items[i].size);
       }
     }
   }
@@ -744,6 +757,7 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
       if (plan[i].fresh) {
         Entry* e = plan[i].entry;
         e->meta = *items[i].meta;
+        if (extra[i]) *e->meta.add_summaries() = std::move(*extra[i]);
         e->meta.set_payload_bytes(items[i].size);
         e->meta.set_checksum(checksums[i]);
         if (!plan[i].revived) e->meta.set_created_unix_ms(now_ms);
@@ -761,6 +775,7 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
                                e->meta.session_id())]
               .insert(e->id);
         }
+        if (options_.recovery != nullptr) options_.recovery->Add(e->id, e->meta);
         ++counters_.saves;
         r.set_checksum(checksums[i]);
         r.set_tier(v1::TIER_PINNED_HOST);
@@ -1135,11 +1150,15 @@ absl::Status TierManager::Impl::Load(absl::Span<const BlockId> ids,
     bool served = false;
     if (ram[i] != nullptr) {
       const uint8_t* bytes = arena_->Data(*ram[i]->ram);
-      const uint64_t got = dest != nullptr
+      const bool sink_verifies = dest == nullptr && sink.VerifiesDeliveries();
+      const uint64_t got = sink_verifies ? plan[i].checksum
+                           : dest != nullptr
                                ? copier_.CopyHashingSource(dest, bytes, plan[i].bytes)
                                : copier_.Checksum(bytes, plan[i].bytes);
       if (got == plan[i].checksum) {
-        if (dest == nullptr) failure = sink.Deliver(i, bytes, plan[i].bytes);
+        failure = dest == nullptr
+                      ? sink.Deliver(i, bytes, plan[i].bytes, plan[i].checksum)
+                      : sink.AfterHostCopy(i, dest, plan[i].bytes);
         served = true;
         (*infos)[i].served_from = v1::TIER_PINNED_HOST;
         ++hits1;
@@ -1205,9 +1224,22 @@ absl::Status TierManager::Impl::Load(absl::Span<const BlockId> ids,
         break;
       }
     }
-    if (dest == nullptr) failure = sink.Deliver(i, target, plan[i].bytes);
+    failure = dest == nullptr ? sink.Deliver(i, target, plan[i].bytes, plan[i].checksum)
+                              : sink.AfterHostCopy(i, dest, plan[i].bytes);
   }
   if (failure.ok()) failure = sink.Finish();
+  if (failure.code() == absl::StatusCode::kDataLoss && sink.VerifiesDeliveries()) {
+    // A delivery failed its check where it landed: find the tier-1 copies
+    // that are bad (if any) and drop them.
+    for (size_t j = 0; j < n; ++j) {
+      if (ram[j] == nullptr) continue;
+      if (copier_.Checksum(arena_->Data(*ram[j]->ram), plan[j].bytes) != plan[j].checksum) {
+        absl::MutexLock lock(&mu_);
+        ++counters_.checksum_failures;
+        QuarantineRamLocked(ram[j]);
+      }
+    }
+  }
   release();
   absl::MutexLock lock(&mu_);
   counters_.hits_tier1 += hits1;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@
 #include "common/hash128.h"
 #include "evoke/v1/kvtier.pb.h"
 #include "storage/pinned_arena.h"
+#include "storage/recovery_index.h"
 #include "storage/spill_store.h"
 
 namespace evoke {
@@ -38,6 +40,16 @@ struct TierManagerOptions {
   // failing with RESOURCE_EXHAUSTED (the call's own deadline also applies).
   // Default: 10 s.
   absl::Duration max_wait_for_room = absl::Seconds(10);
+  // Where blocks' summaries are indexed for Recover (added on save and on
+  // restart, removed on delete; breadcrumbs keep theirs). May be null. Must
+  // outlive the TierManager.
+  RecoveryIndex* recovery = nullptr;
+  // Called for every newly stored block with its verified tier-1 bytes; may
+  // return a summary to store with it (the daemon computes MEAN_KEYS for
+  // canonical blocks saved without one). Runs outside the index lock.
+  std::function<std::optional<v1::Summary>(const v1::BlockMeta& meta,
+                                           const uint8_t* payload, uint64_t size)>
+      summarize;
   // Extra threads that copy and checksum payloads larger than 2 MiB in
   // parallel (1 MiB pieces). 0: every copy on the calling thread.
   // Default: 2.
@@ -65,8 +77,12 @@ class SaveSource {
   // Fetch copies the payloads of `items` into `dsts` (dsts[k] receives
   // items[k], exactly its size). Called once per Save with every such item,
   // so that an implementation can batch and coalesce (e.g. device copies).
+  // It may also fill checksums[k] (PayloadChecksum of the payload, e.g.
+  // computed on the GPU before the copy); the TierManager hashes the copy
+  // in tier 1 for every entry left empty.
   virtual absl::Status Fetch(absl::Span<const size_t> /*items*/,
-                             absl::Span<uint8_t* const> /*dsts*/) {
+                             absl::Span<uint8_t* const> /*dsts*/,
+                             absl::Span<std::optional<uint64_t>> /*checksums*/) {
     return absl::InternalError("this source has no Fetch");
   }
 };
@@ -92,12 +108,23 @@ class LoadSink {
   // HostDestination returns where block `i` goes in host memory (at least
   // its payload_bytes), or nullptr to receive the bytes through Deliver.
   virtual uint8_t* HostDestination(size_t i) = 0;
-  // Deliver hands over the verified bytes of block `i`; they stay valid
-  // until Finish() returns.
-  virtual absl::Status Deliver(size_t /*i*/, const uint8_t* /*bytes*/,
-                               uint64_t /*n*/) {
+  // AfterHostCopy runs once block `i`'s verified bytes are in its host
+  // destination (e.g. to re-anchor K in place). An error aborts the Load.
+  virtual absl::Status AfterHostCopy(size_t /*i*/, uint8_t* /*dest*/, uint64_t /*n*/) {
+    return absl::OkStatus();
+  }
+  // Deliver hands over the bytes of block `i` and their expected checksum;
+  // they stay valid until Finish() returns. They are verified first unless
+  // the sink VerifiesDeliveries().
+  virtual absl::Status Deliver(size_t /*i*/, const uint8_t* /*bytes*/, uint64_t /*n*/,
+                               uint64_t /*checksum*/) {
     return absl::InternalError("this sink has no Deliver");
   }
+  // VerifiesDeliveries: the sink checks every delivered block against its
+  // checksum where it lands (e.g. on the GPU after the copy), so tier-1
+  // bytes are not hashed on the host first; Finish then returns DATA_LOSS
+  // when one fails, and the TierManager finds and drops the bad tier-1 copy.
+  virtual bool VerifiesDeliveries() const { return false; }
   // Finish completes every delivery (e.g. waits for device copies).
   virtual absl::Status Finish() { return absl::OkStatus(); }
 };

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/block_validation.h"
 #include "gmock/gmock.h"
 #include "tests/e2e_fixture.h"
 
@@ -118,6 +119,61 @@ TEST_F(CudaE2eTest, SaveFromDeviceLoadToDeviceByteIdentical) {
   }
   ASSERT_OK(client_->UnregisterRegion(region));
   EXPECT_EQ(Stat().leases().cuda_regions(), 0u);
+}
+
+TEST_F(CudaE2eTest, SpliceOnTheGpuMatchesTheHostSplice) {
+  // Canonical f16 blocks (SmallFingerprint: NEOX) saved from the device as
+  // session blocks (checksummed on the GPU) and as a prefix block
+  // (checksummed from tier 1); loaded back to the device re-anchored (K
+  // rotated on the GPU) and compared with the same load done on the host.
+  constexpr uint32_t kTokens = 64;
+  const uint64_t block = CanonicalPayloadBytes(SmallFingerprint(), kTokens, 4).value();
+  const uint64_t region = MakePool(8 * block);
+  // Make the pool hold finite f16 values: 0x3800 + i % 1024 in [0.5, 1).
+  std::vector<uint16_t> halves(4 * block / 2);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(0x3800 + i % 1024);
+  ASSERT_EQ(cudaMemcpy(pool_, halves.data(), 4 * block, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<BlockToSave> batch;
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 3; ++i) {
+    batch.emplace_back(SessionBlockMeta(SmallFingerprint(), "splice", i, kTokens, 0, 4, i * kTokens),
+                       Slice(region, i * block, block));
+    ids.push_back(BlockIdOf(batch.back().meta));
+  }
+  std::vector<int32_t> tokens(kTokens);
+  for (uint32_t t = 0; t < kTokens; ++t) tokens[t] = 5 + t;
+  batch.emplace_back(PrefixBlockMeta(SmallFingerprint(), BlockId(), tokens, 0, 4, 0),
+                     Slice(region, 3 * block, block));
+  ids.push_back(BlockIdOf(batch.back().meta));
+  ASSERT_OK(client_->Save(batch));
+  std::vector<int32_t> new_first = {1000, 2000, 70, 0};  // The prefix block stays put.
+  ASSERT_OK_AND_ASSIGN(std::vector<LoadedBlock> host,
+                       client_->LoadReanchored(ids, SmallFingerprint(), new_first));
+  std::vector<v1::Reanchor> reanchor(4);
+  std::vector<v1::RegionSlice> dests;
+  for (int i = 0; i < 4; ++i) {
+    reanchor[i].set_first_position(new_first[i]);
+    dests.push_back(Slice(region, (4 + i) * block, block));
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<LoadedBlock> device,
+                       client_->LoadWith(ids, SmallFingerprint(), reanchor, dests));
+  EXPECT_EQ(device[0].meta.first_position(), 1000);
+  std::vector<uint16_t> got(4 * block / 2);
+  ASSERT_EQ(cudaMemcpy(got.data(), static_cast<char*>(pool_) + 4 * block, 4 * block,
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  // GPU and CPU rotations agree to within one f16 ulp.
+  int worse_than_one_ulp = 0;
+  for (int b = 0; b < 4; ++b) {
+    const auto* h = reinterpret_cast<const uint16_t*>(host[b].payload.data());
+    for (uint64_t i = 0; i < block / 2; ++i) {
+      const int d = std::abs(static_cast<int>(got[b * block / 2 + i]) - static_cast<int>(h[i]));
+      if (d > 1) ++worse_than_one_ulp;
+    }
+  }
+  EXPECT_EQ(worse_than_one_ulp, 0);
+  // Delta 0 (the prefix block at its place): byte-identical to what was saved.
+  EXPECT_EQ(std::memcmp(got.data() + 3 * block / 2, halves.data() + 3 * block / 2, block), 0);
 }
 
 TEST_F(CudaE2eTest, BatchedSmallBlocksCoalesce) {

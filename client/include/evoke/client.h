@@ -122,6 +122,21 @@ class Client {
   absl::StatusOr<std::vector<LoadedBlock>> Load(absl::Span<const BlockId> ids,
                                                 const v1::LayoutFingerprint& fingerprint);
 
+  // LoadReanchored loads blocks at new positions: block i's first token
+  // moves to new_first_positions[i] (the others follow), its K rotated by
+  // the position delta with the block's RoPE parameters, V byte-identical.
+  // The returned metas carry the new positions. Canonical blocks only.
+  absl::StatusOr<std::vector<LoadedBlock>> LoadReanchored(
+      absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+      absl::Span<const int32_t> new_first_positions);
+
+  // LoadWith is the general form: `reanchor` empty or one per id (see
+  // LoadRequest.reanchor), `destinations` empty (inline) or one per id.
+  absl::StatusOr<std::vector<LoadedBlock>> LoadWith(
+      absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+      absl::Span<const v1::Reanchor> reanchor,
+      absl::Span<const v1::RegionSlice> destinations);
+
   // LoadInto loads blocks into region slices (one per id, each at least the
   // block's payload long) instead of into messages; the daemon copies each
   // payload once. Returns each block's metadata (payload_bytes tells how
@@ -151,6 +166,10 @@ class Client {
 
   // UnregisterRegion ends a region of this client's lease.
   absl::Status UnregisterRegion(uint64_t region_id);
+
+  // Recover asks which stored blocks of a scope best match the engine's
+  // queries (see RecoverRequest in kvtier.proto).
+  absl::StatusOr<v1::RecoverResponse> Recover(const v1::RecoverRequest& request);
 
   // Lookup returns the tiers of the longest present prefix of `ids`.
   absl::StatusOr<std::vector<v1::Tier>> Lookup(absl::Span<const BlockId> ids);
