@@ -486,14 +486,25 @@ absl::Status Headline(const std::string& socket, int tokens, int runs, std::stri
     return v[v.size() / 2];
   };
   const double s = median(save_ms), l = median(load_ms);
+  // The copy floor of the same bytes in this run: plain cudaMemcpyAsync of
+  // the blocks between device memory and pinned host memory, one batch.
+  EVOKE_ASSIGN_OR_RETURN(const double d2h_gbps,
+                         CudaMemcpyBaseline(block_bytes, n_blocks, n_blocks, 0));
+  EVOKE_ASSIGN_OR_RETURN(const double h2d_gbps,
+                         CudaMemcpyBaseline(block_bytes, n_blocks, n_blocks, 1));
+  const double d2h_ms = total / d2h_gbps / 1e6, h2d_ms = total / h2d_gbps / 1e6;
   std::printf("headline: %d tokens, %s of KV in %d blocks: save %.2f ms, load re-anchored "
               "%.2f ms, save+load %.2f ms (%.1f / %.1f GB/s)\n",
               tokens, FormatByteSize(total).c_str(), n_blocks, s, l, s + l, total / s / 1e6,
               total / l / 1e6);
+  std::printf("headline: copy floor (cudaMemcpy, pinned host, same run): device to host "
+              "%.2f ms, host to device %.2f ms; evoke is %.2fx / %.2fx of it\n",
+              d2h_ms, h2d_ms, s / d2h_ms, l / h2d_ms);
   *json = absl::StrFormat(
       "{\"tokens\": %d, \"kv_bytes\": %llu, \"blocks\": %d, \"save_ms\": %.3f, "
-      "\"load_ms\": %.3f, \"save_load_ms\": %.3f}",
-      tokens, static_cast<unsigned long long>(total), n_blocks, s, l, s + l);
+      "\"load_ms\": %.3f, \"save_load_ms\": %.3f, \"memcpy_d2h_ms\": %.3f, "
+      "\"memcpy_h2d_ms\": %.3f}",
+      tokens, static_cast<unsigned long long>(total), n_blocks, s, l, s + l, d2h_ms, h2d_ms);
   return absl::OkStatus();
 }
 
@@ -512,6 +523,13 @@ int Run(int argc, char** argv) {
   app.add_option("--json", json_path, "Also write the results as JSON to FILE");
   app.add_option("--evoked", evoked_flag, "Path of evoked (default: next to this binary)");
   app.add_option("--redis-server", redis_flag, "Path of redis-server (default: PATH)");
+  std::vector<std::string> evoked_args;
+  app.add_option("--evoked-arg", evoked_args,
+                 "An extra flag for the evoked this tool starts, e.g. --evoked-arg=--copy-threads=8 "
+                 "(repeatable)");
+  std::string evoked_log_flag;
+  app.add_option("--evoked-log", evoked_log_flag,
+                 "Keep the started evoked's log in FILE (default: a temp dir, removed)");
   app.add_option("--case-mib", case_mib, "Bytes moved per case, in MiB (default 256, quick 64)");
   app.add_option("--register-probe", register_probe,
                  "Also start an evoked with this much tier 1 (e.g. 8GiB) and time its "
@@ -542,11 +560,16 @@ int Run(int argc, char** argv) {
   const uint64_t case_bytes = (case_mib != 0 ? case_mib : quick ? 64 : 256) << 20;
   const uint64_t pinned = std::max<uint64_t>(1ull << 30, 3 * case_bytes);
 
+  const std::string evoked_log = evoked_log_flag.empty() ? dir + "/evoked.log" : evoked_log_flag;
   const pid_t evoked_pid = !target.empty() ? -1 :
-      Spawn({evoked, "--socket", socket, "--data-dir", dir + "/data", "--pinned-bytes",
-             absl::StrCat(pinned), "--spill-bytes", "8GiB", "--max-block-bytes", "64MiB",
-             "--log-level", "warning"},
-            dir + "/evoked.log");
+      Spawn([&] {
+        std::vector<std::string> args = {
+            evoked, "--socket", socket, "--data-dir", dir + "/data", "--pinned-bytes",
+            absl::StrCat(pinned), "--spill-bytes", "8GiB", "--max-block-bytes", "64MiB",
+            "--log-level", "warning"};
+        args.insert(args.end(), evoked_args.begin(), evoked_args.end());
+        return args;
+      }(), evoked_log);
   pid_t redis_pid = -1;
   const std::string redis_socket = dir + "/redis.sock";
   if (!redis.empty()) {

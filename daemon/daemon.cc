@@ -28,6 +28,7 @@
 #include "daemon/payload_paths.h"
 #include "gpu/cuda_ipc.h"
 #include "gpu/device.h"
+#include "storage/copy_pool.h"
 #include "storage/pinned_arena.h"
 #include "storage/spill_store.h"
 #include "storage/tier_manager.h"
@@ -81,6 +82,7 @@ absl::Status PrepareSocketPath(const std::string& path) {
 class Daemon::Impl {
  public:
   std::string socket_path;
+  std::unique_ptr<CopyPool> scan_pool;      // Outlives the RecoveryIndex.
   std::unique_ptr<RecoveryIndex> recovery;  // Outlives the TierManager.
   std::unique_ptr<TierManager> tiers;
   std::unique_ptr<HostRegistration> registration;  // Of tier 1, with CUDA.
@@ -123,7 +125,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     EVOKE_LOG_WARNING("tier 1 is not locked in RAM: ", arena_stats.lock_error);
   }
 
-  impl->recovery = std::make_unique<RecoveryIndex>();
+  // Large recovery scans run on copy_threads threads of their own.
+  if (options.copy_threads > 0) {
+    impl->scan_pool = std::make_unique<CopyPool>(static_cast<int>(options.copy_threads));
+  }
+  impl->recovery = std::make_unique<RecoveryIndex>(impl->scan_pool.get());
   TierManagerOptions tier_options;
   tier_options.recovery = impl->recovery.get();
   // MEAN_KEYS for canonical blocks saved without one, so Recover can find

@@ -77,7 +77,8 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                  "Threads for RPCs that copy bytes or touch disk (0 = auto)")
       ->capture_default_str();
   app.add_option("--copy-threads", o->copy_threads,
-                 "Extra threads that copy and checksum payloads over 2 MiB")
+                 "Extra threads that copy and checksum payloads over 2 MiB (and as many "
+                 "that scan large recovery tables)")
       ->capture_default_str();
   app.add_option("--lock-memory", o->lock_memory,
                  "mlock tier 1 (best effort; Stat reports the outcome)")

@@ -64,8 +64,9 @@ struct DaemonOptions {
   // Default: false.
   bool spill_sync = false;
 
-  // Extra threads that copy and checksum payloads over 2 MiB in parallel.
-  // 0 copies on the RPC's own thread. At most 64.
+  // Extra threads that copy and checksum payloads over 2 MiB in parallel,
+  // and as many again that scan recovery tables of 32k rows or more.
+  // 0 does both on the RPC's own thread. At most 64.
   // Default: 2.
   uint32_t copy_threads = 2;
 

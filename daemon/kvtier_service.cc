@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
 #include "common/fingerprint.h"
@@ -321,10 +322,12 @@ grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* conte
                                 : block.inline_bytes().size();
       items.push_back(SaveItem{&block.meta(), size, block.pin()});
     }
+    const absl::Time start = absl::Now();
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<v1::SaveResult> results,
         tiers_->Save(items, *source, request->durable(), deadline,
                      lease ? lease->owner : PinOwner{0}));
+    EVOKE_LOG_DEBUG("Save: ", items.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
     response->mutable_results()->Reserve(results.size());
     for (v1::SaveResult& r : results) *response->add_results() = std::move(r);
     return absl::OkStatus();
@@ -346,7 +349,9 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
                                  *leases_, copiers_));
     std::vector<v1::BlockMeta> metas;
     std::vector<LoadedInfo> infos;
+    const absl::Time start = absl::Now();
     absl::Status s = tiers_->Load(ids, request->fingerprint(), *sink, &metas, &infos);
+    EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
     if (!s.ok()) {
       response->Clear();
       return s;

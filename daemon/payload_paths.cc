@@ -3,7 +3,9 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/log.h"
 #include "gpu/rope_device.h"
 #include "gpu/xxh3_device.h"
 #include "common/byte_size.h"
@@ -73,25 +75,6 @@ Chunking ChunksOf(const uint8_t* device_ptr, uint64_t bytes) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> PayloadChecksumOnDevice(int device, const uint8_t* device_ptr,
-                                                 uint64_t bytes, const uint8_t* host_copy) {
-  const Chunking c = ChunksOf(device_ptr, bytes);
-  std::vector<uint64_t> device_sums(c.device.size());
-  EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, c.device, absl::MakeSpan(device_sums)));
-  std::vector<uint64_t> sums(c.chunks);
-  std::vector<bool> done(c.chunks, false);
-  for (size_t k = 0; k < c.device.size(); ++k) {
-    sums[c.device_index[k]] = device_sums[k];
-    done[c.device_index[k]] = true;
-  }
-  for (size_t k = 0; k < c.chunks; ++k) {
-    if (done[k]) continue;
-    const uint64_t off = k * kChecksumChunkBytes;
-    sums[k] = ChunkChecksum(host_copy + off, std::min<uint64_t>(kChecksumChunkBytes, bytes - off));
-  }
-  return CombineChunkChecksums(sums, bytes);
-}
-
 absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
                                       absl::Span<uint8_t* const> dsts,
                                       absl::Span<std::optional<uint64_t>> checksums) {
@@ -117,6 +100,7 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
       owners[region.device()].emplace_back(k, c.device_index[j]);
     }
   }
+  const absl::Time t0 = absl::Now();
   for (auto& [device, list] : ranges) {
     std::vector<uint64_t> out(list.size());
     EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, list, absl::MakeSpan(out)));
@@ -126,10 +110,14 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
       have[who[j].first][who[j].second] = true;
     }
   }
+  const absl::Time t1 = absl::Now();
   for (auto& [device, ops] : by_device) {
     EVOKE_ASSIGN_OR_RETURN(DeviceCopier* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->DeviceToHost(ops));
   }
+  EVOKE_LOG_DEBUG("save from GPU: ", items.size(), " blocks, checksums on device ",
+                  absl::FormatDuration(t1 - t0), ", device to host ",
+                  absl::FormatDuration(absl::Now() - t1));
   for (size_t k = 0; k < items.size(); ++k) {
     if (sums[k].empty()) continue;  // Prefix block: hashed from tier 1.
     const uint64_t bytes = request_.blocks(static_cast<int>(items[k])).region().length();
@@ -278,45 +266,88 @@ uint8_t* LoadResponseSink::HostDestination(size_t i) {
   return regions_[i]->host_data() + request_.destinations(static_cast<int>(i)).offset();
 }
 
+uint8_t* LoadResponseSink::DestinationOnDevice(size_t i) const {
+  return static_cast<uint8_t*>(regions_[i]->device_ptr()) +
+         request_.destinations(static_cast<int>(i)).offset();
+}
+
 absl::Status LoadResponseSink::Deliver(size_t i, const uint8_t* bytes, uint64_t n,
                                        uint64_t checksum) {
   const Region& region = *regions_[i];
   if (reanchor_[i]) device_reanchor_.push_back(i);
   delivered_.push_back(Delivered{i, bytes, n, checksum});
-  device_ops_[region.device()].push_back(
-      {static_cast<uint8_t*>(region.device_ptr()) +
-           request_.destinations(static_cast<int>(i)).offset(),
-       bytes, n});
+  device_ops_[region.device()].push_back({DestinationOnDevice(i), bytes, n});
   return absl::OkStatus();
 }
 
 absl::Status LoadResponseSink::Finish() {
+  const absl::Time t0 = absl::Now();
   for (auto& [device, ops] : device_ops_) {
     EVOKE_ASSIGN_OR_RETURN(DeviceCopier* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->HostToDevice(ops));
   }
-  // Verify what landed on the GPU against the stored checksums.
-  for (const Delivered& d : delivered_) {
+  const absl::Time t1 = absl::Now();
+  // Verify what landed on the GPU against the stored checksums: the chunk
+  // hashes of every delivered block, one launch per device.
+  struct Pending {
+    std::vector<uint64_t> sums;
+    std::vector<bool> have;
+  };
+  std::vector<Pending> pending(delivered_.size());
+  absl::flat_hash_map<int, std::vector<DeviceRange>> ranges;
+  absl::flat_hash_map<int, std::vector<std::pair<size_t, size_t>>> owners;  // (d, chunk)
+  for (size_t k = 0; k < delivered_.size(); ++k) {
+    const Delivered& d = delivered_[k];
     const Region& region = *regions_[d.index];
-    const uint8_t* where = static_cast<const uint8_t*>(region.device_ptr()) +
-                           request_.destinations(static_cast<int>(d.index)).offset();
-    EVOKE_ASSIGN_OR_RETURN(uint64_t got,
-                           PayloadChecksumOnDevice(region.device(), where, d.bytes, d.host));
+    const Chunking c = ChunksOf(DestinationOnDevice(d.index), d.bytes);
+    pending[k].sums.assign(c.chunks, 0);
+    pending[k].have.assign(c.chunks, false);
+    for (size_t j = 0; j < c.device.size(); ++j) {
+      ranges[region.device()].push_back(c.device[j]);
+      owners[region.device()].emplace_back(k, c.device_index[j]);
+    }
+  }
+  for (auto& [device, list] : ranges) {
+    std::vector<uint64_t> out(list.size());
+    EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, list, absl::MakeSpan(out)));
+    const auto& who = owners[device];
+    for (size_t j = 0; j < out.size(); ++j) {
+      pending[who[j].first].sums[who[j].second] = out[j];
+      pending[who[j].first].have[who[j].second] = true;
+    }
+  }
+  for (size_t k = 0; k < delivered_.size(); ++k) {
+    const Delivered& d = delivered_[k];
+    Pending& p = pending[k];
+    for (size_t j = 0; j < p.sums.size(); ++j) {
+      if (p.have[j]) continue;  // A short final chunk: hash the host copy.
+      const uint64_t off = j * kChecksumChunkBytes;
+      p.sums[j] = ChunkChecksum(d.host + off, std::min<uint64_t>(kChecksumChunkBytes, d.bytes - off));
+    }
+    const uint64_t got = CombineChunkChecksums(p.sums, d.bytes);
     if (got != d.checksum) {
       return absl::DataLossError(absl::StrCat(
           "ids[", d.index, "]: the copy on the GPU fails its checksum (stored ",
           absl::Hex(d.checksum), ", on device ", absl::Hex(got), "); nothing was served"));
     }
   }
-  // The splice on the GPU: K rotated in place in the destination.
+  const absl::Time t2 = absl::Now();
+  // The splice on the GPU: K rotated in place in the destination, one batch
+  // per device.
+  absl::flat_hash_map<int, std::vector<DeviceReanchorJob>> jobs;
   for (size_t i : device_reanchor_) {
     const Reanchoring& r = *reanchor_[i];
-    const Region& region = *regions_[i];
-    EVOKE_RETURN_IF_ERROR(ReanchorCanonicalBlockOnDevice(
-        r.plan, r.meta,
-        static_cast<uint8_t*>(region.device_ptr()) +
-            request_.destinations(static_cast<int>(i)).offset(),
-        r.meta.payload_bytes(), r.delta, region.device()));
+    jobs[regions_[i]->device()].push_back(DeviceReanchorJob{
+        &r.plan, &r.meta, DestinationOnDevice(i), r.meta.payload_bytes(), r.delta});
+  }
+  for (auto& [device, list] : jobs) {
+    EVOKE_RETURN_IF_ERROR(ReanchorCanonicalBlocksOnDevice(list, device));
+  }
+  if (!delivered_.empty()) {
+    EVOKE_LOG_DEBUG("load to GPU: ", delivered_.size(), " blocks, host to device ",
+                    absl::FormatDuration(t1 - t0), ", verify on device ",
+                    absl::FormatDuration(t2 - t1), ", re-anchor ", device_reanchor_.size(),
+                    " on device ", absl::FormatDuration(absl::Now() - t2));
   }
   return absl::OkStatus();
 }

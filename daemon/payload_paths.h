@@ -60,13 +60,6 @@ class SaveRequestSource final : public SaveSource {
   std::vector<std::shared_ptr<Region>> regions_;  // Per block; null when inline.
 };
 
-// PayloadChecksumOnDevice computes PayloadChecksum of `bytes` of device
-// memory on `device` (1 MiB chunks hashed on the GPU; a final chunk of at
-// most 240 bytes, which XXH3 hashes differently, is hashed from `host_copy`,
-// the same bytes on the host). Errors: UNAVAILABLE without CUDA.
-absl::StatusOr<uint64_t> PayloadChecksumOnDevice(int device, const uint8_t* device_ptr,
-                                                 uint64_t bytes, const uint8_t* host_copy);
-
 // LoadResponseSink writes a Load's payloads inline into the response (under
 // a byte budget: RESOURCE_EXHAUSTED past it) or into the request's
 // destination slices (shared memory: copied in place; CUDA: one batch of
@@ -102,6 +95,8 @@ class LoadResponseSink final : public LoadSink {
     v1::BlockMeta meta;
   };
   absl::Status PrepareReanchor(size_t i, const v1::BlockMeta& meta);
+  // Where block i lands in its destination region (device address).
+  uint8_t* DestinationOnDevice(size_t i) const;
 
   LoadResponseSink(const v1::LoadRequest& request, v1::LoadResponse* response,
                    uint64_t budget, DeviceCopiers* copiers)

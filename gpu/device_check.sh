@@ -35,20 +35,32 @@ run() {  # run NAME TIMEOUT CMD...
   tail -n 25 "$OUT_DIR/$name.log"
 }
 
+# EVOKE_DEVICE_STEPS picks steps (default all): tests bench headline.
+STEPS=${EVOKE_DEVICE_STEPS:-tests bench headline}
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+
 nvidia-smi -L 2>&1 | tee "$OUT_DIR/nvidia-smi.log"
-run gpu_test 120 "$BIN/gpu_test"
-run cuda_ipc_test 180 "$BIN/cuda_ipc_test"
-run cuda_e2e_test 300 "$BIN/cuda_e2e_test"
-# EVOKE_BENCH_ONLY=cuda limits the benchmark to the CUDA cases.
-run evoke_bench 420 "$BIN/evoke-bench" --quick --evoked "$BIN/evoked" \
-  --case-mib 256 --register-probe 8GiB --json "$OUT_DIR/bench_gpu.json" \
-  ${EVOKE_BENCH_ONLY:+--only "$EVOKE_BENCH_ONLY"}
+if step tests; then
+  run gpu_test 120 "$BIN/gpu_test"
+  run cuda_ipc_test 180 "$BIN/cuda_ipc_test"
+  run cuda_e2e_test 300 "$BIN/cuda_e2e_test"
+fi
+if step bench; then
+  # EVOKE_BENCH_ONLY=cuda limits the benchmark to the CUDA cases.
+  run evoke_bench 420 "$BIN/evoke-bench" --quick --evoked "$BIN/evoked" \
+    --case-mib 256 --register-probe 8GiB --json "$OUT_DIR/bench_gpu.json" \
+    ${EVOKE_BENCH_ONLY:+--only "$EVOKE_BENCH_ONLY"}
+fi
+if step headline; then
 # The headline of issue #4: save + re-anchored load of 2048 tokens of
 # Llama-3.1-8B-shaped KV (256 MiB) against re-prefilling them with PyTorch.
+# evoked logs each call's phases at debug level (headline_evoked.log).
 run headline 300 "$BIN/evoke-bench" --evoked "$BIN/evoked" --headline 2048 \
-  --json "$OUT_DIR/headline.json"
+  --json "$OUT_DIR/headline.json" --evoked-arg=--log-level=debug \
+  --evoked-log "$OUT_DIR/headline_evoked.log" ${EVOKE_HEADLINE_ARGS:-}
 run prefill 300 python3 gpu/prefill_baseline.py --tokens 2048 --runs 7
 grep '^{' "$OUT_DIR/prefill.log" | tail -1 > "$OUT_DIR/prefill.json"
+tail -n 40 "$OUT_DIR/headline_evoked.log" 2>/dev/null
 python3 - "$OUT_DIR" <<'PY' | tee "$OUT_DIR/headline.txt"
 import json, sys
 out = sys.argv[1]
@@ -64,7 +76,13 @@ print("headline: 2048 tokens, %d MiB of KV: re-prefill %.2f ms (PyTorch, %s); "
                                                    h["save_ms"], h["load_ms"]))
 print("headline: save+load is %.2fx faster than re-prefill (target 5x); load alone %.2fx "
       "(target 10x)" % (pre / h["save_load_ms"], pre / h["load_ms"]))
+if "memcpy_d2h_ms" in h:
+    floor = h["memcpy_d2h_ms"] + h["memcpy_h2d_ms"]
+    print("headline: bound by PCIe: bare cudaMemcpy of the same bytes (%.2f + %.2f ms) would be "
+          "%.2fx save+load, %.2fx load" % (h["memcpy_d2h_ms"], h["memcpy_h2d_ms"], pre / floor,
+                                           pre / h["memcpy_h2d_ms"]))
 PY
+fi
 
 echo
 echo "== summary"

@@ -43,6 +43,22 @@ absl::Status ReanchorCanonicalBlockOnDevice(const RopePlan& plan,
                                             absl::Span<const int64_t> delta,
                                             int device);
 
+// One block of a batch for ReanchorCanonicalBlocksOnDevice.
+struct DeviceReanchorJob {
+  const RopePlan* plan = nullptr;
+  const v1::BlockMeta* meta = nullptr;
+  void* device_payload = nullptr;
+  uint64_t payload_bytes = 0;
+  absl::Span<const int64_t> delta;
+};
+
+// ReanchorCanonicalBlocksOnDevice does ReanchorCanonicalBlockOnDevice for a
+// batch of blocks on one device: one stream, one upload of every angle and
+// delta table, one launch per block, one synchronization. Errors as the
+// single-block form; on error no further block is started.
+absl::Status ReanchorCanonicalBlocksOnDevice(absl::Span<const DeviceReanchorJob> jobs,
+                                             int device);
+
 }  // namespace evoke
 
 #endif  // EVOKE_GPU_ROPE_DEVICE_H_

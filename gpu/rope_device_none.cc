@@ -13,4 +13,9 @@ absl::Status ReanchorCanonicalBlockOnDevice(const RopePlan& /*plan*/,
   return absl::UnavailableError("evoke was built without CUDA (nvcc not found)");
 }
 
+absl::Status ReanchorCanonicalBlocksOnDevice(absl::Span<const DeviceReanchorJob> /*jobs*/,
+                                             int /*device*/) {
+  return absl::UnavailableError("evoke was built without CUDA (nvcc not found)");
+}
+
 }  // namespace evoke

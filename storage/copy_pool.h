@@ -35,6 +35,9 @@ class CopyPool {
   uint64_t CopyHashingSource(void* dst, const void* src, size_t size);
   // Checksum as PayloadChecksum.
   uint64_t Checksum(const void* data, size_t size);
+  // ParallelFor runs task(0..tasks-1) on the workers and this thread and
+  // returns when all have run. `task` must be safe to call concurrently.
+  void ParallelFor(size_t tasks, std::function<void(size_t)> task);
 
  private:
   struct Job {
@@ -43,8 +46,6 @@ class CopyPool {
     std::atomic<size_t> next{0};
     std::atomic<size_t> done{0};
   };
-  // ParallelFor runs task(0..tasks-1) on the workers and this thread.
-  void ParallelFor(size_t tasks, std::function<void(size_t)> task);
   static void Drain(Job& job);
   void Work();
 

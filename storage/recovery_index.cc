@@ -24,19 +24,59 @@ struct RecoveryIndex::Table {
 
 namespace {
 
-// The scan's inner loop. The compiler builds it for AVX-512, AVX2 and the
-// baseline and picks one at run time; `omp simd` allows the reassociation
-// that vectorizing a float reduction needs (-fopenmp-simd, no OpenMP
-// runtime).
-__attribute__((target_clones("avx512f", "avx2", "default")))
-float DotI8(const float* q, const int8_t* c, uint32_t n) {
-  float acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (uint32_t i = 0; i < n; ++i) acc += q[i] * static_cast<float>(c[i]);
+// The scan's kernel: approximate scores of rows [begin, end) into out[].
+// Queries are int16 with a scale per vector, codes int8 with a scale per
+// (row, head); each head's dot product is exact in int32 (the bound on the
+// query's range in Prepare keeps dim * 127 * qmax below 2^31), then scaled.
+// The compiler builds the kernel for x86-64-v4 (AVX-512BW), v3 (AVX2) and the
+// baseline and picks one at run time.
+//
+// Query vectors come `group` per KV head, in head order: MEAN has one per KV
+// head (group 1), summed; MAX has every query head, best one wins.
+#if defined(__x86_64__)
+#define EVOKE_SCAN_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define EVOKE_DOT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define EVOKE_SCAN_CLONES
+#define EVOKE_DOT_CLONES
+#endif
+
+// Integer dot product; GCC turns this loop into pmaddwd (int16 pairs summed
+// into int32) for every clone. No `omp simd` here: integer sums reassociate
+// freely, and the pragma makes GCC pick a worse pattern.
+inline int32_t DotI16I8(const int16_t* __restrict q, const int8_t* __restrict c, uint32_t n) {
+  int32_t acc = 0;
+  for (uint32_t d = 0; d < n; ++d) {
+    acc += static_cast<int32_t>(q[d]) * static_cast<int32_t>(static_cast<int16_t>(c[d]));
+  }
   return acc;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+EVOKE_SCAN_CLONES
+void ScanRows(const int16_t* q, const float* q_scale, uint32_t group,
+              const int8_t* codes, const float* scales, uint32_t heads, uint32_t dim,
+              size_t begin, size_t end, bool max, float* out) {
+  const size_t width = static_cast<size_t>(heads) * dim;
+  for (size_t row = begin; row < end; ++row) {
+    const int8_t* c = codes + row * width;
+    const float* sc = scales + row * heads;
+    float total = 0, best = -INFINITY;
+    const int16_t* qv = q;
+    for (uint32_t h = 0; h < heads; ++h) {
+      const int8_t* ch = c + static_cast<size_t>(h) * dim;
+      for (uint32_t g = 0; g < group; ++g, qv += dim) {
+        const float score =
+            static_cast<float>(DotI16I8(qv, ch, dim)) * q_scale[h * group + g] * sc[h];
+        total += score;
+        best = std::max(best, score);
+      }
+    }
+    out[row - begin] = max ? best : total;
+  }
+}
+
+EVOKE_DOT_CLONES
 float DotF32(const float* q, const float* v, uint32_t n) {
   float acc = 0;
 #pragma omp simd reduction(+ : acc)
@@ -61,26 +101,12 @@ struct PreparedQuery {
   uint32_t n_query_heads = 0;
   std::vector<float> per_kv;  // MEAN: heads x dim, already divided by n_q.
   absl::Span<const float> raw;
+  // The scan's query: MEAN per_kv, MAX raw, quantized (one scale per vector).
+  std::vector<int16_t> q16;
+  std::vector<float> q_scale;
+  uint32_t scan_vectors = 0;
+  uint32_t scan_group = 1;  // Scan vectors per KV head.
 };
-
-float ScoreApprox(const PreparedQuery& p, const RecoveryIndex::Table& t, size_t row) {
-  const int8_t* codes = t.codes.data() + row * t.width();
-  const float* scales = t.scales.data() + row * t.heads;
-  if (!p.max) {
-    float s = 0;
-    for (uint32_t h = 0; h < p.heads; ++h) {
-      s += scales[h] * DotI8(p.per_kv.data() + h * p.dim, codes + h * p.dim, p.dim);
-    }
-    return s;
-  }
-  const uint32_t group = p.n_query_heads / p.heads;
-  float best = -INFINITY;
-  for (uint32_t q = 0; q < p.n_query_heads; ++q) {
-    const uint32_t h = q / group;
-    best = std::max(best, scales[h] * DotI8(p.raw.data() + q * p.dim, codes + h * p.dim, p.dim));
-  }
-  return best;
-}
 
 float ScoreExact(const PreparedQuery& p, const RecoveryIndex::Table& t, size_t row) {
   const float* v = t.exact.data() + row * t.width();
@@ -146,12 +172,65 @@ PreparedQuery Prepare(const RecoveryQuery& q, const RecoveryIndex::Table& t) {
       for (uint32_t d = 0; d < t.dim; ++d) dst[d] += src[d] * inv;
     }
   }
+  const absl::Span<const float> scan = p.max ? p.raw : absl::MakeConstSpan(p.per_kv);
+  p.scan_vectors = p.max ? q.n_query_heads : t.heads;
+  p.scan_group = p.max ? q.n_query_heads / t.heads : 1;
+  // |q| <= qmax and |code| <= 127 over dim terms must fit in int32.
+  const float qmax = static_cast<float>(
+      std::min<int64_t>(32767, ((int64_t{1} << 31) - 1) / (127 * int64_t{std::max(1u, t.dim)})));
+  p.q16.resize(scan.size());
+  p.q_scale.resize(p.scan_vectors);
+  for (uint32_t v = 0; v < p.scan_vectors; ++v) {
+    const float* src = scan.data() + static_cast<size_t>(v) * t.dim;
+    float maxabs = 0;
+    for (uint32_t d = 0; d < t.dim; ++d) maxabs = std::max(maxabs, std::fabs(src[d]));
+    const float scale = maxabs > 0 ? maxabs / qmax : 0.0f;
+    p.q_scale[v] = scale;
+    int16_t* dst = p.q16.data() + static_cast<size_t>(v) * t.dim;
+    for (uint32_t d = 0; d < t.dim; ++d) {
+      dst[d] = scale > 0 ? static_cast<int16_t>(std::lround(src[d] / scale)) : 0;
+    }
+  }
   return p;
 }
 
+// Rows per scan task: big enough to amortize a task, small enough that the
+// score buffer stays in L1/L2.
+constexpr size_t kScanChunkRows = 4096;
+// Tables below this many rows are scanned on the calling thread.
+constexpr size_t kParallelScanRows = 32768;
+
+// Candidates: the best `keep` (score, row) pairs seen, as a min-heap on score.
+class Best {
+ public:
+  explicit Best(size_t keep) : keep_(keep) { heap_.reserve(keep + 1); }
+  void Offer(float score, uint32_t row) {
+    if (heap_.size() < keep_) {
+      heap_.emplace_back(score, row);
+      std::push_heap(heap_.begin(), heap_.end(), Greater);
+    } else if (keep_ > 0 && Greater(std::pair(score, row), heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), Greater);
+      heap_.back() = {score, row};
+      std::push_heap(heap_.begin(), heap_.end(), Greater);
+    }
+  }
+  void Merge(const Best& other) {
+    for (const auto& [score, row] : other.heap_) Offer(score, row);
+  }
+  std::vector<std::pair<float, uint32_t>> Take() { return std::move(heap_); }
+
+ private:
+  // Higher score first; on ties the lower row (deterministic results).
+  static bool Greater(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  }
+  size_t keep_;
+  std::vector<std::pair<float, uint32_t>> heap_;
+};
+
 }  // namespace
 
-RecoveryIndex::RecoveryIndex() = default;
+RecoveryIndex::RecoveryIndex(CopyPool* pool) : pool_(pool) {}
 RecoveryIndex::~RecoveryIndex() = default;
 
 std::string SessionScopeKey(absl::string_view ns, absl::string_view session_id) {
@@ -274,19 +353,30 @@ absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQue
   if (candidates != nullptr) *candidates = t.rows();
   const PreparedQuery p = Prepare(query, t);
 
-  // Scan: approximate scores of every row.
-  std::vector<std::pair<float, uint32_t>> scored;
-  scored.reserve(t.rows());
-  for (size_t row = 0; row < t.rows(); ++row) {
-    if (query.exclude != nullptr && query.exclude->contains(t.ids[row])) continue;
-    scored.emplace_back(ScoreApprox(p, t, row), static_cast<uint32_t>(row));
+  // Scan: approximate scores of every row, chunk by chunk, keeping the best
+  // k * oversample + 16 per chunk; large tables in parallel on the pool.
+  const size_t keep = static_cast<size_t>(query.k) * std::max(1u, query.oversample) + 16;
+  const size_t chunks = (t.rows() + kScanChunkRows - 1) / kScanChunkRows;
+  std::vector<Best> best(chunks, Best(keep));
+  auto scan_chunk = [&](size_t chunk) {
+    const size_t begin = chunk * kScanChunkRows;
+    const size_t end = std::min(t.rows(), begin + kScanChunkRows);
+    float scores[kScanChunkRows];
+    ScanRows(p.q16.data(), p.q_scale.data(), p.scan_group, t.codes.data(),
+             t.scales.data(), t.heads, t.dim, begin, end, p.max, scores);
+    for (size_t row = begin; row < end; ++row) {
+      if (query.exclude != nullptr && query.exclude->contains(t.ids[row])) continue;
+      best[chunk].Offer(scores[row - begin], static_cast<uint32_t>(row));
+    }
+  };
+  if (pool_ != nullptr && t.rows() >= kParallelScanRows) {
+    pool_->ParallelFor(chunks, scan_chunk);
+  } else {
+    for (size_t c = 0; c < chunks; ++c) scan_chunk(c);
   }
-  // Keep the best few, rescore them exactly, take the best k.
-  const size_t keep = std::min<size_t>(
-      scored.size(), static_cast<size_t>(query.k) * std::max(1u, query.oversample) + 16);
-  std::nth_element(scored.begin(), scored.begin() + keep, scored.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  scored.resize(keep);
+  for (size_t c = 1; c < chunks; ++c) best[0].Merge(best[c]);
+  // Rescore the survivors exactly in f32, take the best k.
+  std::vector<std::pair<float, uint32_t>> scored = best[0].Take();
   for (auto& [score, row] : scored) score = ScoreExact(p, t, row);
   std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/hash128.h"
+#include "storage/copy_pool.h"
 #include "evoke/v1/kvtier.pb.h"
 
 namespace evoke {
@@ -48,10 +49,12 @@ struct RecoveryHit {
 
 // RecoveryIndex keeps, per (scope, kind, layer), every summary in one
 // contiguous table: int8 codes with a scale per (row, head) for the scan, and
-// the f32 values for rescoring. A search scans the codes (SIMD through the
-// compiler's multi-versioning: AVX-512, AVX2 or baseline at run time), keeps
-// the best k * oversample + 16 rows with a partial sort, rescores those
-// exactly in f32, and returns the best k. For the mean aggregation the query
+// the f32 values for rescoring. A search quantizes the query to int16, scans
+// the codes with integer dot products (SIMD through the compiler's
+// multi-versioning: AVX-512BW, AVX2 or baseline at run time) in chunks of
+// 4096 rows (in parallel for large tables), keeps the best k * oversample + 16
+// rows in a bounded heap per chunk, rescores those exactly in f32, and
+// returns the best k. For the mean aggregation the query
 // heads of each GQA group are summed first, so a row costs one dot product
 // of n_kv_heads * head_dim. Summaries stay indexed while their block exists,
 // payload or not (breadcrumbs keep theirs).
@@ -60,7 +63,9 @@ struct RecoveryHit {
 // exclude them briefly.
 class RecoveryIndex {
  public:
-  RecoveryIndex();
+  // `pool`, when set, scans tables of 32k rows and more in parallel (the
+  // caller keeps it alive longer than the index).
+  explicit RecoveryIndex(CopyPool* pool = nullptr);
   ~RecoveryIndex();
   RecoveryIndex(const RecoveryIndex&) = delete;
   RecoveryIndex& operator=(const RecoveryIndex&) = delete;
@@ -95,6 +100,7 @@ class RecoveryIndex {
   void RemoveFromTable(const std::string& key, const BlockId& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  CopyPool* const pool_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
 };
