@@ -1,6 +1,7 @@
 #include "common/summaries.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -16,9 +17,8 @@ uint32_t DefaultSummaryLayer(const v1::BlockMeta& meta) {
   return meta.layer_begin() + (meta.layer_end() - meta.layer_begin()) / 2;
 }
 
-absl::StatusOr<std::vector<float>> UnrotatedKeys(const v1::BlockMeta& meta,
-                                                 const uint8_t* payload,
-                                                 uint64_t payload_bytes, uint32_t layer) {
+absl::StatusOr<KeysOfLayer> LocateKeys(const v1::BlockMeta& meta, uint64_t payload_bytes,
+                                       uint32_t layer) {
   const v1::LayoutFingerprint& fp = meta.fingerprint();
   if (fp.layout() != v1::LAYOUT_CANONICAL_V1) {
     return absl::InvalidArgumentError("layout: keys can only be read from canonical blocks");
@@ -35,11 +35,28 @@ absl::StatusOr<std::vector<float>> UnrotatedKeys(const v1::BlockMeta& meta,
     return absl::InvalidArgumentError(absl::StrCat(
         "payload: ", payload_bytes, " bytes, the layout needs ", expected));
   }
-  EVOKE_ASSIGN_OR_RETURN(const RopePlan plan, MakeRopePlan(fp));
-  const uint32_t kb = DTypeBytes(fp.k_dtype());
-  const uint64_t row_elems = static_cast<uint64_t>(fp.n_kv_heads()) * fp.head_dim();
-  const uint64_t layer_stride = row_elems * meta.n_tokens() * (kb + DTypeBytes(fp.v_dtype()));
-  const uint8_t* k = payload + (layer - meta.layer_begin()) * layer_stride;
+  KeysOfLayer k;
+  EVOKE_ASSIGN_OR_RETURN(k.plan, MakeRopePlan(fp));
+  k.k_dtype = fp.k_dtype();
+  k.n_tokens = meta.n_tokens();
+  k.n_heads = fp.n_kv_heads();
+  k.head_dim = fp.head_dim();
+  const uint64_t row_elems = static_cast<uint64_t>(k.n_heads) * k.head_dim;
+  const uint64_t layer_stride =
+      row_elems * k.n_tokens * (DTypeBytes(fp.k_dtype()) + DTypeBytes(fp.v_dtype()));
+  k.offset = (layer - meta.layer_begin()) * layer_stride;
+  k.positions = OriginalPositions(meta);
+  return k;
+}
+
+absl::StatusOr<std::vector<float>> UnrotatedKeys(const v1::BlockMeta& meta,
+                                                 const uint8_t* payload,
+                                                 uint64_t payload_bytes, uint32_t layer) {
+  EVOKE_ASSIGN_OR_RETURN(const KeysOfLayer where, LocateKeys(meta, payload_bytes, layer));
+  const v1::LayoutFingerprint& fp = meta.fingerprint();
+  const RopePlan& plan = where.plan;
+  const uint64_t row_elems = static_cast<uint64_t>(where.n_heads) * where.head_dim;
+  const uint8_t* k = payload + where.offset;
   std::vector<float> keys(row_elems * meta.n_tokens());
   for (uint64_t i = 0; i < keys.size(); ++i) {
     switch (fp.k_dtype()) {
@@ -60,7 +77,7 @@ absl::StatusOr<std::vector<float>> UnrotatedKeys(const v1::BlockMeta& meta,
     }
   }
   // Rotate each token back to position 0 (one definition of the angles).
-  std::vector<int64_t> delta = OriginalPositions(meta);
+  std::vector<int64_t> delta = where.positions;
   for (int64_t& d : delta) d = -d;
   RotateKeys(plan, v1::DTYPE_F32, keys.data(), meta.n_tokens(), fp.n_kv_heads(), delta);
   return keys;
@@ -116,6 +133,9 @@ absl::StatusOr<v1::Summary> ReprKeysSummary(const v1::BlockMeta& meta, const uin
   }
   if (r == 0 || r > n) {
     return absl::InvalidArgumentError(absl::StrCat("r: ", r, " must be in [1, ", n, "]"));
+  }
+  if (!std::all_of(attention.begin(), attention.end(), [](float a) { return std::isfinite(a); })) {
+    return absl::InvalidArgumentError("attention: not all finite");
   }
   EVOKE_ASSIGN_OR_RETURN(std::vector<float> keys,
                          UnrotatedKeys(meta, payload, payload_bytes, layer));

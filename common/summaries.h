@@ -9,9 +9,27 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/rope.h"
 #include "evoke/v1/block.pb.h"
 
 namespace evoke {
+
+// Where one layer's keys sit in a canonical-v1 payload, and how to un-rotate
+// them: what UnrotatedKeys reads, for other implementations (the GPU's).
+struct KeysOfLayer {
+  RopePlan plan;
+  v1::DType k_dtype = v1::DTYPE_UNSPECIFIED;
+  uint32_t n_tokens = 0;
+  uint32_t n_heads = 0;
+  uint32_t head_dim = 0;
+  uint64_t offset = 0;             // Of the layer's K section in the payload.
+  std::vector<int64_t> positions;  // Each token's original position.
+};
+
+// LocateKeys checks a block as UnrotatedKeys does (same errors) and says where
+// layer `layer`'s keys are.
+absl::StatusOr<KeysOfLayer> LocateKeys(const v1::BlockMeta& meta, uint64_t payload_bytes,
+                                       uint32_t layer);
 
 // UnrotatedKeys returns layer `layer`'s keys of a canonical-v1 block as f32
 // [n_tokens][n_kv_heads][head_dim], with RoPE removed: each token rotated by

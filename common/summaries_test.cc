@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "common/block_validation.h"
@@ -16,6 +17,7 @@ namespace evoke {
 namespace {
 
 using ::evoke::testing::StatusIs;
+using ::testing::HasSubstr;
 
 constexpr uint32_t kLayers = 3, kHeads = 2, kDim = 32, kTokens = 24;
 
@@ -124,6 +126,10 @@ TEST(SummariesTest, ReprKeysAverageTheMostAttendedTokens) {
   EXPECT_THAT(ReprKeysSummary(meta, reinterpret_cast<const uint8_t*>(payload.data()),
                               payload.size(), 1, absl::MakeConstSpan(attention).subspan(1), 2),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  attention[4] = std::numeric_limits<float>::infinity();
+  EXPECT_THAT(ReprKeysSummary(meta, reinterpret_cast<const uint8_t*>(payload.data()),
+                              payload.size(), 1, attention, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("attention: not all finite")));
 }
 
 TEST(SummariesTest, Errors) {

@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/time/clock.h"
 #include "gpu/cuda_ipc.h"
+#include "gpu/cuda_test_util.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
 
@@ -23,28 +24,8 @@ namespace {
 
 using ::evoke::testing::StatusIs;
 
-bool HaveDevice(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    *why = std::string("no CUDA device: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (count == 0) {
-    *why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                      \
-  do {                                     \
-    std::string why;                       \
-    if (!HaveDevice(&why)) GTEST_SKIP() << why; \
-  } while (0)
-
 TEST(DeviceCopierTest, BatchedRoundTripMatchesHost) {
-  REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   ASSERT_OK_AND_ASSIGN(auto copier, DeviceCopier::Create(0));
   constexpr size_t kBlocks = 64, kBlock = 64 * 1024;
   void* dev = nullptr;
@@ -64,7 +45,7 @@ TEST(DeviceCopierTest, BatchedRoundTripMatchesHost) {
 }
 
 TEST(CudaIpcMappingTest, OpensAnotherProcessAllocation) {
-  REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   constexpr size_t kBytes = 8 << 20;
   int to_child[2], from_child[2];
   ASSERT_EQ(pipe(to_child), 0);
@@ -118,7 +99,7 @@ TEST(CudaIpcMappingTest, OpensAnotherProcessAllocation) {
 }
 
 TEST(CudaIpcMappingTest, RejectsBogusHandlesAndDevices) {
-  REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   std::string bogus(kCudaIpcHandleBytes, '\0');
   std::mt19937 rng(3);
   for (char& c : bogus) c = static_cast<char>(rng());
@@ -136,7 +117,7 @@ TEST(CudaIpcMappingTest, RejectsBogusHandlesAndDevices) {
 }
 
 TEST(HostRegistrationTest, RegistersInTheBackground) {
-  REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   constexpr size_t kBytes = 256 << 20;
   void* p = aligned_alloc(4096, kBytes);
   ASSERT_NE(p, nullptr);

@@ -3,7 +3,6 @@
 // stream and waits for it.
 #include "gpu/rope_device.h"
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "gpu/cuda_status.h"
+#include "gpu/cuda_util.h"
 
 namespace evoke {
 
@@ -24,90 +24,6 @@ extern "C++" cudaError_t LaunchRopeReanchor(void* payload, uint64_t layer_stride
                                             int k_dtype, const double* omega,
                                             const int64_t* delta, cudaStream_t stream);
 
-namespace {
-
-// Restores the calling thread's current device when it goes out of scope.
-class CurrentDeviceRestorer {
- public:
-  explicit CurrentDeviceRestorer(int previous) : previous_(previous) {}
-  CurrentDeviceRestorer(const CurrentDeviceRestorer&) = delete;
-  CurrentDeviceRestorer& operator=(const CurrentDeviceRestorer&) = delete;
-  ~CurrentDeviceRestorer() { cudaSetDevice(previous_); }
-
- private:
-  int previous_;
-};
-
-// A non-blocking stream of the current device, destroyed with its owner.
-class OwnedStream {
- public:
-  OwnedStream() = default;
-  OwnedStream(const OwnedStream&) = delete;
-  OwnedStream& operator=(const OwnedStream&) = delete;
-  ~OwnedStream() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  absl::Status Create() {
-    return CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                      "cudaStreamCreateWithFlags");
-  }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-// The driver's cuMemGetAddressRange, reached through the runtime (no link
-// against libcuda, which build machines do not have). Null if unavailable.
-using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
-GetAddressRangeFn AddressRangeFn() {
-  static GetAddressRangeFn fn = []() -> GetAddressRangeFn {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
-                                         cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return nullptr;
-    }
-    return reinterpret_cast<GetAddressRangeFn>(p);
-  }();
-  return fn;
-}
-
-// A kernel that touched host or foreign memory would leave the context
-// unusable for the whole process: refuse what is not `device`'s memory.
-absl::Status CheckDevicePayload(const void* payload, uint64_t bytes, int device) {
-  cudaPointerAttributes attrs;
-  const cudaError_t err = cudaPointerGetAttributes(&attrs, payload);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // Not sticky; clear it.
-    return absl::InvalidArgumentError(
-        absl::StrCat("device_payload: not CUDA memory (", cudaGetErrorName(err), ")"));
-  }
-  if (attrs.type != cudaMemoryTypeDevice && attrs.type != cudaMemoryTypeManaged) {
-    return absl::InvalidArgumentError(
-        "device_payload: not device memory (host or unregistered memory)");
-  }
-  if (attrs.type == cudaMemoryTypeDevice && attrs.device != device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device_payload: memory of CUDA device ", attrs.device, ", not of device ",
-        device));
-  }
-  if (GetAddressRangeFn range = AddressRangeFn(); range != nullptr) {
-    CUdeviceptr base = 0;
-    size_t alloc = 0;
-    const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(payload);
-    if (range(&base, &alloc, ptr) == CUDA_SUCCESS && base + alloc - ptr < bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device_payload: ", bytes, " bytes run past the allocation (",
-          base + alloc - ptr, " bytes left)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status ReanchorCanonicalBlockOnDevice(const RopePlan& plan,
                                             const v1::BlockMeta& meta,
@@ -135,7 +51,8 @@ absl::Status ReanchorCanonicalBlockOnDevice(const RopePlan& plan,
   EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
   CurrentDeviceRestorer restore(previous);
   EVOKE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
-  EVOKE_RETURN_IF_ERROR(CheckDevicePayload(device_payload, payload_bytes, device));
+  EVOKE_RETURN_IF_ERROR(
+      CheckDeviceMemory(device_payload, payload_bytes, device, "device_payload"));
 
   OwnedStream stream;
   EVOKE_RETURN_IF_ERROR(stream.Create());
@@ -210,7 +127,8 @@ absl::Status ReanchorCanonicalBlocksOnDevice(absl::Span<const DeviceReanchorJob>
   EVOKE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
   for (const Ready& r : ready) {
     EVOKE_RETURN_IF_ERROR(
-        CheckDevicePayload(r.job->device_payload, r.job->payload_bytes, device));
+        CheckDeviceMemory(r.job->device_payload, r.job->payload_bytes, device,
+                          "device_payload"));
   }
   OwnedStream stream;
   EVOKE_RETURN_IF_ERROR(stream.Create());

@@ -27,6 +27,7 @@
 #include "common/half.h"
 #include "common/rope.h"
 #include "gmock/gmock.h"
+#include "gpu/cuda_test_util.h"
 #include "gpu/rope_device.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
@@ -34,50 +35,14 @@
 namespace evoke {
 namespace {
 
+using ::evoke::testing::CanonicalFingerprint;
+using ::evoke::testing::DeviceBuffer;
+using ::evoke::testing::DTypeSize;
+using ::evoke::testing::HaveCudaDevice;
+using ::evoke::testing::LoadAs;
 using ::evoke::testing::StatusIs;
+using ::evoke::testing::StoreAs;
 using ::testing::HasSubstr;
-
-bool HaveCudaDeviceForRope(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    *why = std::string("no CUDA device: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (count == 0) {
-    *why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_ROPE_GPU()                                  \
-  do {                                                      \
-    std::string why;                                        \
-    if (!HaveCudaDeviceForRope(&why)) GTEST_SKIP() << why;  \
-  } while (0)
-
-uint32_t Bytes(v1::DType d) { return d == v1::DTYPE_F32 ? 4 : 2; }
-
-double LoadAs(v1::DType d, const uint8_t* p) {
-  if (d == v1::DTYPE_F32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return d == v1::DTYPE_F16 ? HalfToFloat(h) : Bf16ToFloat(h);
-}
-
-void StoreAs(v1::DType d, uint8_t* p, float f) {
-  if (d == v1::DTYPE_F32) {
-    std::memcpy(p, &f, 4);
-    return;
-  }
-  const uint16_t h = d == v1::DTYPE_F16 ? FloatToHalf(f) : FloatToBf16(f);
-  std::memcpy(p, &h, 2);
-}
 
 // One unit in the last place of `dtype` at magnitude r (subnormal spacing
 // below the smallest normal).
@@ -91,50 +56,8 @@ double UlpAt(v1::DType dtype, double r) {
 
 double UlpsAllowed(v1::DType dtype) { return dtype == v1::DTYPE_F32 ? 4 : 1; }
 
-v1::LayoutFingerprint Fingerprint(v1::RopeType type, v1::DType k, v1::DType v,
-                                  uint32_t n_layers, uint32_t n_heads, uint32_t head_dim) {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("test");
-  fp.set_model_id("model");
-  fp.set_k_dtype(k);
-  fp.set_v_dtype(v);
-  fp.set_n_layers(n_layers);
-  fp.set_n_kv_heads(n_heads);
-  fp.set_head_dim(head_dim);
-  fp.set_layout(v1::LAYOUT_CANONICAL_V1);
-  fp.mutable_rope()->set_type(type);
-  fp.mutable_rope()->set_freq_base(10000);
-  return fp;
-}
-
-// Device memory holding a copy of `host` at byte `offset` of its allocation
-// (offset != 0 exercises the unaligned path).
-class DeviceBuffer {
- public:
-  DeviceBuffer(const std::vector<uint8_t>& host, size_t offset) : size_(host.size()) {
-    EXPECT_EQ(cudaMalloc(&base_, host.size() + offset), cudaSuccess);
-    ptr_ = static_cast<uint8_t*>(base_) + offset;
-    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), host.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(base_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() { return ptr_; }
-  std::vector<uint8_t> Read() const {
-    std::vector<uint8_t> out(size_);
-    EXPECT_EQ(cudaMemcpy(out.data(), ptr_, size_, cudaMemcpyDeviceToHost), cudaSuccess);
-    return out;
-  }
-
- private:
-  void* base_ = nullptr;
-  uint8_t* ptr_ = nullptr;
-  size_t size_;
-};
-
 TEST(RopeDeviceTest, MatchesCpuForRandomBlocks) {
-  REQUIRE_ROPE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(42);
   auto pick = [&](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
   const v1::DType kDTypes[] = {v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F32};
@@ -147,7 +70,7 @@ TEST(RopeDeviceTest, MatchesCpuForRandomBlocks) {
     const v1::RopeType type = (iter / 3) % 2 == 0 ? v1::ROPE_NORM : v1::ROPE_NEOX;
     const uint32_t head_dim = kHeadDims[pick(std::size(kHeadDims))];
     v1::LayoutFingerprint fp =
-        Fingerprint(type, kd, kDTypes[pick(3)], 1 + pick(4), 1 + pick(8), head_dim);
+        CanonicalFingerprint(type, kd, kDTypes[pick(3)], 1 + pick(4), 1 + pick(8), head_dim);
     v1::RopeParams* r = fp.mutable_rope();
     r->set_rotary_dim(pick(2) == 0 ? 0 : 2 * (1 + pick(head_dim / 2)));
     r->set_freq_base(pick(2) == 0 ? 10000 : 500000);
@@ -173,14 +96,14 @@ TEST(RopeDeviceTest, MatchesCpuForRandomBlocks) {
     meta.set_first_position(static_cast<int32_t>(pick(100000)));
     const uint32_t n_layers = layer_end - layer_begin;
     const uint32_t n_heads = fp.n_kv_heads();
-    const uint64_t k_bytes = uint64_t{n_tokens} * n_heads * head_dim * Bytes(kd);
+    const uint64_t k_bytes = uint64_t{n_tokens} * n_heads * head_dim * DTypeSize(kd);
     const uint64_t stride = uint64_t{n_tokens} * n_heads * head_dim *
-                            (Bytes(kd) + Bytes(fp.v_dtype()));
+                            (DTypeSize(kd) + DTypeSize(fp.v_dtype()));
     std::vector<uint8_t> payload(n_layers * stride);
     for (uint8_t& c : payload) c = static_cast<uint8_t>(rng());  // V: random bytes
     for (uint32_t l = 0; l < n_layers; ++l) {
-      for (uint64_t e = 0; e < k_bytes / Bytes(kd); ++e) {
-        StoreAs(kd, payload.data() + l * stride + e * Bytes(kd), normal(rng));
+      for (uint64_t e = 0; e < k_bytes / DTypeSize(kd); ++e) {
+        StoreAs(kd, payload.data() + l * stride + e * DTypeSize(kd), normal(rng));
       }
     }
     std::vector<int64_t> delta(n_tokens);
@@ -200,7 +123,7 @@ TEST(RopeDeviceTest, MatchesCpuForRandomBlocks) {
                                              delta, 0));
     const std::vector<uint8_t> gpu = dev.Read();
 
-    const uint32_t kb = Bytes(kd);
+    const uint32_t kb = DTypeSize(kd);
     const uint32_t n_pairs = plan.rotary_dim / 2;
     for (uint32_t l = 0; l < n_layers; ++l) {
       ASSERT_EQ(std::memcmp(gpu.data() + l * stride + k_bytes,
@@ -256,9 +179,9 @@ TEST(RopeDeviceTest, MatchesCpuForRandomBlocks) {
 }
 
 TEST(RopeDeviceTest, LeavesVAndZeroDeltaTokensUntouched) {
-  REQUIRE_ROPE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   for (v1::DType kd : {v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F32}) {
-    const v1::LayoutFingerprint fp = Fingerprint(v1::ROPE_NEOX, kd, kd, 2, 2, 8);
+    const v1::LayoutFingerprint fp = CanonicalFingerprint(v1::ROPE_NEOX, kd, kd, 2, 2, 8);
     ASSERT_OK_AND_ASSIGN(const RopePlan plan, MakeRopePlan(fp));
     v1::BlockMeta meta;
     *meta.mutable_fingerprint() = fp;
@@ -267,7 +190,7 @@ TEST(RopeDeviceTest, LeavesVAndZeroDeltaTokensUntouched) {
     meta.set_layer_end(2);
     // Signaling NaNs everywhere (a float round trip would quiet them), then
     // finite values in token 1's K.
-    const uint32_t kb = Bytes(kd);
+    const uint32_t kb = DTypeSize(kd);
     std::vector<uint8_t> payload(2 * 2 * 4 * 2 * 8 * kb);
     for (size_t i = 0; i < payload.size(); i += kb) {
       const uint32_t snan = kd == v1::DTYPE_F16 ? 0x7c01 : kd == v1::DTYPE_BF16 ? 0xff81
@@ -313,9 +236,9 @@ TEST(RopeDeviceTest, LeavesVAndZeroDeltaTokensUntouched) {
 }
 
 TEST(RopeDeviceTest, RefusesHostMemory) {
-  REQUIRE_ROPE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   const v1::LayoutFingerprint fp =
-      Fingerprint(v1::ROPE_NORM, v1::DTYPE_F16, v1::DTYPE_F16, 1, 1, 8);
+      CanonicalFingerprint(v1::ROPE_NORM, v1::DTYPE_F16, v1::DTYPE_F16, 1, 1, 8);
   ASSERT_OK_AND_ASSIGN(const RopePlan plan, MakeRopePlan(fp));
   v1::BlockMeta meta;
   *meta.mutable_fingerprint() = fp;
@@ -337,7 +260,7 @@ TEST(RopeDeviceTest, RefusesHostMemory) {
 // Runs everywhere: arguments are checked before any CUDA call.
 TEST(RopeDeviceTest, BadArgumentsAreInvalidArgument) {
   const v1::LayoutFingerprint fp =
-      Fingerprint(v1::ROPE_NORM, v1::DTYPE_F16, v1::DTYPE_F16, 1, 1, 8);
+      CanonicalFingerprint(v1::ROPE_NORM, v1::DTYPE_F16, v1::DTYPE_F16, 1, 1, 8);
   ASSERT_OK_AND_ASSIGN(const RopePlan plan, MakeRopePlan(fp));
   v1::BlockMeta meta;
   *meta.mutable_fingerprint() = fp;
@@ -356,9 +279,9 @@ TEST(RopeDeviceTest, BadArgumentsAreInvalidArgument) {
 // Without a device the call is UNAVAILABLE (the daemon falls back to the CPU).
 TEST(RopeDeviceTest, WithoutDeviceIsUnavailable) {
   std::string why;
-  if (HaveCudaDeviceForRope(&why)) GTEST_SKIP() << "a CUDA device is present";
+  if (HaveCudaDevice(&why)) GTEST_SKIP() << "a CUDA device is present";
   const v1::LayoutFingerprint fp =
-      Fingerprint(v1::ROPE_NEOX, v1::DTYPE_BF16, v1::DTYPE_BF16, 1, 1, 8);
+      CanonicalFingerprint(v1::ROPE_NEOX, v1::DTYPE_BF16, v1::DTYPE_BF16, 1, 1, 8);
   ASSERT_OK_AND_ASSIGN(const RopePlan plan, MakeRopePlan(fp));
   v1::BlockMeta meta;
   *meta.mutable_fingerprint() = fp;

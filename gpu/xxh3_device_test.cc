@@ -3,6 +3,7 @@
 // skip, with the reason, when there is none; gpu/device_check.sh runs them on
 // a GPU machine (in cuda_ipc_test). The CPU-side decomposition is tested in
 // gpu/xxh3_parallel_test.cc.
+#include "gpu/cuda_test_util.h"
 #include "gpu/xxh3_device.h"
 
 #include <cuda_runtime_api.h>
@@ -28,26 +29,6 @@ namespace {
 using ::evoke::testing::StatusIs;
 
 constexpr size_t kMiB = size_t{1} << 20;
-
-bool Xxh3HaveDevice(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    *why = std::string("no CUDA device: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (count == 0) {
-    *why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-#define XXH3_REQUIRE_GPU()                           \
-  do {                                               \
-    std::string why;                                 \
-    if (!Xxh3HaveDevice(&why)) GTEST_SKIP() << why; \
-  } while (0)
 
 // Xxh3DeviceData: `bytes` random bytes on device 0 and their host copy.
 class Xxh3DeviceData {
@@ -107,7 +88,7 @@ void Xxh3CheckBatch(const Xxh3DeviceData& data,
 }
 
 TEST(Xxh3DeviceTest, MatchesHostAtBoundaryLengthsAndOffsets) {
-  XXH3_REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   Xxh3DeviceData data(2 * kMiB);
   ASSERT_TRUE(data.ok());
   for (const size_t offset : kXxh3Offsets) {
@@ -118,7 +99,7 @@ TEST(Xxh3DeviceTest, MatchesHostAtBoundaryLengthsAndOffsets) {
 }
 
 TEST(Xxh3DeviceTest, RangesEndingAtTheAllocationEnd) {
-  XXH3_REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   // Misaligned ranges whose last byte is the allocation's last byte: the
   // kernel must not read past it (compute-sanitizer would say so).
   for (const size_t len : {size_t{241}, size_t{1000}, size_t{4097}, kMiB}) {
@@ -131,7 +112,7 @@ TEST(Xxh3DeviceTest, RangesEndingAtTheAllocationEnd) {
 }
 
 TEST(Xxh3DeviceTest, RandomBatchesOf1And7And300) {
-  XXH3_REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   Xxh3DeviceData data(64 * kMiB, 2);
   ASSERT_TRUE(data.ok());
   std::mt19937_64 rng(5);
@@ -152,7 +133,7 @@ TEST(Xxh3DeviceTest, RandomBatchesOf1And7And300) {
 }
 
 TEST(Xxh3DeviceTest, EqualsChunkChecksumOfEveryChunkOfAPayload) {
-  XXH3_REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   // A 5.5 MiB payload cut as common/checksum.h cuts it: the combined checksum
   // from device chunk checksums equals PayloadChecksum on the host.
   const size_t total = 5 * kMiB + kMiB / 2;
@@ -170,7 +151,7 @@ TEST(Xxh3DeviceTest, EqualsChunkChecksumOfEveryChunkOfAPayload) {
 }
 
 TEST(Xxh3DeviceTest, ConcurrentCallersGetTheirOwnResults) {
-  XXH3_REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   Xxh3DeviceData data(16 * kMiB, 4);
   ASSERT_TRUE(data.ok());
   std::vector<std::thread> threads;
@@ -207,7 +188,7 @@ TEST(Xxh3DeviceTest, ConcurrentCallersGetTheirOwnResults) {
 }
 
 TEST(Xxh3DeviceTest, RejectsBadBatches) {
-  XXH3_REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   Xxh3DeviceData data(2 * kMiB);
   ASSERT_TRUE(data.ok());
   uint64_t out[2] = {0, 0};
@@ -235,7 +216,7 @@ TEST(Xxh3DeviceTest, RejectsBadBatches) {
 
 // Not a pass/fail check: prints the speed (gpu/device_check.sh keeps the log).
 TEST(Xxh3DeviceTest, ThroughputOf256ChunksOf1MiB) {
-  XXH3_REQUIRE_GPU();
+  EVOKE_REQUIRE_CUDA_DEVICE();
   constexpr size_t kChunks = 256;
   Xxh3DeviceData data(kChunks * kMiB, 6);
   ASSERT_TRUE(data.ok());

@@ -7,6 +7,7 @@
 
 #include "common/half.h"
 #include "common/rope.h"
+#include "evoke/summaries.h"
 #include "gmock/gmock.h"
 #include "tests/e2e_fixture.h"
 
@@ -143,6 +144,58 @@ TEST_F(RecoveryTest, DaemonSummarizesAndRecoversBySimilarity) {
   max.set_aggregation(v1::AGGREGATION_MAX);
   ASSERT_OK_AND_ASSIGN(v1::RecoverResponse by_max, client_->Recover(max));
   EXPECT_EQ(BlockId::FromBytes(by_max.blocks(0).id()).value(), s.blocks[3].id());
+}
+
+TEST_F(RecoveryTest, ClientReprKeysAreStoredBesideTheDaemonsMeanKeys) {
+  StartDaemon();
+  Session s = MakeSession("repr", 6, 5);
+  // The engine saw tokens 2 and 9 of every block attract the most attention
+  // in every KV head; it attaches representative keys (r = 2) before Save.
+  std::vector<v1::Summary> attached;
+  for (TestBlock& block : s.blocks) {
+    std::vector<float> attention(kTokens * kHeads, 0.1f);
+    for (uint32_t h = 0; h < kHeads; ++h) {
+      attention[2 * kHeads + h] = 3;
+      attention[9 * kHeads + h] = 2;
+    }
+    ASSERT_OK_AND_ASSIGN(
+        v1::Summary repr,
+        ReprKeysSummary(block.meta, reinterpret_cast<const uint8_t*>(block.payload.data()),
+                        block.payload.size(), kSummaryLayer, attention, 2));
+    attached.push_back(repr);
+    *block.meta.add_summaries() = repr;
+  }
+  ASSERT_OK(SaveBlocks(*client_, s.blocks));
+
+  // Stored as given, beside the MEAN_KEYS the daemon added; the values are
+  // the un-rotated keys of tokens 2 and 9, averaged.
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, client_->Describe(s.blocks[3].id()));
+  ASSERT_EQ(info.meta().summaries_size(), 2);
+  const v1::Summary& stored = info.meta().summaries(0).kind() == v1::SUMMARY_REPR_KEYS
+                                  ? info.meta().summaries(0)
+                                  : info.meta().summaries(1);
+  EXPECT_EQ(stored.kind(), v1::SUMMARY_REPR_KEYS);
+  EXPECT_EQ(stored.r(), 2u);
+  ASSERT_EQ(stored.values_size(), attached[3].values_size());
+  const size_t layer_off = static_cast<size_t>(kSummaryLayer) * kTokens * kHeads * kDim;
+  for (int i = 0; i < stored.values_size(); ++i) {
+    EXPECT_EQ(stored.values(i), attached[3].values(i));
+    const float expected = (s.unrotated[3][layer_off + 2 * kHeads * kDim + i] +
+                            s.unrotated[3][layer_off + 9 * kHeads * kDim + i]) / 2;
+    EXPECT_NEAR(stored.values(i), expected, 0.02f) << i;  // f16 storage, rotation.
+  }
+
+  // Recover by REPR_KEYS: block 4's own tokens point the way.
+  std::vector<float> dir(kHeads * kDim);
+  for (uint32_t i = 0; i < kHeads * kDim; ++i) {
+    dir[i] = s.unrotated[4][layer_off + 9 * kHeads * kDim + i];
+  }
+  v1::RecoverRequest by_repr = SessionQuery("repr", dir, 2);
+  by_repr.set_kind(v1::SUMMARY_REPR_KEYS);
+  ASSERT_OK_AND_ASSIGN(v1::RecoverResponse r, client_->Recover(by_repr));
+  ASSERT_EQ(r.blocks_size(), 2);
+  EXPECT_EQ(BlockId::FromBytes(r.blocks(0).id()).value(), s.blocks[4].id());
+  EXPECT_EQ(r.candidates(), 6u);
 }
 
 TEST_F(RecoveryTest, ModelScopeEmbeddingsBreadcrumbsAndRestart) {
