@@ -53,54 +53,36 @@ absl::string_view SaveRequestSource::HostBytes(size_t i) {
 
 namespace {
 
-// Chunks of a payload as the checksum definition cuts them.
-struct Chunking {
-  std::vector<DeviceRange> device;   // Chunks hashed on the GPU.
-  std::vector<size_t> device_index;  // Their index in the payload.
-  size_t chunks = 0;
+// One payload in device memory, with the same bytes on the host (read only
+// for a short final chunk, which XXH3 hashes differently from a long one).
+struct DevicePayload {
+  int device;
+  const uint8_t* device_ptr;
+  const uint8_t* host;
+  uint64_t bytes;
 };
 
-Chunking ChunksOf(const uint8_t* device_ptr, uint64_t bytes) {
-  Chunking c;
-  for (uint64_t off = 0; off < bytes; off += kChecksumChunkBytes) {
-    const uint64_t n = std::min<uint64_t>(kChecksumChunkBytes, bytes - off);
-    if (n >= kDeviceChecksumMinBytes) {
-      c.device.push_back(DeviceRange{device_ptr + off, n});
-      c.device_index.push_back(c.chunks);
-    }
-    ++c.chunks;
-  }
-  return c;
-}
-
-}  // namespace
-
-absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
-                                      absl::Span<uint8_t* const> dsts,
-                                      absl::Span<std::optional<uint64_t>> checksums) {
-  absl::flat_hash_map<int, std::vector<CopyOp>> by_device;
-  // Device chunk checksums of the session blocks, all in one launch per
-  // device, before the copy.
+// PayloadChecksumsOnDevice returns PayloadChecksum (common/checksum.h) of each
+// payload: its 1 MiB chunks hashed on the GPU, one launch per device for all
+// the payloads, the short final chunks on the host, then combined.
+absl::StatusOr<std::vector<uint64_t>> PayloadChecksumsOnDevice(
+    absl::Span<const DevicePayload> payloads) {
+  std::vector<std::vector<uint64_t>> sums(payloads.size());
+  std::vector<std::vector<bool>> have(payloads.size());
   absl::flat_hash_map<int, std::vector<DeviceRange>> ranges;
   absl::flat_hash_map<int, std::vector<std::pair<size_t, size_t>>> owners;  // (k, chunk)
-  std::vector<std::vector<uint64_t>> sums(items.size());
-  std::vector<std::vector<bool>> have(items.size());
-  for (size_t k = 0; k < items.size(); ++k) {
-    const v1::SaveBlock& block = request_.blocks(static_cast<int>(items[k]));
-    const Region& region = *regions_[items[k]];
-    const v1::RegionSlice& slice = block.region();
-    const uint8_t* src = static_cast<const uint8_t*>(region.device_ptr()) + slice.offset();
-    by_device[region.device()].push_back({dsts[k], src, slice.length()});
-    if (block.meta().kind() != v1::BLOCK_KIND_SESSION) continue;
-    const Chunking c = ChunksOf(src, slice.length());
-    sums[k].assign(c.chunks, 0);
-    have[k].assign(c.chunks, false);
-    for (size_t j = 0; j < c.device.size(); ++j) {
-      ranges[region.device()].push_back(c.device[j]);
-      owners[region.device()].emplace_back(k, c.device_index[j]);
+  for (size_t k = 0; k < payloads.size(); ++k) {
+    const DevicePayload& p = payloads[k];
+    for (uint64_t off = 0, j = 0; off < p.bytes; off += kChecksumChunkBytes, ++j) {
+      const uint64_t n = std::min<uint64_t>(kChecksumChunkBytes, p.bytes - off);
+      sums[k].push_back(0);
+      have[k].push_back(false);
+      if (n >= kDeviceChecksumMinBytes) {
+        ranges[p.device].push_back(DeviceRange{p.device_ptr + off, n});
+        owners[p.device].emplace_back(k, j);
+      }
     }
   }
-  const absl::Time t0 = absl::Now();
   for (auto& [device, list] : ranges) {
     std::vector<uint64_t> out(list.size());
     EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, list, absl::MakeSpan(out)));
@@ -110,24 +92,50 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
       have[who[j].first][who[j].second] = true;
     }
   }
-  const absl::Time t1 = absl::Now();
+  std::vector<uint64_t> result(payloads.size());
+  for (size_t k = 0; k < payloads.size(); ++k) {
+    const DevicePayload& p = payloads[k];
+    for (size_t j = 0; j < sums[k].size(); ++j) {
+      if (have[k][j]) continue;
+      const uint64_t off = j * kChecksumChunkBytes;
+      sums[k][j] = ChunkChecksum(p.host + off, std::min<uint64_t>(kChecksumChunkBytes, p.bytes - off));
+    }
+    result[k] = CombineChunkChecksums(sums[k], p.bytes);
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
+                                      absl::Span<uint8_t* const> dsts,
+                                      absl::Span<std::optional<uint64_t>> checksums) {
+  absl::flat_hash_map<int, std::vector<CopyOp>> by_device;
+  std::vector<DevicePayload> session_payloads;  // Checksummed on the GPU.
+  std::vector<size_t> session_items;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const v1::SaveBlock& block = request_.blocks(static_cast<int>(items[k]));
+    const Region& region = *regions_[items[k]];
+    const v1::RegionSlice& slice = block.region();
+    const uint8_t* src = static_cast<const uint8_t*>(region.device_ptr()) + slice.offset();
+    by_device[region.device()].push_back({dsts[k], src, slice.length()});
+    // Prefix blocks: left unset, the caller hashes tier 1's copy.
+    if (block.meta().kind() != v1::BLOCK_KIND_SESSION) continue;
+    session_payloads.push_back(DevicePayload{region.device(), src, dsts[k], slice.length()});
+    session_items.push_back(k);
+  }
+  const absl::Time t0 = absl::Now();
   for (auto& [device, ops] : by_device) {
     EVOKE_ASSIGN_OR_RETURN(DeviceCopier* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->DeviceToHost(ops));
   }
-  EVOKE_LOG_DEBUG("save from GPU: ", items.size(), " blocks, checksums on device ",
-                  absl::FormatDuration(t1 - t0), ", device to host ",
+  const absl::Time t1 = absl::Now();
+  EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> sums,
+                         PayloadChecksumsOnDevice(session_payloads));
+  for (size_t j = 0; j < sums.size(); ++j) checksums[session_items[j]] = sums[j];
+  EVOKE_LOG_DEBUG("save from GPU: ", items.size(), " blocks, device to host ",
+                  absl::FormatDuration(t1 - t0), ", checksums on device ",
                   absl::FormatDuration(absl::Now() - t1));
-  for (size_t k = 0; k < items.size(); ++k) {
-    if (sums[k].empty()) continue;  // Prefix block: hashed from tier 1.
-    const uint64_t bytes = request_.blocks(static_cast<int>(items[k])).region().length();
-    for (size_t j = 0; j < sums[k].size(); ++j) {
-      if (have[k][j]) continue;  // Else a short final chunk: hash the copy.
-      const uint64_t off = j * kChecksumChunkBytes;
-      sums[k][j] = ChunkChecksum(dsts[k] + off, std::min<uint64_t>(kChecksumChunkBytes, bytes - off));
-    }
-    checksums[k] = CombineChunkChecksums(sums[k], bytes);
-  }
   return absl::OkStatus();
 }
 
@@ -287,48 +295,21 @@ absl::Status LoadResponseSink::Finish() {
     EVOKE_RETURN_IF_ERROR(copier->HostToDevice(ops));
   }
   const absl::Time t1 = absl::Now();
-  // Verify what landed on the GPU against the stored checksums: the chunk
-  // hashes of every delivered block, one launch per device.
-  struct Pending {
-    std::vector<uint64_t> sums;
-    std::vector<bool> have;
-  };
-  std::vector<Pending> pending(delivered_.size());
-  absl::flat_hash_map<int, std::vector<DeviceRange>> ranges;
-  absl::flat_hash_map<int, std::vector<std::pair<size_t, size_t>>> owners;  // (d, chunk)
+  // Verify what landed on the GPU against the stored checksums, every block
+  // in one launch per device.
+  std::vector<DevicePayload> landed;
+  landed.reserve(delivered_.size());
+  for (const Delivered& d : delivered_) {
+    landed.push_back(
+        DevicePayload{regions_[d.index]->device(), DestinationOnDevice(d.index), d.host, d.bytes});
+  }
+  EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> got, PayloadChecksumsOnDevice(landed));
   for (size_t k = 0; k < delivered_.size(); ++k) {
     const Delivered& d = delivered_[k];
-    const Region& region = *regions_[d.index];
-    const Chunking c = ChunksOf(DestinationOnDevice(d.index), d.bytes);
-    pending[k].sums.assign(c.chunks, 0);
-    pending[k].have.assign(c.chunks, false);
-    for (size_t j = 0; j < c.device.size(); ++j) {
-      ranges[region.device()].push_back(c.device[j]);
-      owners[region.device()].emplace_back(k, c.device_index[j]);
-    }
-  }
-  for (auto& [device, list] : ranges) {
-    std::vector<uint64_t> out(list.size());
-    EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, list, absl::MakeSpan(out)));
-    const auto& who = owners[device];
-    for (size_t j = 0; j < out.size(); ++j) {
-      pending[who[j].first].sums[who[j].second] = out[j];
-      pending[who[j].first].have[who[j].second] = true;
-    }
-  }
-  for (size_t k = 0; k < delivered_.size(); ++k) {
-    const Delivered& d = delivered_[k];
-    Pending& p = pending[k];
-    for (size_t j = 0; j < p.sums.size(); ++j) {
-      if (p.have[j]) continue;  // A short final chunk: hash the host copy.
-      const uint64_t off = j * kChecksumChunkBytes;
-      p.sums[j] = ChunkChecksum(d.host + off, std::min<uint64_t>(kChecksumChunkBytes, d.bytes - off));
-    }
-    const uint64_t got = CombineChunkChecksums(p.sums, d.bytes);
-    if (got != d.checksum) {
+    if (got[k] != d.checksum) {
       return absl::DataLossError(absl::StrCat(
           "ids[", d.index, "]: the copy on the GPU fails its checksum (stored ",
-          absl::Hex(d.checksum), ", on device ", absl::Hex(got), "); nothing was served"));
+          absl::Hex(d.checksum), ", on device ", absl::Hex(got[k]), "); nothing was served"));
     }
   }
   const absl::Time t2 = absl::Now();

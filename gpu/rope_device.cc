@@ -24,67 +24,14 @@ extern "C++" cudaError_t LaunchRopeReanchor(void* payload, uint64_t layer_stride
                                             int k_dtype, const double* omega,
                                             const int64_t* delta, cudaStream_t stream);
 
-
 absl::Status ReanchorCanonicalBlockOnDevice(const RopePlan& plan,
                                             const v1::BlockMeta& meta,
                                             void* device_payload,
                                             uint64_t payload_bytes,
                                             absl::Span<const int64_t> delta,
                                             int device) {
-  EVOKE_ASSIGN_OR_RETURN(const CanonicalKSections s,
-                         CheckCanonicalReanchor(plan, meta, payload_bytes, delta));
-  if (plan.type == v1::ROPE_NONE ||
-      std::all_of(delta.begin(), delta.end(), [](int64_t d) { return d == 0; })) {
-    return absl::OkStatus();
-  }
-  if (device_payload == nullptr) {
-    return absl::InvalidArgumentError("device_payload: is null");
-  }
-
-  int count = 0;
-  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  if (device < 0 || device >= count) {
-    return absl::UnavailableError(absl::StrCat(
-        "device: CUDA device ", device, " does not exist (", count, " visible)"));
-  }
-  int previous = 0;
-  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
-  CurrentDeviceRestorer restore(previous);
-  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
-  EVOKE_RETURN_IF_ERROR(
-      CheckDeviceMemory(device_payload, payload_bytes, device, "device_payload"));
-
-  OwnedStream stream;
-  EVOKE_RETURN_IF_ERROR(stream.Create());
-
-  // Stage omega then delta (both 8-byte elements) in one device buffer.
-  const size_t n_pairs = plan.omega.size();
-  std::vector<uint8_t> staging((n_pairs + delta.size()) * 8);
-  std::memcpy(staging.data(), plan.omega.data(), n_pairs * 8);
-  std::memcpy(staging.data() + n_pairs * 8, delta.data(), delta.size() * 8);
-  void* table = nullptr;
-  cudaError_t err = cudaMallocAsync(&table, staging.size(), stream.get());
-  if (err != cudaSuccess) return CudaStatus(err, "cudaMallocAsync");
-
-  err = cudaMemcpyAsync(table, staging.data(), staging.size(), cudaMemcpyHostToDevice,
-                        stream.get());
-  absl::Status status = CudaStatus(err, "cudaMemcpyAsync");
-  if (status.ok()) {
-    const double* omega = static_cast<const double*>(table);
-    const int64_t* d = reinterpret_cast<const int64_t*>(static_cast<uint8_t*>(table) +
-                                                        n_pairs * 8);
-    status = CudaStatus(
-        LaunchRopeReanchor(device_payload, s.layer_stride_bytes, s.n_layers, s.n_tokens,
-                           s.n_heads, s.head_dim, plan.rotary_dim,
-                           static_cast<int>(plan.type), static_cast<int>(s.k_dtype),
-                           omega, d, stream.get()),
-        "rope re-anchor kernel launch");
-  }
-  const cudaError_t free_err = cudaFreeAsync(table, stream.get());
-  const cudaError_t sync_err = cudaStreamSynchronize(stream.get());
-  if (status.ok()) status = CudaStatus(sync_err, "cudaStreamSynchronize");
-  if (status.ok()) status = CudaStatus(free_err, "cudaFreeAsync");
-  return status;
+  const DeviceReanchorJob job{&plan, &meta, device_payload, payload_bytes, delta};
+  return ReanchorCanonicalBlocksOnDevice(absl::MakeConstSpan(&job, 1), device);
 }
 
 absl::Status ReanchorCanonicalBlocksOnDevice(absl::Span<const DeviceReanchorJob> jobs,

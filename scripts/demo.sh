@@ -8,7 +8,11 @@
 #   3. evoked restarts and rebuilds its index from disk;
 #   4. evoke-demo load: every block back, byte-identical; a reader with
 #      another layout fingerprint refused;
-#   5. evokectl stat.
+#   5. evoke-demo splice: an agent session whose early blocks were evicted;
+#      a query recovers the right ones by key similarity, and the best one is
+#      loaded at the end of the context with K re-anchored (checked against K
+#      computed directly at the new positions), V byte-identical;
+#   6. evokectl stat and verify.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -60,6 +64,8 @@ start_evoked
 grep -E "recovered" evoked.log | tail -1 | sed 's/^/   /'
 echo "== evoke-demo load"
 "$BIN/client/evoke-demo" load
+echo "== evoke-demo splice"
+"$BIN/client/evoke-demo" splice
 echo "== evokectl stat"
 "$BIN/client/evokectl" stat
 echo "== evokectl verify"

@@ -415,5 +415,16 @@ TEST_F(RecoveryTest, CExampleRunsAgainstTheDaemon) {
   EXPECT_THAT(r.out, HasSubstr("c_example: OK"));
 }
 
+TEST_F(RecoveryTest, DemoSpliceRunsAgainstTheDaemon) {
+  // The README's demo step: recover evicted blocks by similarity and splice
+  // two back at new positions, checked against a direct computation.
+  StartDaemon();
+  const CommandResult r = RunCommand({BinaryPath("EVOKE_DEMO", EVOKE_DEMO_PATH), "--socket",
+                                      daemon_->socket(), "splice"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("block  5 loaded at positions 768-799 (delta +608)"));
+  EXPECT_THAT(r.out, HasSubstr("V byte-identical"));
+}
+
 }  // namespace
 }  // namespace evoke::testing
