@@ -12,40 +12,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gpu/cuda_status.h"
+#include "gpu/cuda_util.h"
 
 namespace evoke {
-namespace {
-
-absl::Status CheckDevice(int device) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return CudaStatus(err, "cudaGetDeviceCount");
-  if (device < 0 || device >= count) {
-    return absl::UnavailableError(absl::StrCat(
-        "device: CUDA device ", device, " does not exist (", count, " visible)"));
-  }
-  return absl::OkStatus();
-}
-
-// The driver's cuMemGetAddressRange, reached through the runtime (no link
-// against libcuda, which build machines do not have).
-using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
-GetAddressRangeFn AddressRangeFn() {
-  static GetAddressRangeFn fn = []() -> GetAddressRangeFn {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
-                                         cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return nullptr;
-    }
-    return reinterpret_cast<GetAddressRangeFn>(p);
-  }();
-  return fn;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(
     absl::string_view handle, int device, uint64_t size) {
@@ -54,7 +23,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(
         "ipc_handle: must be ", kCudaIpcHandleBytes, " bytes, got ", handle.size()));
   }
   if (size == 0) return absl::InvalidArgumentError("size: must be > 0");
-  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (absl::Status s = CheckDeviceExists(device); !s.ok()) return s;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return CudaStatus(e, "cudaSetDevice");
   }
@@ -142,7 +111,7 @@ class DeviceCopier::Impl {
 
 absl::StatusOr<std::unique_ptr<DeviceCopier>> DeviceCopier::Create(int device,
                                                                   int streams) {
-  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (absl::Status s = CheckDeviceExists(device); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->device = device;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {

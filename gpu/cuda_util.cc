@@ -1,15 +1,19 @@
 #include "gpu/cuda_util.h"
 
-#include <cuda.h>
-
 #include "absl/strings/str_cat.h"
 
 namespace evoke {
-namespace {
 
-// The driver's cuMemGetAddressRange, reached through the runtime (no link
-// against libcuda, which build machines do not have). Null if unavailable.
-using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+absl::Status CheckDeviceExists(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) return CudaStatus(err, "cudaGetDeviceCount");
+  if (device < 0 || device >= count) {
+    return absl::UnavailableError(absl::StrCat(
+        "device: CUDA device ", device, " does not exist (", count, " visible)"));
+  }
+  return absl::OkStatus();
+}
 
 GetAddressRangeFn AddressRangeFn() {
   static GetAddressRangeFn fn = []() -> GetAddressRangeFn {
@@ -24,8 +28,6 @@ GetAddressRangeFn AddressRangeFn() {
   }();
   return fn;
 }
-
-}  // namespace
 
 absl::Status CheckDeviceMemory(const void* payload, uint64_t bytes, int device,
                                 absl::string_view field) {

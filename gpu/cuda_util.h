@@ -2,6 +2,7 @@
 #ifndef EVOKE_GPU_CUDA_UTIL_H_
 #define EVOKE_GPU_CUDA_UTIL_H_
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -42,6 +43,15 @@ class OwnedStream {
  private:
   cudaStream_t stream_ = nullptr;
 };
+
+// CheckDeviceExists: UNAVAILABLE "device: CUDA device N does not exist (M
+// visible)" unless `device` is a visible CUDA device.
+absl::Status CheckDeviceExists(int device);
+
+// The driver's cuMemGetAddressRange, reached through the runtime (no link
+// against libcuda, which build machines do not have). Null if unavailable.
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+GetAddressRangeFn AddressRangeFn();
 
 // CheckDeviceMemory refuses (INVALID_ARGUMENT naming `field`) a pointer that
 // is not device or managed memory of `device`, or whose `bytes` run past its

@@ -35,12 +35,7 @@ absl::StatusOr<v1::Summary> ReprKeysSummaryOnDevice(const v1::BlockMeta& meta,
   if (r == 0 || r > n) {
     return absl::InvalidArgumentError(absl::StrCat("r: ", r, " must be in [1, ", n, "]"));
   }
-  int count = 0;
-  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  if (device < 0 || device >= count) {
-    return absl::UnavailableError(absl::StrCat(
-        "device: CUDA device ", device, " does not exist (", count, " visible)"));
-  }
+  EVOKE_RETURN_IF_ERROR(CheckDeviceExists(device));
   int previous = 0;
   EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
   CurrentDeviceRestorer restore(previous);

@@ -15,15 +15,15 @@
 #include <cstdint>
 
 #include "common/half.h"
+#include "gpu/kernel_enums.h"
 
 namespace evoke {
 namespace {
 
-// v1::DType and v1::RopeType values, without the proto headers.
-constexpr int kDTypeF16 = 1;
-constexpr int kDTypeBf16 = 2;
-constexpr int kDTypeF32 = 3;
-constexpr int kRopeNeox = 3;
+using kernel::kDTypeBf16;
+using kernel::kDTypeF16;
+using kernel::kDTypeF32;
+using kernel::kRopeNeox;
 
 constexpr int kThreads = 256;
 

@@ -13,8 +13,13 @@
 #include "common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "gpu/cuda_util.h"
+#include "gpu/kernel_enums.h"
 
 namespace evoke {
+
+static_assert(kernel::kDTypeF16 == v1::DTYPE_F16 && kernel::kDTypeBf16 == v1::DTYPE_BF16 &&
+              kernel::kDTypeF32 == v1::DTYPE_F32);
+static_assert(kernel::kRopeNorm == v1::ROPE_NORM && kernel::kRopeNeox == v1::ROPE_NEOX);
 
 // Defined in gpu/rope_kernel.cu (which stays free of Abseil and protobuf).
 extern "C++" cudaError_t LaunchRopeReanchor(void* payload, uint64_t layer_stride_bytes,
@@ -62,12 +67,7 @@ absl::Status ReanchorCanonicalBlocksOnDevice(absl::Span<const DeviceReanchorJob>
     ready.push_back(Ready{&job, s, offset});
   }
   if (ready.empty()) return absl::OkStatus();
-  int count = 0;
-  EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  if (device < 0 || device >= count) {
-    return absl::UnavailableError(absl::StrCat(
-        "device: CUDA device ", device, " does not exist (", count, " visible)"));
-  }
+  EVOKE_RETURN_IF_ERROR(CheckDeviceExists(device));
   int previous = 0;
   EVOKE_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
   CurrentDeviceRestorer restore(previous);

@@ -13,17 +13,16 @@
 #include <cstdint>
 
 #include "common/half.h"
+#include "gpu/kernel_enums.h"
 
 namespace evoke {
 namespace {
 
-// v1::DType values (evoke/v1/block.proto), without the proto headers.
-constexpr int kDTypeF16 = 1;
-constexpr int kDTypeBf16 = 2;
-constexpr int kDTypeF32 = 3;
-// v1::RopeType values.
-constexpr int kRopeNorm = 2;
-constexpr int kRopeNeox = 3;
+using kernel::kDTypeBf16;
+using kernel::kDTypeF16;
+using kernel::kDTypeF32;
+using kernel::kRopeNeox;
+using kernel::kRopeNorm;
 
 constexpr int kThreadsPerBlock = 256;
 
