@@ -41,6 +41,7 @@
 #include "bench/cuda_bench.h"
 #include "common/block_validation.h"
 #include "common/byte_size.h"
+#include "common/fingerprint.h"
 #include "common/status_macros.h"
 #include "evoke/client.h"
 
@@ -176,16 +177,9 @@ struct Result {
 
 // Blocks of `bytes` as opaque payloads (so any size is valid).
 v1::LayoutFingerprint BenchFingerprint() {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("bench");
-  fp.set_model_id("bench");
-  fp.set_k_dtype(v1::DTYPE_OPAQUE);
-  fp.set_v_dtype(v1::DTYPE_OPAQUE);
-  fp.set_n_layers(1);
-  fp.set_n_kv_heads(1);
-  fp.set_head_dim(1);
-  fp.set_layout(v1::LAYOUT_OPAQUE);
-  return fp;
+  return MakeFingerprint("bench", "bench",
+                         {.k_dtype = v1::DTYPE_OPAQUE, .v_dtype = v1::DTYPE_OPAQUE,
+                          .layout = v1::LAYOUT_OPAQUE});
 }
 
 class Bench {
@@ -429,15 +423,10 @@ absl::StatusOr<Sample> RunRedis(const std::string& socket, const Case& c,
 // tokens.
 absl::Status Headline(const std::string& socket, int tokens, int runs, std::string* json) {
   constexpr int kBlockTokens = 128;
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("headline");
-  fp.set_model_id("llama-3.1-8b-shape");
-  fp.set_k_dtype(v1::DTYPE_BF16);
-  fp.set_v_dtype(v1::DTYPE_BF16);
-  fp.set_n_layers(32);
-  fp.set_n_kv_heads(8);
-  fp.set_head_dim(128);
-  fp.set_layout(v1::LAYOUT_CANONICAL_V1);
+  v1::LayoutFingerprint fp = MakeFingerprint(
+      "headline", "llama-3.1-8b-shape",
+      {.k_dtype = v1::DTYPE_BF16, .v_dtype = v1::DTYPE_BF16, .n_layers = 32, .n_kv_heads = 8,
+       .head_dim = 128});
   fp.mutable_rope()->set_type(v1::ROPE_NEOX);
   fp.mutable_rope()->set_freq_base(500000);
   const int n_blocks = tokens / kBlockTokens;

@@ -88,16 +88,9 @@ void BM_ArenaAllocateFree(benchmark::State& state) {
 BENCHMARK(BM_ArenaAllocateFree);
 
 v1::LayoutFingerprint BenchFp() {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("bench");
-  fp.set_model_id("bench");
-  fp.set_k_dtype(v1::DTYPE_OPAQUE);
-  fp.set_v_dtype(v1::DTYPE_OPAQUE);
-  fp.set_n_layers(1);
-  fp.set_n_kv_heads(1);
-  fp.set_head_dim(1);
-  fp.set_layout(v1::LAYOUT_OPAQUE);
-  return fp;
+  return MakeFingerprint("bench", "bench",
+                         {.k_dtype = v1::DTYPE_OPAQUE, .v_dtype = v1::DTYPE_OPAQUE,
+                          .layout = v1::LAYOUT_OPAQUE});
 }
 
 void BM_DigestFingerprint(benchmark::State& state) {

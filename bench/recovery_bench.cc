@@ -34,16 +34,8 @@ constexpr int kRecallQueries = 64;
 constexpr size_t kSerialMaxRows = 1000000;
 
 v1::LayoutFingerprint Fingerprint() {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("bench");
-  fp.set_model_id("llama-3-8b");
-  fp.set_k_dtype(v1::DTYPE_F16);
-  fp.set_v_dtype(v1::DTYPE_F16);
-  fp.set_n_layers(32);
-  fp.set_n_kv_heads(kKvHeads);
-  fp.set_head_dim(kDim);
-  fp.set_layout(v1::LAYOUT_CANONICAL_V1);
-  return fp;
+  return MakeFingerprint("bench", "llama-3-8b",
+                         {.n_layers = 32, .n_kv_heads = kKvHeads, .head_dim = kDim});
 }
 
 // One index per candidate count, built once. Prefix blocks, so each is

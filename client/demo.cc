@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "common/block_validation.h"
 #include "common/byte_size.h"
+#include "common/fingerprint.h"
 #include "common/half.h"
 #include "common/rope.h"
 #include "evoke/client.h"
@@ -38,16 +39,11 @@ constexpr char kSession[] = "demo-session";
 constexpr uint32_t kTokensPerBlock = 32;
 
 v1::LayoutFingerprint DemoFingerprint() {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("demo");
-  fp.set_model_id("demo/llama-3.1-8b-shape");
+  v1::LayoutFingerprint fp = MakeFingerprint(
+      "demo", "demo/llama-3.1-8b-shape",
+      {.k_dtype = v1::DTYPE_BF16, .v_dtype = v1::DTYPE_BF16, .n_layers = 32, .n_kv_heads = 8,
+       .head_dim = 128});
   fp.set_model_revision("random-weights");
-  fp.set_k_dtype(v1::DTYPE_BF16);
-  fp.set_v_dtype(v1::DTYPE_BF16);
-  fp.set_n_layers(32);
-  fp.set_n_kv_heads(8);
-  fp.set_head_dim(128);
-  fp.set_layout(v1::LAYOUT_CANONICAL_V1);
   fp.mutable_rope()->set_type(v1::ROPE_NEOX);
   fp.mutable_rope()->set_freq_base(500000);
   return fp;

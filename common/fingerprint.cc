@@ -104,6 +104,20 @@ std::string DTypeName(int dtype) {
   }
 }
 
+v1::LayoutFingerprint MakeFingerprint(absl::string_view ns, absl::string_view model_id,
+                                      const CacheShape& shape) {
+  v1::LayoutFingerprint fp;
+  fp.set_namespace_(std::string(ns));
+  fp.set_model_id(std::string(model_id));
+  fp.set_k_dtype(shape.k_dtype);
+  fp.set_v_dtype(shape.v_dtype);
+  fp.set_n_layers(shape.n_layers);
+  fp.set_n_kv_heads(shape.n_kv_heads);
+  fp.set_head_dim(shape.head_dim);
+  fp.set_layout(shape.layout);
+  return fp;
+}
+
 v1::LayoutFingerprint NormalizeFingerprint(const v1::LayoutFingerprint& fp) {
   v1::LayoutFingerprint out = fp;
   v1::RopeParams* r = out.mutable_rope();

@@ -9,10 +9,26 @@
 
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "common/hash128.h"
 #include "evoke/v1/block.pb.h"
 
 namespace evoke {
+
+// The shape of a KV cache: what every fingerprint must say.
+struct CacheShape {
+  v1::DType k_dtype = v1::DTYPE_F16;
+  v1::DType v_dtype = v1::DTYPE_F16;
+  uint32_t n_layers = 1;
+  uint32_t n_kv_heads = 1;
+  uint32_t head_dim = 1;
+  v1::Layout layout = v1::LAYOUT_CANONICAL_V1;
+};
+
+// MakeFingerprint returns a fingerprint of namespace `ns`, model `model_id`
+// and `shape`; RoPE, revision and tensor parallelism are left unset.
+v1::LayoutFingerprint MakeFingerprint(absl::string_view ns, absl::string_view model_id,
+                                      const CacheShape& shape);
 
 // NormalizeFingerprint returns `fp` with implied defaults made explicit:
 // rope.type UNSPECIFIED -> NONE, rope.freq_scale 0 -> 1, rope.rotary_dim 0 ->

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fingerprint.h"
 #include "common/half.h"
 #include "evoke/v1/block.pb.h"
 #include "gtest/gtest.h"
@@ -68,15 +69,10 @@ inline void StoreAs(v1::DType d, uint8_t* p, float f) {
 inline v1::LayoutFingerprint CanonicalFingerprint(v1::RopeType type, v1::DType k, v1::DType v,
                                                   uint32_t n_layers, uint32_t n_heads,
                                                   uint32_t head_dim) {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("test");
-  fp.set_model_id("model");
-  fp.set_k_dtype(k);
-  fp.set_v_dtype(v);
-  fp.set_n_layers(n_layers);
-  fp.set_n_kv_heads(n_heads);
-  fp.set_head_dim(head_dim);
-  fp.set_layout(v1::LAYOUT_CANONICAL_V1);
+  v1::LayoutFingerprint fp = MakeFingerprint(
+      "test", "model",
+      {.k_dtype = k, .v_dtype = v, .n_layers = n_layers, .n_kv_heads = n_heads,
+       .head_dim = head_dim});
   fp.mutable_rope()->set_type(type);
   fp.mutable_rope()->set_freq_base(10000);
   return fp;
