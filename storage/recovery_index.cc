@@ -228,6 +228,23 @@ class Best {
   std::vector<std::pair<float, uint32_t>> heap_;
 };
 
+// BestHits sorts scored rows best first (ties: lower row) and returns up to
+// query.k of them, stopping below query.min_score when set.
+template <typename Score>
+std::vector<RecoveryHit> BestHits(const RecoveryQuery& query, const RecoveryIndex::Table& t,
+                                  std::vector<std::pair<Score, uint32_t>> scored) {
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  std::vector<RecoveryHit> hits;
+  for (const auto& [score, row] : scored) {
+    if (hits.size() == query.k) break;
+    if (query.has_min_score && score < query.min_score) break;
+    hits.push_back(RecoveryHit{t.ids[row], static_cast<float>(score)});
+  }
+  return hits;
+}
+
 }  // namespace
 
 RecoveryIndex::RecoveryIndex(CopyPool* pool) : pool_(pool) {}
@@ -378,16 +395,7 @@ absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQue
   // Rescore the survivors exactly in f32, take the best k.
   std::vector<std::pair<float, uint32_t>> scored = best[0].Take();
   for (auto& [score, row] : scored) score = ScoreExact(p, t, row);
-  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
-  std::vector<RecoveryHit> hits;
-  for (const auto& [score, row] : scored) {
-    if (hits.size() == query.k) break;
-    if (query.has_min_score && score < query.min_score) break;
-    hits.push_back(RecoveryHit{t.ids[row], score});
-  }
-  return hits;
+  return BestHits(query, t, std::move(scored));
 }
 
 absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::SearchExact(
@@ -404,16 +412,7 @@ absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::SearchExact(
     if (query.exclude != nullptr && query.exclude->contains(t.ids[row])) continue;
     scored.emplace_back(ScoreScalar(query, t, row), static_cast<uint32_t>(row));
   }
-  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
-  std::vector<RecoveryHit> hits;
-  for (const auto& [score, row] : scored) {
-    if (hits.size() == query.k) break;
-    if (query.has_min_score && score < query.min_score) break;
-    hits.push_back(RecoveryHit{t.ids[row], static_cast<float>(score)});
-  }
-  return hits;
+  return BestHits(query, t, std::move(scored));
 }
 
 }  // namespace evoke
