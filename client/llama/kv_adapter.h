@@ -1,0 +1,175 @@
+// evoke::llama::KvAdapter: a llama.cpp context evicts token ranges to evoked
+// and splices them back, with upstream llama.cpp calls only.
+//
+//   llama_context_params cparams = llama_context_default_params();
+//   cparams.kv_unified = true;          // one KV stream (required)
+//   cparams.n_seq_max = 2;              // the engine's sequence + a scratch one
+//   llama_context* ctx = llama_init_from_model(model, cparams);
+//   auto adapter = KvAdapter::Open(ctx, cparams, client.get(),
+//                                  {.model_id = "llama-3.2-1b", .session_id = "chat-42"});
+//   auto block = (*adapter)->Evict(0, 256);          // K/V of [0, 256) -> evoked
+//   ...
+//   auto hits = (*adapter)->Recover(query, n_head, /*layer=*/0, /*k=*/4);
+//   (*adapter)->Splice(block->id, /*new_first_position=*/n_past);  // back at the tail
+//
+// How a range leaves the cache (Evict): llama_memory_seq_cp copies the range
+// of the engine's sequence to the scratch sequence (cell metadata only),
+// llama_state_seq_get_data reads the scratch sequence, and the bytes are
+// converted to evoke's canonical layout (client/llama/seq_state.h) and saved
+// as a session block; only once the daemon acknowledged it is the range
+// removed with llama_memory_seq_rm. A failed save leaves the cache as it was.
+//
+// How it comes back (Splice / Restore): the block is loaded, either
+// re-anchored by evoked (K rotated once to the new positions) or at its
+// original positions followed by llama_memory_seq_add (llama.cpp rotates K in
+// its next llama_decode), written into the scratch sequence with
+// llama_state_seq_set_data, and copied into the engine's sequence.
+//
+// Supported: attention-only models (no recurrent, hybrid or sliding-window
+// caches), RoPE NORM / NEOX / none without YaRN or LongRoPE, f16, bf16 and f32
+// caches, one unified KV stream. Everything else is refused at Open with
+// FAILED_PRECONDITION naming the reason. Not thread-safe: call it from the
+// thread that drives the context, between llama_decode calls.
+#ifndef EVOKE_CLIENT_LLAMA_KV_ADAPTER_H_
+#define EVOKE_CLIENT_LLAMA_KV_ADAPTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/llama/seq_state.h"
+#include "common/hash128.h"
+#include "evoke/client.h"
+#include "llama.h"
+
+namespace evoke::llama {
+
+struct AdapterOptions {
+  std::string ns = "default";  // evoke namespace.
+  std::string model_id;        // Required: the model's identity.
+  std::string model_revision;  // Weights hash or revision, if known.
+  std::string session_id;      // Required: the session blocks belong to.
+  llama_seq_id seq = 0;        // The engine's sequence.
+  // A sequence the engine never uses, for moving ranges in and out. -1: the
+  // context's last one (llama_n_seq_max - 1).
+  llama_seq_id scratch_seq = -1;
+  // Per-pair RoPE frequency factors (Llama 3.1's rope_freqs tensor), which
+  // llama.h does not expose: pass them for models that have them, or use
+  // SpliceMode::kShiftInEngine only.
+  std::vector<float> rope_freq_factors;
+  // Save blocks durably (on disk before acknowledgement).
+  bool durable = false;
+};
+
+// How Splice moves a block to new positions.
+enum class SpliceMode {
+  // evoked re-anchors K (one rotation by the position delta) and the block
+  // is written at the new positions.
+  kReanchorInDaemon,
+  // The block is written at its original positions and llama.cpp shifts it
+  // (llama_memory_seq_add; applied in the next llama_decode).
+  kShiftInEngine,
+};
+
+struct EvictedBlock {
+  BlockId id;
+  uint64_t sequence = 0;          // The block's number in the session.
+  std::vector<int32_t> positions;  // Original positions, ascending.
+  uint64_t payload_bytes = 0;
+};
+
+struct SplicedBlock {
+  BlockId id;
+  std::vector<int32_t> positions;  // Where the tokens now are.
+  v1::Tier served_from = v1::TIER_UNSPECIFIED;
+};
+
+class KvAdapter {
+ public:
+  // Open checks that `ctx` (created with `cparams`) can be served and derives
+  // the layout fingerprint from the model. `client` must outlive the adapter.
+  // The session's next block sequence number continues after the highest one
+  // already stored for it, so a restarted engine never overwrites its blocks.
+  static absl::StatusOr<std::unique_ptr<KvAdapter>> Open(llama_context* ctx,
+                                                         const llama_context_params& cparams,
+                                                         Client* client, AdapterOptions options);
+
+  // Read returns the K/V of the engine sequence's cells in [p0, p1) in
+  // canonical layout without changing the cache. NOT_FOUND when there are
+  // none.
+  absl::StatusOr<CanonicalRange> Read(llama_pos p0, llama_pos p1);
+
+  // Evict saves the cells of [p0, p1) as one session block, then removes
+  // them from the cache.
+  absl::StatusOr<EvictedBlock> Evict(llama_pos p0, llama_pos p1);
+
+  // Recover asks evoked which of this session's blocks best match `queries`
+  // (n_query_heads x head_dim floats, before RoPE, e.g. from QueryCapture)
+  // on `layer`'s mean-key summaries, excluding `exclude`.
+  absl::StatusOr<std::vector<v1::RecoveredBlock>> Recover(absl::Span<const float> queries,
+                                                          uint32_t n_query_heads, uint32_t layer,
+                                                          uint32_t k,
+                                                          absl::Span<const BlockId> exclude = {});
+
+  // Splice loads block `id` so that its first token sits at
+  // `new_first_position` (the others follow: contiguously with
+  // kReanchorInDaemon, keeping their gaps with kShiftInEngine), replacing
+  // whatever the engine sequence held at those positions.
+  absl::StatusOr<SplicedBlock> Splice(const BlockId& id, llama_pos new_first_position,
+                                      SpliceMode mode = SpliceMode::kReanchorInDaemon);
+
+  // Restore loads block `id` back at its original positions, unrotated.
+  absl::StatusOr<SplicedBlock> Restore(const BlockId& id);
+
+  const v1::LayoutFingerprint& fingerprint() const { return fingerprint_; }
+  const CacheFormat& format() const { return format_; }
+  llama_seq_id seq() const { return options_.seq; }
+  llama_seq_id scratch_seq() const { return scratch_; }
+
+ private:
+  KvAdapter(llama_context* ctx, Client* client, AdapterOptions options)
+      : ctx_(ctx), client_(client), options_(std::move(options)) {}
+  // Loads, writes into the scratch sequence and moves it into seq().
+  absl::StatusOr<SplicedBlock> Write(const LoadedBlock& block, int32_t shift);
+
+  llama_context* ctx_;
+  Client* client_;
+  AdapterOptions options_;
+  llama_seq_id scratch_ = -1;
+  v1::LayoutFingerprint fingerprint_;
+  CacheFormat format_;
+  bool v_trans_known_ = false;
+  uint64_t next_sequence_ = 0;
+};
+
+// QueryCapture records, during llama_decode, the query vectors of one layer
+// before RoPE (llama.cpp's "Qcur-<layer>" tensor) for the batch's last token:
+// what Recover needs. Install it in the context parameters before creating
+// the context:
+//   QueryCapture capture(/*layer=*/0);
+//   capture.Install(cparams);
+// The context then splits its graph at that tensor, which costs a little.
+class QueryCapture {
+ public:
+  explicit QueryCapture(int layer) : name_("Qcur-" + std::to_string(layer)) {}
+  void Install(llama_context_params& cparams) {
+    cparams.cb_eval = &QueryCapture::Callback;
+    cparams.cb_eval_user_data = this;
+  }
+  // n_head x head_dim floats of the last decoded token; empty before the
+  // first llama_decode.
+  const std::vector<float>& last_query() const { return query_; }
+
+  static bool Callback(struct ggml_tensor* t, bool ask, void* user_data);
+
+ private:
+  std::string name_;
+  std::vector<float> query_;
+};
+
+}  // namespace evoke::llama
+
+#endif  // EVOKE_CLIENT_LLAMA_KV_ADAPTER_H_
