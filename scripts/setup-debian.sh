@@ -11,7 +11,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libxxhash-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  redis-server libhiredis-dev procps
+  redis-server libhiredis-dev procps curl
 )
 
 missing=()

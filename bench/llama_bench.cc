@@ -1,0 +1,263 @@
+// evoke-llama-bench: the EVOKE study's headline on the real llama.cpp.
+//
+// For each range of R tokens, on one llama.cpp context holding R tokens of a
+// random-weight Llama (the 1B shape by default), in the same run:
+//   evict   KvAdapter::Evict(0, R): llama.cpp state copy, canonical layout,
+//           Save to evoked, remove from the cache
+//   restore KvAdapter::Restore: Load, write back at the original positions
+//   splice  KvAdapter::Splice at positions shifted by 64 (re-anchored by evoked)
+//   prefill llama_decode of the same R tokens into the emptied context
+// and reports save+load and load-only as ratios to the re-prefill.
+//
+//   evoke-llama-bench [--shape 1b|tiny] [--ranges 64,256,1024,2048]
+//                     [--repeats 3] [--prefill-repeats 1] [--threads N]
+//                     [--target SOCKET] [--json FILE]
+//
+// It starts its own evoked (temp dir, 2 GiB tier 1) unless --target names a
+// running one.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/llama/kv_adapter.h"
+#include "client/llama/random_model.h"
+#include "testing/daemon_process.h"
+#include "testing/temp_dir.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+void QuietLog(ggml_log_level level, const char* text, void*) {
+  if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
+}
+
+bool Prefill(llama_context* ctx, const std::vector<llama_token>& tokens, uint32_t n_batch) {
+  for (size_t i = 0; i < tokens.size(); i += n_batch) {
+    const size_t n = std::min<size_t>(n_batch, tokens.size() - i);
+    llama_batch batch = llama_batch_init(static_cast<int32_t>(n), 0, 1);
+    for (size_t j = 0; j < n; ++j) {
+      batch.token[j] = tokens[i + j];
+      batch.pos[j] = static_cast<llama_pos>(i + j);
+      batch.n_seq_id[j] = 1;
+      batch.seq_id[j][0] = 0;
+      batch.logits[j] = i + j + 1 == tokens.size();
+    }
+    batch.n_tokens = static_cast<int32_t>(n);
+    const int32_t rc = llama_decode(ctx, batch);
+    llama_batch_free(batch);
+    if (rc != 0) return false;
+  }
+  llama_synchronize(ctx);
+  return true;
+}
+
+struct Row {
+  uint32_t tokens = 0;
+  uint64_t block_bytes = 0;
+  double evict_ms = 0, read_ms = 0, restore_ms = 0, splice_ms = 0, prefill_ms = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"evoke-llama-bench: evict/splice vs re-prefill on the real llama.cpp"};
+  std::string shape_name = "1b", target, json_path;
+  std::vector<uint32_t> ranges = {64, 256, 1024, 2048};
+  int repeats = 3, prefill_repeats = 1;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  app.add_option("--shape", shape_name, "Model shape: 1b (16x2048, 8 KV heads) or tiny")
+      ->check(CLI::IsMember({"1b", "tiny"}));
+  app.add_option("--ranges", ranges, "Range lengths in tokens")->delimiter(',');
+  app.add_option("--repeats", repeats, "Repeats of evict/restore/splice (median reported)");
+  app.add_option("--prefill-repeats", prefill_repeats, "Repeats of the re-prefill");
+  app.add_option("--threads", threads, "llama.cpp threads (default: all cores)");
+  app.add_option("--target", target, "Use the evoked on this socket instead of starting one");
+  app.add_option("--json", json_path, "Also write the results as JSON to FILE");
+  CLI11_PARSE(app, argc, argv);
+  if (ranges.empty() || repeats < 1 || prefill_repeats < 1) {
+    std::fprintf(stderr, "evoke-llama-bench: --ranges, --repeats and --prefill-repeats must be set\n");
+    return 2;
+  }
+
+  evoke::testing::TempDir dir;
+  std::unique_ptr<evoke::testing::DaemonProcess> daemon;
+  std::unique_ptr<evoke::Client> client;
+  if (target.empty()) {
+    auto d = evoke::testing::DaemonProcess::Start(
+        dir.path(), {"--pinned-bytes", "2GiB", "--max-message-bytes", "200MiB"});
+    if (!d.ok()) {
+      std::fprintf(stderr, "evoke-llama-bench: %s\n", d.status().ToString().c_str());
+      return 1;
+    }
+    daemon = std::move(d).value();
+    client = daemon->Connect(200ull << 20);
+  } else {
+    evoke::ClientOptions o;
+    o.target = target;
+    o.max_message_bytes = 200ull << 20;
+    auto c = evoke::Client::Connect(o);
+    if (c.ok()) client = std::move(c).value();
+  }
+  if (client == nullptr) {
+    std::fprintf(stderr, "evoke-llama-bench: cannot connect to evoked\n");
+    return 1;
+  }
+
+  llama_log_set(QuietLog, nullptr);
+  llama_backend_init();
+  const evoke::llama::RandomLlamaShape shape =
+      shape_name == "1b" ? evoke::llama::OneBLlamaShape() : evoke::llama::TinyLlamaShape();
+  const auto t_model = Clock::now();
+  auto model = evoke::llama::MakeRandomLlamaModel(shape);
+  if (!model.ok()) {
+    std::fprintf(stderr, "evoke-llama-bench: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("model: random llama, %u layers, %u wide, %u heads, %u KV heads, FFN %u, vocab %u "
+              "(built in %.1f s); %d threads\n",
+              shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv, shape.n_ff,
+              shape.n_vocab, Ms(t_model, Clock::now()) / 1000, threads);
+
+  const uint32_t max_range = *std::max_element(ranges.begin(), ranges.end());
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = max_range + 128;
+  cp.n_batch = 512;
+  cp.n_ubatch = 512;
+  cp.n_seq_max = 2;
+  cp.kv_unified = true;
+  cp.n_threads = threads;
+  cp.n_threads_batch = threads;
+  cp.type_k = GGML_TYPE_F16;
+  cp.type_v = GGML_TYPE_F16;
+  evoke::llama::ContextPtr ctx(llama_init_from_model(model->get(), cp));
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "evoke-llama-bench: llama_init_from_model failed\n");
+    return 1;
+  }
+  evoke::llama::AdapterOptions options;
+  options.ns = "bench";
+  options.model_id = "random-llama-" + shape_name;
+  options.session_id = "llama-bench-" + std::to_string(getpid());
+  auto adapter = evoke::llama::KvAdapter::Open(ctx.get(), cp, client.get(), options);
+  if (!adapter.ok()) {
+    std::fprintf(stderr, "evoke-llama-bench: %s\n", adapter.status().ToString().c_str());
+    return 1;
+  }
+  llama_memory_t mem = llama_get_memory(ctx.get());
+
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<llama_token> pick(0, static_cast<llama_token>(shape.n_vocab) - 1);
+  std::vector<Row> rows;
+  for (uint32_t r : ranges) {
+    std::vector<llama_token> tokens(r);
+    for (llama_token& t : tokens) t = pick(gen);
+    Row row;
+    row.tokens = r;
+    std::vector<double> evict, read, restore, splice, prefill;
+    llama_memory_clear(mem, true);
+    if (!Prefill(ctx.get(), tokens, cp.n_batch)) {
+      std::fprintf(stderr, "evoke-llama-bench: prefill of %u tokens failed\n", r);
+      return 1;
+    }
+    for (int i = 0; i < repeats; ++i) {
+      auto t0 = Clock::now();
+      auto range = (*adapter)->Read(0, r);
+      auto t1 = Clock::now();
+      if (!range.ok()) {
+        std::fprintf(stderr, "read: %s\n", range.status().ToString().c_str());
+        return 1;
+      }
+      read.push_back(Ms(t0, t1));
+      t0 = Clock::now();
+      auto e = (*adapter)->Evict(0, r);
+      t1 = Clock::now();
+      if (!e.ok()) {
+        std::fprintf(stderr, "evict: %s\n", e.status().ToString().c_str());
+        return 1;
+      }
+      evict.push_back(Ms(t0, t1));
+      row.block_bytes = e->payload_bytes;
+      t0 = Clock::now();
+      auto back = (*adapter)->Restore(e->id);
+      t1 = Clock::now();
+      if (!back.ok()) {
+        std::fprintf(stderr, "restore: %s\n", back.status().ToString().c_str());
+        return 1;
+      }
+      restore.push_back(Ms(t0, t1));
+      // Out again, and spliced back 64 positions later (re-anchored by evoked).
+      llama_memory_seq_rm(mem, 0, -1, -1);
+      t0 = Clock::now();
+      auto moved = (*adapter)->Splice(e->id, 64);
+      t1 = Clock::now();
+      if (!moved.ok()) {
+        std::fprintf(stderr, "splice: %s\n", moved.status().ToString().c_str());
+        return 1;
+      }
+      splice.push_back(Ms(t0, t1));
+      // Back to [0, r) for the next repeat: restore the original once more.
+      llama_memory_seq_rm(mem, 0, -1, -1);
+      if (!(*adapter)->Restore(e->id).ok()) return 1;
+      (void)client->Delete({e->id});
+    }
+    for (int i = 0; i < prefill_repeats; ++i) {
+      llama_memory_seq_rm(mem, 0, -1, -1);
+      const auto t0 = Clock::now();
+      if (!Prefill(ctx.get(), tokens, cp.n_batch)) return 1;
+      prefill.push_back(Ms(t0, Clock::now()));
+    }
+    row.evict_ms = Median(evict);
+    row.read_ms = Median(read);
+    row.restore_ms = Median(restore);
+    row.splice_ms = Median(splice);
+    row.prefill_ms = Median(prefill);
+    rows.push_back(row);
+    std::printf("%5u tokens: block %7.2f MiB (%llu B/token)  evict %8.2f ms (llama.cpp read %7.2f)"
+                "  restore %8.2f ms  splice %8.2f ms  re-prefill %10.1f ms  "
+                "prefill/(evict+restore) %7.1fx  prefill/restore %7.1fx  prefill/splice %7.1fx\n",
+                r, row.block_bytes / 1048576.0,
+                static_cast<unsigned long long>(row.block_bytes / r), row.evict_ms, row.read_ms,
+                row.restore_ms, row.splice_ms, row.prefill_ms,
+                row.prefill_ms / (row.evict_ms + row.restore_ms), row.prefill_ms / row.restore_ms,
+                row.prefill_ms / row.splice_ms);
+    std::fflush(stdout);
+  }
+
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f == nullptr) return 1;
+    std::vector<std::string> items;
+    for (const Row& r : rows) {
+      items.push_back(absl::StrFormat(
+          "{\"tokens\":%u,\"block_bytes\":%u,\"evict_ms\":%.3f,\"read_ms\":%.3f,"
+          "\"restore_ms\":%.3f,\"splice_ms\":%.3f,\"prefill_ms\":%.3f}",
+          r.tokens, r.block_bytes, r.evict_ms, r.read_ms, r.restore_ms, r.splice_ms,
+          r.prefill_ms));
+    }
+    std::fprintf(f, "{\"shape\":\"%s\",\"threads\":%d,\"rows\":[%s]}\n", shape_name.c_str(),
+                 threads, absl::StrJoin(items, ",").c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
