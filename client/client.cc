@@ -264,6 +264,9 @@ absl::Status Client::OpenLease(absl::string_view client_name) {
     absl::MutexLock lock(&impl_->lease_mu);
     if (!impl_->lease_id.empty()) return absl::OkStatus();
   }
+  // A lease that ended (the daemon restarted, say) left its thread finishing
+  // or finished: reap it before opening the next one.
+  if (impl_->lease_thread.joinable()) impl_->lease_thread.join();
   v1::OpenLeaseRequest request;
   request.set_client_name(client_name.empty()
                               ? absl::StrCat("pid-", getpid())

@@ -10,8 +10,40 @@
 #include "common/half.h"
 #include "common/status_macros.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define EVOKE_ROPE_F16C 1
+#endif
+
 namespace evoke {
 namespace {
+
+#ifdef EVOKE_ROPE_F16C
+// F16C conversions, 8 elements at a time: widening is exact and narrowing
+// rounds to nearest even, exactly as HalfToFloat / FloatToHalf (common/half.h)
+// do for every non-NaN value. Built for F16C whatever the compiler's target;
+// called only when the CPU has it.
+__attribute__((target("avx,f16c"))) void HalvesToFloats(const uint8_t* src, float* dst,
+                                                        size_t n) {
+  for (size_t i = 0; i < n; i += 8) {
+    __m128i h;
+    std::memcpy(&h, src + 2 * i, sizeof(h));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+}
+__attribute__((target("avx,f16c"))) void FloatsToHalves(const float* src, uint8_t* dst,
+                                                        size_t n) {
+  for (size_t i = 0; i < n; i += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    std::memcpy(dst + 2 * i, &h, sizeof(h));
+  }
+}
+bool CpuHasF16c() {
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has;
+}
+#endif
 
 // ggml's MAX / MIN macros, kept as ternaries so that NaN propagates exactly
 // as it does there.
@@ -100,15 +132,49 @@ void RotateSection(const RopePlan& plan, uint8_t* k, uint32_t n_tokens,
   const bool neox = plan.type == v1::ROPE_NEOX;
   const size_t head_bytes = static_cast<size_t>(plan.head_dim) * C::kBytes;
   std::vector<float> cos_t(n_pairs), sin_t(n_pairs);
+#ifdef EVOKE_ROPE_F16C
+  const bool fast = D == v1::DTYPE_F16 && plan.rotary_dim % 8 == 0 && CpuHasF16c();
+  std::vector<float> x(fast ? plan.rotary_dim : 0);
+#endif
+  int64_t table_delta = 0;  // The delta cos_t / sin_t hold (0: none yet).
   for (uint32_t t = 0; t < n_tokens; ++t) {
     if (delta[t] == 0) continue;
-    const double d = static_cast<double>(delta[t]);
-    for (size_t i = 0; i < n_pairs; ++i) {
-      const double angle = d * plan.omega[i];
-      cos_t[i] = static_cast<float>(std::cos(angle));
-      sin_t[i] = static_cast<float>(std::sin(angle));
+    // Re-anchoring usually moves every token by the same delta: one table.
+    if (delta[t] != table_delta) {
+      const double d = static_cast<double>(delta[t]);
+      for (size_t i = 0; i < n_pairs; ++i) {
+        const double angle = d * plan.omega[i];
+        cos_t[i] = static_cast<float>(std::cos(angle));
+        sin_t[i] = static_cast<float>(std::sin(angle));
+      }
+      table_delta = delta[t];
     }
     uint8_t* row = k + static_cast<size_t>(t) * n_heads * head_bytes;
+#ifdef EVOKE_ROPE_F16C
+    // f16 on a CPU with F16C: widen the rotated part of each head in bulk,
+    // rotate in float with the same operations as below, narrow back.
+    if constexpr (D == v1::DTYPE_F16) {
+      if (fast) {
+        for (uint32_t h = 0; h < n_heads; ++h) {
+          uint8_t* head = row + h * head_bytes;
+          HalvesToFloats(head, x.data(), plan.rotary_dim);
+          for (size_t i = 0; i < n_pairs; ++i) {
+            const size_t j0 = neox ? i : 2 * i;
+            const size_t j1 = neox ? i + n_pairs : 2 * i + 1;
+            const float x0 = x[j0], x1 = x[j1];
+            const float a = x0 * cos_t[i];
+            const float b = x1 * sin_t[i];
+            const float e = x0 * sin_t[i];
+            const float f = x1 * cos_t[i];
+            x[j0] = a - b;
+            x[j1] = e + f;
+          }
+          FloatsToHalves(x.data(), head, plan.rotary_dim);
+        }
+        continue;
+      }
+    }
+#endif
     for (uint32_t h = 0; h < n_heads; ++h) {
       uint8_t* head = row + h * head_bytes;
       for (size_t i = 0; i < n_pairs; ++i) {

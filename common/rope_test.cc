@@ -536,6 +536,57 @@ TEST(RopeReanchorTest, PairingOfNormAndNeox) {
   }
 }
 
+// f16 keys take a bulk-conversion path on CPUs with F16C: it must give the
+// same bits as the element-by-element rounding the contract describes, for
+// every kind of value (subnormals, values that overflow, negative zero) and
+// rotary width (multiples of 8 take the fast path, others the scalar one).
+TEST(RopeReanchorTest, F16RotationMatchesScalarReferenceBitForBit) {
+  std::mt19937 gen(5);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xffff);
+  for (v1::RopeType type : {v1::ROPE_NORM, v1::ROPE_NEOX}) {
+    for (uint32_t rotary : {64u, 48u, 6u}) {
+      v1::LayoutFingerprint fp = BaseFingerprint(type, 64, 10000);
+      fp.mutable_rope()->set_rotary_dim(rotary);
+      ASSERT_OK_AND_ASSIGN(const RopePlan plan, MakeRopePlan(fp));
+      constexpr uint32_t kTokens = 5, kHeads = 3;
+      std::vector<uint16_t> k(kTokens * kHeads * 64);
+      for (uint16_t& h : k) {
+        do {
+          h = static_cast<uint16_t>(bits(gen));
+        } while ((h & 0x7c00) == 0x7c00);  // No inf or NaN inputs.
+      }
+      k[0] = 0x0001;  // Smallest subnormal.
+      k[1] = 0x7bff;  // 65504: rotations may overflow to inf.
+      k[2] = 0x8000;  // -0.
+      std::vector<uint16_t> expected = k;
+      const std::vector<int64_t> delta = {3, 3, -70000, 0, 12345};
+      const size_t n_pairs = rotary / 2;
+      for (uint32_t t = 0; t < kTokens; ++t) {
+        if (delta[t] == 0) continue;
+        for (uint32_t h = 0; h < kHeads; ++h) {
+          uint16_t* head = expected.data() + (t * kHeads + h) * 64;
+          for (size_t i = 0; i < n_pairs; ++i) {
+            const size_t j0 = type == v1::ROPE_NEOX ? i : 2 * i;
+            const size_t j1 = type == v1::ROPE_NEOX ? i + n_pairs : 2 * i + 1;
+            const double angle = static_cast<double>(delta[t]) * plan.omega[i];
+            const float c = static_cast<float>(std::cos(angle));
+            const float sn = static_cast<float>(std::sin(angle));
+            const float x0 = HalfToFloat(head[j0]), x1 = HalfToFloat(head[j1]);
+            const float a = x0 * c, b = x1 * sn, e = x0 * sn, f = x1 * c;
+            head[j0] = FloatToHalf(a - b);
+            head[j1] = FloatToHalf(e + f);
+          }
+        }
+      }
+      RotateKeys(plan, v1::DTYPE_F16, k.data(), kTokens, kHeads, delta);
+      for (size_t i = 0; i < k.size(); ++i) {
+        ASSERT_EQ(k[i], expected[i]) << "element " << i << " type " << type << " rotary "
+                                     << rotary;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // 5. The angle table against llama.cpp's formula.
 

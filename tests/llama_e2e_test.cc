@@ -109,8 +109,10 @@ class LlamaE2eTest : public E2eTest {
   }
 
   std::unique_ptr<KvAdapter> OpenAdapter(llama_context* ctx, const llama_context_params& p,
-                                         const std::string& session, Client* client = nullptr) {
+                                         const std::string& session, Client* client = nullptr,
+                                         bool shared_memory = true) {
     llama::AdapterOptions o;
+    o.shared_memory = shared_memory;
     o.ns = "llama-test";
     o.model_id = "random-llama-tiny";
     o.session_id = session;
@@ -220,6 +222,10 @@ TEST_P(LlamaCacheTest, EvictAndRestoreAtSamePositionsGivesBitwiseEqualLogits) {
   Decode(c.get(), {next}, 96);
   const std::vector<float> without = Logits(c.get());
   EXPECT_NE(std::memcmp(without.data(), expected.data(), got.size() * sizeof(float)), 0);
+
+  // The bytes went through shared memory, both ways.
+  EXPECT_EQ(adapter->transfer_stats().shm_transfers, 2u);
+  EXPECT_EQ(adapter->transfer_stats().inline_transfers, 0u);
 }
 
 TEST_P(LlamaCacheTest, SpliceAtNewPositionsMatchesFreshPrefillAndKeepsVBytes) {
@@ -246,7 +252,9 @@ TEST_P(LlamaCacheTest, SpliceAtNewPositionsMatchesFreshPrefillAndKeepsVBytes) {
   // Written at the original positions, shifted by llama.cpp.
   ContextPtr c = MakeContext(GetParam(), &pc);
   Decode(c.get(), prompt, 0);
-  std::unique_ptr<KvAdapter> adapter_c = OpenAdapter(c.get(), pc, "splice-engine");
+  // This one moves bytes inside gRPC messages.
+  std::unique_ptr<KvAdapter> adapter_c =
+      OpenAdapter(c.get(), pc, "splice-engine", nullptr, /*shared_memory=*/false);
   ASSERT_NE(adapter_c, nullptr);
   absl::StatusOr<llama::EvictedBlock> ec = adapter_c->Evict(16, 48);
   ASSERT_TRUE(ec.ok()) << ec.status();
@@ -254,6 +262,8 @@ TEST_P(LlamaCacheTest, SpliceAtNewPositionsMatchesFreshPrefillAndKeepsVBytes) {
       adapter_c->Splice(ec->id, 96, SpliceMode::kShiftInEngine);
   ASSERT_TRUE(sc.ok()) << sc.status();
   EXPECT_EQ(sc->positions.front(), 96);
+  EXPECT_EQ(adapter_c->transfer_stats().inline_transfers, 2u);
+  EXPECT_EQ(adapter_c->transfer_stats().shm_transfers, 0u);
   // llama.cpp applies the shift in its next decode; decode one token in both.
   Decode(a.get(), {7}, 128);
   Decode(c.get(), {7}, 128);
@@ -510,6 +520,13 @@ TEST_F(LlamaE2eTest, LongSessionEvictsRecoversAndKeepsDecodingAcrossDaemonRestar
     ASSERT_OK(engine_client->Delete({best}));
   }
   EXPECT_TRUE(restarted);
+  // Shared memory carried the bytes; the region that died with the daemon
+  // was replaced (at most one transfer retried inline).
+  const llama::TransferStats& t = adapter->transfer_stats();
+  EXPECT_GT(t.shm_transfers, static_cast<uint64_t>(evictions));
+  EXPECT_LE(t.shm_fallbacks, 1u);
+  EXPECT_EQ(t.inline_transfers, t.shm_fallbacks);
+  RecordProperty("shm_fallbacks", static_cast<int>(t.shm_fallbacks));
   EXPECT_GE(evictions, 10);
   EXPECT_GE(recoveries, 5);
   EXPECT_GT(n_past, static_cast<llama_pos>(2 * kCells)) << "the session outgrew its cache";

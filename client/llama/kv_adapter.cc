@@ -189,7 +189,8 @@ absl::StatusOr<std::unique_ptr<KvAdapter>> KvAdapter::Open(llama_context* ctx,
   return adapter;
 }
 
-absl::StatusOr<CanonicalRange> KvAdapter::Read(llama_pos p0, llama_pos p1) {
+absl::Status KvAdapter::ReadState(llama_pos p0, llama_pos p1, std::string* blob,
+                                  SeqState* state) {
   if (p0 < 0 || p1 <= p0) {
     return absl::InvalidArgumentError(
         absl::StrCat("range: [", p0, ", ", p1, ") is empty or negative"));
@@ -198,40 +199,99 @@ absl::StatusOr<CanonicalRange> KvAdapter::Read(llama_pos p0, llama_pos p1) {
   llama_memory_seq_rm(mem, scratch_, -1, -1);
   llama_memory_seq_cp(mem, options_.seq, scratch_, p0, p1);
   absl::Cleanup clear_scratch = [&] { llama_memory_seq_rm(mem, scratch_, -1, -1); };
-  EVOKE_ASSIGN_OR_RETURN(std::string blob, SeqBlob(ctx_, scratch_));
-  EVOKE_ASSIGN_OR_RETURN(SeqState state, ParseSeqState(blob));
-  if (state.positions.empty()) {
+  EVOKE_ASSIGN_OR_RETURN(*blob, SeqBlob(ctx_, scratch_));
+  EVOKE_ASSIGN_OR_RETURN(*state, ParseSeqState(*blob));
+  if (state->positions.empty()) {
     return absl::NotFoundError(absl::StrCat("sequence ", options_.seq,
                                             " holds no tokens in [", p0, ", ", p1, ")"));
   }
-  if (state.n_layer != format_.n_layer) {
-    return absl::InternalError(absl::StrCat("llama.cpp wrote ", state.n_layer,
+  if (state->n_layer != format_.n_layer) {
+    return absl::InternalError(absl::StrCat("llama.cpp wrote ", state->n_layer,
                                             " layers, the model has ", format_.n_layer));
   }
-  EVOKE_ASSIGN_OR_RETURN(v1::DType k, DTypeOfGgmlType(state.k_type, "cache type_k"));
-  EVOKE_ASSIGN_OR_RETURN(v1::DType v, DTypeOfGgmlType(state.v_type, "cache type_v"));
+  EVOKE_ASSIGN_OR_RETURN(v1::DType k, DTypeOfGgmlType(state->k_type, "cache type_k"));
+  EVOKE_ASSIGN_OR_RETURN(v1::DType v, DTypeOfGgmlType(state->v_type, "cache type_v"));
   if (k != format_.k_dtype || v != format_.v_dtype) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the cache holds ", DTypeName(k), "/", DTypeName(v), " K/V, but the context parameters "
         "given to Open said ", DTypeName(format_.k_dtype), "/", DTypeName(format_.v_dtype)));
   }
-  format_.v_trans = state.v_trans;  // Learnt from the cache itself.
+  format_.v_trans = state->v_trans;  // Learnt from the cache itself.
   v_trans_known_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CanonicalRange> KvAdapter::Read(llama_pos p0, llama_pos p1) {
+  std::string blob;
+  SeqState state;
+  EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &blob, &state));
   return ToCanonical(state, format_.n_kv_heads, format_.head_dim);
 }
 
-absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
-  EVOKE_ASSIGN_OR_RETURN(CanonicalRange range, Read(p0, p1));
-  const uint32_t n = static_cast<uint32_t>(range.positions.size());
-  v1::BlockMeta meta = SessionBlockMeta(fingerprint_, options_.session_id, next_sequence_, n, 0,
-                                        format_.n_layer, range.positions.front());
-  meta.set_token_offset(static_cast<uint64_t>(range.positions.front()));
-  if (range.positions.back() - range.positions.front() + 1 != static_cast<int32_t>(n)) {
-    for (int32_t p : range.positions) meta.add_positions(p);
+SharedRegion* KvAdapter::RegionFor(uint64_t bytes) {
+  if (!options_.shared_memory) return nullptr;
+  if (region_ != nullptr && region_->size() >= bytes && client_->has_lease()) {
+    return region_.get();
   }
-  EVOKE_ASSIGN_OR_RETURN(std::vector<v1::SaveResult> saved,
-                         client_->Save({BlockToSave(meta, range.payload)}, options_.durable));
-  (void)saved;
+  DropRegion();
+  if (!client_->OpenLease("evoke-llama").ok()) return nullptr;
+  constexpr uint64_t kMin = 8ull << 20, kGranule = 2ull << 20;
+  const uint64_t size = (std::max(bytes, kMin) + kGranule - 1) / kGranule * kGranule;
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = client_->CreateSharedRegion(size);
+  if (!region.ok()) return nullptr;
+  region_ = std::move(region).value();
+  return region_.get();
+}
+
+void KvAdapter::DropRegion() {
+  if (region_ == nullptr) return;
+  if (client_->has_lease()) (void)client_->UnregisterRegion(region_->id());
+  region_.reset();
+}
+
+absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
+  std::string blob;
+  SeqState state;
+  EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &blob, &state));
+  const uint64_t bytes = CanonicalBytes(state);
+  std::vector<int32_t> positions;
+  std::string payload;  // Inline only.
+  SharedRegion* region = RegionFor(bytes);
+  if (region != nullptr) {
+    EVOKE_ASSIGN_OR_RETURN(positions,
+                           ToCanonicalInto(state, format_.n_kv_heads, format_.head_dim,
+                                           absl::MakeSpan(reinterpret_cast<char*>(region->data()),
+                                                          bytes)));
+  } else {
+    EVOKE_ASSIGN_OR_RETURN(CanonicalRange range,
+                           ToCanonical(state, format_.n_kv_heads, format_.head_dim));
+    positions = std::move(range.positions);
+    payload = std::move(range.payload);
+  }
+  const uint32_t n = static_cast<uint32_t>(positions.size());
+  v1::BlockMeta meta = SessionBlockMeta(fingerprint_, options_.session_id, next_sequence_, n, 0,
+                                        format_.n_layer, positions.front());
+  meta.set_token_offset(static_cast<uint64_t>(positions.front()));
+  if (positions.back() - positions.front() + 1 != static_cast<int32_t>(n)) {
+    for (int32_t p : positions) meta.add_positions(p);
+  }
+  absl::Status saved;
+  if (region != nullptr) {
+    saved = client_->Save({BlockToSave(meta, region->Slice(0, bytes))}, options_.durable).status();
+    ++stats_.shm_transfers;
+    if (!saved.ok()) {
+      // The region may have died with a restarted daemon: once more, inline.
+      payload.assign(reinterpret_cast<const char*>(region->data()), bytes);
+      DropRegion();
+      ++stats_.shm_fallbacks;
+      region = nullptr;
+    }
+  }
+  if (region == nullptr) {
+    saved = client_->Save({BlockToSave(meta, payload)}, options_.durable).status();
+    ++stats_.inline_transfers;
+  }
+  EVOKE_RETURN_IF_ERROR(saved);
   // Acknowledged: now the cells can go.
   if (!llama_memory_seq_rm(llama_get_memory(ctx_), options_.seq, p0, p1)) {
     return absl::InternalError(absl::StrCat("llama_memory_seq_rm refused to remove [", p0, ", ",
@@ -240,8 +300,9 @@ absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
   EvictedBlock out;
   out.id = BlockIdOf(meta);
   out.sequence = next_sequence_++;
-  out.positions = std::move(range.positions);
-  out.payload_bytes = range.payload.size();
+  out.positions = std::move(positions);
+  out.payload_bytes = bytes;
+  known_bytes_[out.id] = bytes;
   return out;
 }
 
@@ -259,6 +320,10 @@ absl::StatusOr<std::vector<v1::RecoveredBlock>> KvAdapter::Recover(
   request.set_require_bytes(true);
   for (const BlockId& id : exclude) request.add_exclude_ids(id.ToBytes());
   EVOKE_ASSIGN_OR_RETURN(v1::RecoverResponse response, client_->Recover(request));
+  for (const v1::RecoveredBlock& b : response.blocks()) {
+    absl::StatusOr<BlockId> id = BlockId::FromBytes(b.id());
+    if (id.ok() && b.meta().payload_bytes() > 0) known_bytes_[*id] = b.meta().payload_bytes();
+  }
   return std::vector<v1::RecoveredBlock>(response.blocks().begin(), response.blocks().end());
 }
 
@@ -268,30 +333,61 @@ absl::StatusOr<SplicedBlock> KvAdapter::Splice(const BlockId& id, llama_pos new_
     return absl::InvalidArgumentError(
         absl::StrCat("new_first_position: ", new_first_position, " is negative"));
   }
-  if (mode == SpliceMode::kReanchorInDaemon) {
-    EVOKE_ASSIGN_OR_RETURN(
-        std::vector<LoadedBlock> loaded,
-        client_->LoadReanchored({id}, fingerprint_, {static_cast<int32_t>(new_first_position)}));
-    return Write(loaded.front(), 0);
-  }
-  if (!llama_memory_can_shift(llama_get_memory(ctx_))) {
+  if (mode == SpliceMode::kShiftInEngine && !llama_memory_can_shift(llama_get_memory(ctx_))) {
     return absl::FailedPreconditionError(
         "mode: kShiftInEngine, but this llama.cpp memory cannot shift positions");
   }
-  EVOKE_ASSIGN_OR_RETURN(std::vector<LoadedBlock> loaded, client_->Load({id}, fingerprint_));
-  const LoadedBlock& block = loaded.front();
-  const int32_t first = block.meta.positions_size() > 0 ? block.meta.positions(0)
-                                                        : block.meta.first_position();
-  return Write(block, static_cast<int32_t>(new_first_position) - first);
+  return Bring(id, new_first_position, mode == SpliceMode::kReanchorInDaemon);
 }
 
 absl::StatusOr<SplicedBlock> KvAdapter::Restore(const BlockId& id) {
-  EVOKE_ASSIGN_OR_RETURN(std::vector<LoadedBlock> loaded, client_->Load({id}, fingerprint_));
-  return Write(loaded.front(), 0);
+  return Bring(id, std::nullopt, false);
 }
 
-absl::StatusOr<SplicedBlock> KvAdapter::Write(const LoadedBlock& block, int32_t shift) {
-  const v1::BlockMeta& meta = block.meta;
+absl::StatusOr<SplicedBlock> KvAdapter::Bring(const BlockId& id,
+                                              std::optional<llama_pos> new_first_position,
+                                              bool reanchor_in_daemon) {
+  std::vector<v1::Reanchor> reanchor;
+  if (new_first_position.has_value() && reanchor_in_daemon) {
+    reanchor.emplace_back().set_first_position(static_cast<int32_t>(*new_first_position));
+  }
+  const BlockId ids[] = {id};
+  const auto known = known_bytes_.find(id);
+  SharedRegion* region = known != known_bytes_.end() ? RegionFor(known->second) : nullptr;
+  absl::StatusOr<std::vector<LoadedBlock>> loaded;
+  if (region != nullptr) {
+    loaded = client_->LoadWith(ids, fingerprint_, reanchor, {region->Slice(0, region->size())});
+    ++stats_.shm_transfers;
+    // NOT_FOUND and FAILED_PRECONDITION about the block itself would come back
+    // the same way inline; anything else may be the region's fault.
+    if (!loaded.ok() && loaded.status().code() != absl::StatusCode::kNotFound) {
+      DropRegion();
+      ++stats_.shm_fallbacks;
+      region = nullptr;
+    }
+  }
+  if (region == nullptr) {
+    loaded = client_->LoadWith(ids, fingerprint_, reanchor, {});
+    ++stats_.inline_transfers;
+  }
+  if (!loaded.ok()) return loaded.status();
+  const LoadedBlock& block = loaded->front();
+  absl::string_view payload =
+      region != nullptr ? absl::string_view(reinterpret_cast<const char*>(region->data()),
+                                            block.meta.payload_bytes())
+                        : absl::string_view(block.payload);
+  known_bytes_[id] = payload.size();
+  int32_t shift = 0;
+  if (new_first_position.has_value() && !reanchor_in_daemon) {
+    const int32_t first = block.meta.positions_size() > 0 ? block.meta.positions(0)
+                                                          : block.meta.first_position();
+    shift = static_cast<int32_t>(*new_first_position) - first;
+  }
+  return Write(block.meta, payload, block.served_from, shift);
+}
+
+absl::StatusOr<SplicedBlock> KvAdapter::Write(const v1::BlockMeta& meta, absl::string_view payload,
+                                              v1::Tier served_from, int32_t shift) {
   if (meta.layer_begin() != 0 || meta.layer_end() != format_.n_layer) {
     return absl::FailedPreconditionError(absl::StrCat(
         "block holds layers [", meta.layer_begin(), ", ", meta.layer_end(),
@@ -316,7 +412,7 @@ absl::StatusOr<SplicedBlock> KvAdapter::Write(const LoadedBlock& block, int32_t 
   for (int attempt = 0; attempt < (v_trans_known_ ? 1 : 2) && !placed; ++attempt) {
     if (attempt == 1) format_.v_trans = !format_.v_trans;
     EVOKE_ASSIGN_OR_RETURN(std::string blob,
-                           ToSeqStateBlob(block.payload, positions, format_, scratch_));
+                           ToSeqStateBlob(payload, positions, format_, scratch_));
     placed = llama_state_seq_set_data(ctx_, reinterpret_cast<const uint8_t*>(blob.data()),
                                       blob.size(), scratch_) == blob.size();
   }
@@ -335,7 +431,7 @@ absl::StatusOr<SplicedBlock> KvAdapter::Write(const LoadedBlock& block, int32_t 
   SplicedBlock out;
   out.id = BlockIdOf(meta);
   out.positions = std::move(positions);
-  out.served_from = block.served_from;
+  out.served_from = served_from;
   return out;
 }
 

@@ -34,7 +34,9 @@
 #define EVOKE_CLIENT_LLAMA_KV_ADAPTER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,18 @@ struct AdapterOptions {
   std::vector<float> rope_freq_factors;
   // Save blocks durably (on disk before acknowledgement).
   bool durable = false;
+  // Move block bytes through a shared-memory region (a lease and a sealed
+  // memfd, sized to the largest block so far) instead of inside gRPC
+  // messages. When the region fails (the daemon restarted, say), that
+  // transfer is retried inline and the next one makes a new region.
+  bool shared_memory = true;
+};
+
+// How block bytes travelled (for tests and monitoring).
+struct TransferStats {
+  uint64_t shm_transfers = 0;     // Saves and loads tried through the region.
+  uint64_t shm_fallbacks = 0;     // Of those, retried inline.
+  uint64_t inline_transfers = 0;  // Saves and loads inside gRPC messages.
 };
 
 // How Splice moves a block to new positions.
@@ -125,6 +139,7 @@ class KvAdapter {
   absl::StatusOr<SplicedBlock> Restore(const BlockId& id);
 
   const v1::LayoutFingerprint& fingerprint() const { return fingerprint_; }
+  const TransferStats& transfer_stats() const { return stats_; }
   const CacheFormat& format() const { return format_; }
   llama_seq_id seq() const { return options_.seq; }
   llama_seq_id scratch_seq() const { return scratch_; }
@@ -132,8 +147,20 @@ class KvAdapter {
  private:
   KvAdapter(llama_context* ctx, Client* client, AdapterOptions options)
       : ctx_(ctx), client_(client), options_(std::move(options)) {}
-  // Loads, writes into the scratch sequence and moves it into seq().
-  absl::StatusOr<SplicedBlock> Write(const LoadedBlock& block, int32_t shift);
+  // Copies [p0, p1) of seq() through the scratch sequence: the blob and its
+  // parse (views into the blob).
+  absl::Status ReadState(llama_pos p0, llama_pos p1, std::string* blob, SeqState* state);
+  // The shared region when it holds `bytes` (made or remade as needed), or
+  // null for inline transfers.
+  SharedRegion* RegionFor(uint64_t bytes);
+  void DropRegion();
+  // Loads `id` (re-anchored by the daemon when asked) and writes it.
+  absl::StatusOr<SplicedBlock> Bring(const BlockId& id, std::optional<llama_pos> new_first_position,
+                                     bool reanchor_in_daemon);
+  // Writes a canonical payload into the scratch sequence, shifts it by
+  // `shift` positions and moves it into seq().
+  absl::StatusOr<SplicedBlock> Write(const v1::BlockMeta& meta, absl::string_view payload,
+                                     v1::Tier served_from, int32_t shift);
 
   llama_context* ctx_;
   Client* client_;
@@ -143,6 +170,9 @@ class KvAdapter {
   CacheFormat format_;
   bool v_trans_known_ = false;
   uint64_t next_sequence_ = 0;
+  std::unique_ptr<SharedRegion> region_;
+  std::map<BlockId, uint64_t> known_bytes_;  // Payload sizes, to size loads.
+  TransferStats stats_;
 };
 
 // QueryCapture records, during llama_decode, the query vectors of one layer

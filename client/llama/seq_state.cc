@@ -182,8 +182,23 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
   return s;
 }
 
+uint64_t CanonicalBytes(const SeqState& s) {
+  return uint64_t{s.n_layer} * s.positions.size() * (s.k_row_bytes + s.v_row_bytes);
+}
+
 absl::StatusOr<CanonicalRange> ToCanonical(const SeqState& s, uint32_t n_kv_heads,
                                            uint32_t head_dim) {
+  CanonicalRange out;
+  out.payload.resize(CanonicalBytes(s));
+  absl::StatusOr<std::vector<int32_t>> positions =
+      ToCanonicalInto(s, n_kv_heads, head_dim, absl::MakeSpan(out.payload));
+  if (!positions.ok()) return positions.status();
+  out.positions = std::move(positions).value();
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> ToCanonicalInto(const SeqState& s, uint32_t n_kv_heads,
+                                                     uint32_t head_dim, absl::Span<char> out_bytes) {
   const size_t n = s.positions.size();
   absl::StatusOr<v1::DType> k_dtype = DTypeOfGgmlType(s.k_type, "type_k");
   if (!k_dtype.ok()) return k_dtype.status();
@@ -198,24 +213,26 @@ absl::StatusOr<CanonicalRange> ToCanonical(const SeqState& s, uint32_t n_kv_head
         " (V) bytes; n_kv_heads ", n_kv_heads, " x head_dim ", head_dim, " needs ", k_row,
         " and ", v_row));
   }
+  if (out_bytes.size() < CanonicalBytes(s)) {
+    return absl::InvalidArgumentError(absl::StrCat("dst: ", out_bytes.size(), " bytes, the block needs ",
+                                                   CanonicalBytes(s)));
+  }
 
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return s.positions[a] < s.positions[b]; });
-  CanonicalRange out;
-  out.positions.resize(n);
+  std::vector<int32_t> positions(n);
   for (size_t i = 0; i < n; ++i) {
-    out.positions[i] = s.positions[order[i]];
-    if (i > 0 && out.positions[i] == out.positions[i - 1]) {
+    positions[i] = s.positions[order[i]];
+    if (i > 0 && positions[i] == positions[i - 1]) {
       return absl::FailedPreconditionError(
-          absl::StrCat("llama.cpp sequence holds position ", out.positions[i], " twice"));
+          absl::StrCat("llama.cpp sequence holds position ", positions[i], " twice"));
     }
   }
   const bool identity = std::is_sorted(s.positions.begin(), s.positions.end());
 
-  out.payload.resize(s.n_layer * n * (k_row + v_row));
-  char* dst = out.payload.data();
+  char* dst = out_bytes.data();
   const uint32_t v_elem = DTypeBytes(*v_dtype);
   for (uint32_t l = 0; l < s.n_layer; ++l) {
     const char* k = s.k[l].data();
@@ -244,7 +261,7 @@ absl::StatusOr<CanonicalRange> ToCanonical(const SeqState& s, uint32_t n_kv_head
     }
     dst += n * v_row;
   }
-  return out;
+  return positions;
 }
 
 absl::StatusOr<std::string> ToSeqStateBlob(absl::string_view payload,

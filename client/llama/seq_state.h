@@ -80,6 +80,15 @@ struct CanonicalRange {
 absl::StatusOr<CanonicalRange> ToCanonical(const SeqState& state, uint32_t n_kv_heads,
                                            uint32_t head_dim);
 
+// CanonicalBytes is the canonical payload length of `state`.
+uint64_t CanonicalBytes(const SeqState& state);
+
+// ToCanonicalInto is ToCanonical writing the payload to `dst` (at least
+// CanonicalBytes(state) long, e.g. a shared-memory region) and returning the
+// ascending positions.
+absl::StatusOr<std::vector<int32_t>> ToCanonicalInto(const SeqState& state, uint32_t n_kv_heads,
+                                                     uint32_t head_dim, absl::Span<char> dst);
+
 // What a blob for llama_state_seq_set_data() must say about the cache.
 struct CacheFormat {
   uint32_t n_layer = 0;

@@ -145,10 +145,12 @@ class Client {
       absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
       absl::Span<const v1::RegionSlice> destinations);
 
-  // OpenLease opens this client's lease (once; later calls are no-ops). The
-  // lease owns its registered regions and pins; it ends when the Client is
-  // destroyed or the process dies, and the daemon then unmaps the regions
-  // and releases the pins. Regions and pins need a lease.
+  // OpenLease opens this client's lease (once; later calls are no-ops while
+  // it lasts). The lease owns its registered regions and pins; it ends when
+  // the Client is destroyed, the process dies or the daemon stops, and the
+  // daemon then unmaps the regions and releases the pins. After it ended
+  // (has_lease() false), OpenLease opens a new one; regions must then be
+  // created again. Regions and pins need a lease.
   absl::Status OpenLease(absl::string_view client_name = "");
   bool has_lease() const;
 
