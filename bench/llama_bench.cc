@@ -11,7 +11,7 @@
 //
 //   evoke-llama-bench [--shape 1b|tiny] [--ranges 64,256,1024,2048]
 //                     [--repeats 3] [--prefill-repeats 1] [--threads N]
-//                     [--target SOCKET] [--json FILE]
+//                     [--target SOCKET] [--json FILE] [--inline]
 //
 // It starts its own evoked (temp dir, 2 GiB tier 1) unless --target names a
 // running one.
@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "llama.cpp threads (default: all cores)");
   app.add_option("--target", target, "Use the evoked on this socket instead of starting one");
   app.add_option("--json", json_path, "Also write the results as JSON to FILE");
+  bool inline_bytes = false;
+  app.add_flag("--inline", inline_bytes,
+               "Move block bytes inside gRPC messages instead of shared memory");
   CLI11_PARSE(app, argc, argv);
   if (ranges.empty() || repeats < 1 || prefill_repeats < 1) {
     std::fprintf(stderr, "evoke-llama-bench: --ranges, --repeats and --prefill-repeats must be set\n");
@@ -135,9 +138,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("model: random llama, %u layers, %u wide, %u heads, %u KV heads, FFN %u, vocab %u "
-              "(built in %.1f s); %d threads\n",
+              "(built in %.1f s); %d threads; bytes %s\n",
               shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv, shape.n_ff,
-              shape.n_vocab, Ms(t_model, Clock::now()) / 1000, threads);
+              shape.n_vocab, Ms(t_model, Clock::now()) / 1000, threads,
+              inline_bytes ? "inline in gRPC messages" : "through shared memory");
 
   const uint32_t max_range = *std::max_element(ranges.begin(), ranges.end());
   llama_context_params cp = llama_context_default_params();
@@ -159,6 +163,7 @@ int main(int argc, char** argv) {
   options.ns = "bench";
   options.model_id = "random-llama-" + shape_name;
   options.session_id = "llama-bench-" + std::to_string(getpid());
+  options.shared_memory = !inline_bytes;
   auto adapter = evoke::llama::KvAdapter::Open(ctx.get(), cp, client.get(), options);
   if (!adapter.ok()) {
     std::fprintf(stderr, "evoke-llama-bench: %s\n", adapter.status().ToString().c_str());
@@ -255,8 +260,9 @@ int main(int argc, char** argv) {
           r.tokens, r.block_bytes, r.evict_ms, r.read_ms, r.restore_ms, r.splice_ms,
           r.prefill_ms));
     }
-    std::fprintf(f, "{\"shape\":\"%s\",\"threads\":%d,\"rows\":[%s]}\n", shape_name.c_str(),
-                 threads, absl::StrJoin(items, ",").c_str());
+    std::fprintf(f, "{\"shape\":\"%s\",\"threads\":%d,\"shared_memory\":%s,\"rows\":[%s]}\n",
+                 shape_name.c_str(), threads, inline_bytes ? "false" : "true",
+                 absl::StrJoin(items, ",").c_str());
     std::fclose(f);
   }
   return 0;

@@ -13,6 +13,8 @@
 #include "client/llama/random_model.h"
 #include "common/block_validation.h"
 #include "common/half.h"
+#include "ggml-backend.h"
+#include "gguf.h"
 #include "tests/e2e_fixture.h"
 
 namespace evoke::testing {
@@ -228,6 +230,37 @@ TEST_P(LlamaCacheTest, EvictAndRestoreAtSamePositionsGivesBitwiseEqualLogits) {
   EXPECT_EQ(adapter->transfer_stats().inline_transfers, 0u);
 }
 
+TEST_P(LlamaCacheTest, RangesWithHolesKeepTheirPositions) {
+  const std::vector<llama_token> prompt = RandomTokens(64, 13);
+  llama_context_params p;
+  ContextPtr ctx = MakeContext(GetParam(), &p);
+  Decode(ctx.get(), prompt, 0);
+  std::unique_ptr<KvAdapter> adapter = OpenAdapter(ctx.get(), p, "holes");
+  ASSERT_NE(adapter, nullptr);
+  absl::StatusOr<CanonicalRange> original = adapter->Read(16, 48);
+  ASSERT_TRUE(original.ok()) << original.status();
+
+  // [20, 24) leaves first; then [16, 48) holds 28 tokens around a hole.
+  absl::StatusOr<llama::EvictedBlock> inner = adapter->Evict(20, 24);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  absl::StatusOr<llama::EvictedBlock> outer = adapter->Evict(16, 48);
+  ASSERT_TRUE(outer.ok()) << outer.status();
+  ASSERT_EQ(outer->positions.size(), 28u);
+  EXPECT_EQ(outer->positions[3], 19);
+  EXPECT_EQ(outer->positions[4], 24);
+  absl::StatusOr<v1::BlockInfo> info = client_->Describe(outer->id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->meta().positions_size(), 28) << "a gapped block carries its positions";
+
+  // Back in the other order: every position holds its own K and V again.
+  ASSERT_TRUE(adapter->Restore(outer->id).ok());
+  ASSERT_TRUE(adapter->Restore(inner->id).ok());
+  absl::StatusOr<CanonicalRange> after = adapter->Read(16, 48);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->positions, original->positions);
+  EXPECT_TRUE(after->payload == original->payload) << "K/V bytes differ after the round trip";
+}
+
 TEST_P(LlamaCacheTest, SpliceAtNewPositionsMatchesFreshPrefillAndKeepsVBytes) {
   const ggml_type type = GetParam().type;
   const std::vector<llama_token> prompt = RandomTokens(96, 12);
@@ -360,6 +393,48 @@ TEST_F(LlamaE2eTest, RefusesWhatItCannotServeWithClearReasons) {
   EXPECT_EQ(adapter->Restore(BlockId::FromBytes(std::string(16, 'x')).value()).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_OK(client_->HealthCheck());
+}
+
+void ZeroFill(ggml_tensor* t, void*) {
+  std::vector<uint8_t> zeros(ggml_nbytes(t), 0);
+  ggml_backend_tensor_set(t, zeros.data(), 0, zeros.size());
+}
+
+TEST_F(LlamaE2eTest, RefusesRecurrentModels) {
+  // A tiny Mamba (recurrent: its state is not a cache of tokens).
+  gguf_context* meta = gguf_init_empty();
+  gguf_set_val_str(meta, "general.architecture", "mamba");
+  gguf_set_val_u32(meta, "mamba.context_length", 256);
+  gguf_set_val_u32(meta, "mamba.embedding_length", 64);
+  gguf_set_val_u32(meta, "mamba.block_count", 2);
+  gguf_set_val_u32(meta, "mamba.feed_forward_length", 0);
+  gguf_set_val_u32(meta, "mamba.attention.head_count", 0);
+  gguf_set_val_f32(meta, "mamba.attention.layer_norm_rms_epsilon", 1e-5f);
+  gguf_set_val_u32(meta, "mamba.ssm.conv_kernel", 4);
+  gguf_set_val_u32(meta, "mamba.ssm.inner_size", 128);
+  gguf_set_val_u32(meta, "mamba.ssm.state_size", 16);
+  gguf_set_val_u32(meta, "mamba.ssm.time_step_rank", 4);
+  gguf_set_val_u32(meta, "mamba.vocab_size", 64);
+  gguf_set_val_str(meta, "tokenizer.ggml.model", "none");
+  llama_model* mamba = llama_model_init_from_user(meta, ZeroFill, nullptr,
+                                                  llama_model_default_params());
+  gguf_free(meta);
+  ASSERT_NE(mamba, nullptr) << "llama.cpp refused the tiny Mamba";
+  ASSERT_TRUE(llama_model_is_recurrent(mamba));
+  llama_context_params p = llama_context_default_params();
+  p.n_ctx = 256;
+  p.n_seq_max = 2;
+  p.kv_unified = true;
+  ContextPtr ctx(llama_init_from_model(mamba, p));
+  ASSERT_NE(ctx, nullptr);
+  llama::AdapterOptions o;
+  o.model_id = "random-mamba";
+  o.session_id = "recurrent";
+  absl::Status s = KvAdapter::Open(ctx.get(), p, client_.get(), o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("recurrent"));
+  ctx.reset();
+  llama_model_free(mamba);
 }
 
 // The independent pre-RoPE key of a token in layer 0: its K at position 0,

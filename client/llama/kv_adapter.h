@@ -15,9 +15,10 @@
 // How a range leaves the cache (Evict): llama_memory_seq_cp copies the range
 // of the engine's sequence to the scratch sequence (cell metadata only),
 // llama_state_seq_get_data reads the scratch sequence, and the bytes are
-// converted to evoke's canonical layout (client/llama/seq_state.h) and saved
-// as a session block; only once the daemon acknowledged it is the range
-// removed with llama_memory_seq_rm. A failed save leaves the cache as it was.
+// converted to evoke's canonical layout (client/llama/seq_state.h), straight
+// into a shared-memory region, and saved as a session block; only once the
+// daemon acknowledged it is the range removed with llama_memory_seq_rm. A
+// failed save leaves the cache as it was.
 //
 // How it comes back (Splice / Restore): the block is loaded, either
 // re-anchored by evoked (K rotated once to the new positions) or at its
@@ -122,7 +123,9 @@ class KvAdapter {
 
   // Recover asks evoked which of this session's blocks best match `queries`
   // (n_query_heads x head_dim floats, before RoPE, e.g. from QueryCapture)
-  // on `layer`'s mean-key summaries, excluding `exclude`.
+  // on `layer`'s mean-key summaries, excluding `exclude`. `layer` must be the
+  // one evoked summarises (its --summary-layer; default the middle layer):
+  // NOT_FOUND otherwise.
   absl::StatusOr<std::vector<v1::RecoveredBlock>> Recover(absl::Span<const float> queries,
                                                           uint32_t n_query_heads, uint32_t layer,
                                                           uint32_t k,
