@@ -41,18 +41,20 @@ absl::Status Refuse(absl::string_view why) {
   return absl::FailedPreconditionError(absl::StrCat("evoke llama adapter: ", why));
 }
 
-// The sequence state of `seq`, or of its cells in [p0, p1) via `scratch`.
-absl::StatusOr<std::string> SeqBlob(llama_context* ctx, llama_seq_id seq) {
+// The sequence state of `seq`, read into `*buf` (grown when needed, never
+// shrunk, so that a reused buffer costs no new pages).
+absl::StatusOr<absl::string_view> SeqBlob(llama_context* ctx, llama_seq_id seq,
+                                          std::string* buf) {
   const size_t size = llama_state_seq_get_size(ctx, seq);
   if (size == 0) return absl::InternalError("llama_state_seq_get_size failed (see llama.cpp log)");
-  std::string blob(size, '\0');
+  if (buf->size() < size) buf->resize(size);
   const size_t got =
-      llama_state_seq_get_data(ctx, reinterpret_cast<uint8_t*>(blob.data()), size, seq);
+      llama_state_seq_get_data(ctx, reinterpret_cast<uint8_t*>(buf->data()), size, seq);
   if (got != size) {
     return absl::InternalError(absl::StrCat("llama_state_seq_get_data wrote ", got,
                                             " bytes, llama_state_seq_get_size said ", size));
   }
-  return blob;
+  return absl::string_view(buf->data(), size);
 }
 
 }  // namespace
@@ -114,8 +116,9 @@ absl::StatusOr<std::unique_ptr<KvAdapter>> KvAdapter::Open(llama_context* ctx,
   }
   // The authoritative check of the cache's stream count: the state of the
   // empty scratch sequence says how many streams the cache has.
-  EVOKE_ASSIGN_OR_RETURN(std::string probe, SeqBlob(ctx, scratch));
-  EVOKE_RETURN_IF_ERROR(ParseSeqState(probe).status());
+  std::string probe;
+  EVOKE_ASSIGN_OR_RETURN(absl::string_view probe_blob, SeqBlob(ctx, scratch, &probe));
+  EVOKE_RETURN_IF_ERROR(ParseSeqState(probe_blob).status());
 
   // Shape and RoPE from the model, with the context's overrides.
   const std::string arch = MetaValue(model, "general.architecture");
@@ -189,8 +192,7 @@ absl::StatusOr<std::unique_ptr<KvAdapter>> KvAdapter::Open(llama_context* ctx,
   return adapter;
 }
 
-absl::Status KvAdapter::ReadState(llama_pos p0, llama_pos p1, std::string* blob,
-                                  SeqState* state) {
+absl::Status KvAdapter::ReadState(llama_pos p0, llama_pos p1, SeqState* state) {
   if (p0 < 0 || p1 <= p0) {
     return absl::InvalidArgumentError(
         absl::StrCat("range: [", p0, ", ", p1, ") is empty or negative"));
@@ -199,8 +201,8 @@ absl::Status KvAdapter::ReadState(llama_pos p0, llama_pos p1, std::string* blob,
   llama_memory_seq_rm(mem, scratch_, -1, -1);
   llama_memory_seq_cp(mem, options_.seq, scratch_, p0, p1);
   absl::Cleanup clear_scratch = [&] { llama_memory_seq_rm(mem, scratch_, -1, -1); };
-  EVOKE_ASSIGN_OR_RETURN(*blob, SeqBlob(ctx_, scratch_));
-  EVOKE_ASSIGN_OR_RETURN(*state, ParseSeqState(*blob));
+  EVOKE_ASSIGN_OR_RETURN(absl::string_view blob, SeqBlob(ctx_, scratch_, &state_buf_));
+  EVOKE_ASSIGN_OR_RETURN(*state, ParseSeqState(blob));
   if (state->positions.empty()) {
     return absl::NotFoundError(absl::StrCat("sequence ", options_.seq,
                                             " holds no tokens in [", p0, ", ", p1, ")"));
@@ -222,9 +224,8 @@ absl::Status KvAdapter::ReadState(llama_pos p0, llama_pos p1, std::string* blob,
 }
 
 absl::StatusOr<CanonicalRange> KvAdapter::Read(llama_pos p0, llama_pos p1) {
-  std::string blob;
   SeqState state;
-  EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &blob, &state));
+  EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &state));
   return ToCanonical(state, format_.n_kv_heads, format_.head_dim);
 }
 
@@ -250,9 +251,8 @@ void KvAdapter::DropRegion() {
 }
 
 absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
-  std::string blob;
   SeqState state;
-  EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &blob, &state));
+  EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &state));
   const uint64_t bytes = CanonicalBytes(state);
   std::vector<int32_t> positions;
   std::string payload;  // Inline only.
@@ -411,10 +411,10 @@ absl::StatusOr<SplicedBlock> KvAdapter::Write(const v1::BlockMeta& meta, absl::s
   bool placed = false;
   for (int attempt = 0; attempt < (v_trans_known_ ? 1 : 2) && !placed; ++attempt) {
     if (attempt == 1) format_.v_trans = !format_.v_trans;
-    EVOKE_ASSIGN_OR_RETURN(std::string blob,
-                           ToSeqStateBlob(payload, positions, format_, scratch_));
-    placed = llama_state_seq_set_data(ctx_, reinterpret_cast<const uint8_t*>(blob.data()),
-                                      blob.size(), scratch_) == blob.size();
+    EVOKE_RETURN_IF_ERROR(
+        WriteSeqStateBlob(payload, positions, format_, scratch_, &state_buf_));
+    placed = llama_state_seq_set_data(ctx_, reinterpret_cast<const uint8_t*>(state_buf_.data()),
+                                      state_buf_.size(), scratch_) == state_buf_.size();
   }
   if (!placed) {
     return absl::ResourceExhaustedError(absl::StrCat(

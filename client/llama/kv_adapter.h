@@ -150,9 +150,9 @@ class KvAdapter {
  private:
   KvAdapter(llama_context* ctx, Client* client, AdapterOptions options)
       : ctx_(ctx), client_(client), options_(std::move(options)) {}
-  // Copies [p0, p1) of seq() through the scratch sequence: the blob and its
-  // parse (views into the blob).
-  absl::Status ReadState(llama_pos p0, llama_pos p1, std::string* blob, SeqState* state);
+  // Copies [p0, p1) of seq() through the scratch sequence into state_buf_
+  // and parses it (`state` views state_buf_ until its next use).
+  absl::Status ReadState(llama_pos p0, llama_pos p1, SeqState* state);
   // The shared region when it holds `bytes` (made or remade as needed), or
   // null for inline transfers.
   SharedRegion* RegionFor(uint64_t bytes);
@@ -173,6 +173,9 @@ class KvAdapter {
   CacheFormat format_;
   bool v_trans_known_ = false;
   uint64_t next_sequence_ = 0;
+  // llama.cpp state blobs, read or written; kept (at the largest block's
+  // size) because fresh pages for every block cost more than the copies.
+  std::string state_buf_;
   std::unique_ptr<SharedRegion> region_;
   std::map<BlockId, uint64_t> known_bytes_;  // Payload sizes, to size loads.
   TransferStats stats_;

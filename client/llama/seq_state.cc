@@ -48,18 +48,27 @@ class Reader {
   const char* failed_ = "";
 };
 
+// Appends to a string whose capacity is kept between blobs.
 class Writer {
  public:
-  explicit Writer(size_t reserve) { out_.reserve(reserve); }
+  Writer(std::string* out, size_t reserve) : out_(*out) {
+    out_.clear();
+    out_.reserve(reserve);
+  }
   template <typename T>
   void Put(T value) {
     out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
   }
   void Append(const char* data, size_t n) { out_.append(data, n); }
-  std::string Take() { return std::move(out_); }
+  // Grows the blob by n bytes and returns where they start.
+  char* Extend(size_t n) {
+    const size_t at = out_.size();
+    out_.resize(at + n);
+    return out_.data() + at;
+  }
 
  private:
-  std::string out_;
+  std::string& out_;
 };
 
 }  // namespace
@@ -267,6 +276,14 @@ absl::StatusOr<std::vector<int32_t>> ToCanonicalInto(const SeqState& s, uint32_t
 absl::StatusOr<std::string> ToSeqStateBlob(absl::string_view payload,
                                            absl::Span<const int32_t> positions,
                                            const CacheFormat& f, int32_t seq_id) {
+  std::string out;
+  absl::Status s = WriteSeqStateBlob(payload, positions, f, seq_id, &out);
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::Status WriteSeqStateBlob(absl::string_view payload, absl::Span<const int32_t> positions,
+                               const CacheFormat& f, int32_t seq_id, std::string* out) {
   const uint64_t n = positions.size();
   const uint64_t elems = uint64_t{f.n_kv_heads} * f.head_dim;
   const uint32_t k_elem = DTypeBytes(f.k_dtype), v_elem = DTypeBytes(f.v_dtype);
@@ -282,7 +299,7 @@ absl::StatusOr<std::string> ToSeqStateBlob(absl::string_view payload,
         "payload: ", payload.size(), " bytes for ", n, " tokens x ", f.n_layer,
         " layers; the cache format needs ", f.n_layer * n * (k_row + v_row)));
   }
-  Writer w(payload.size() + n * 12 + f.n_layer * 32 + 32);
+  Writer w(out, payload.size() + n * 12 + f.n_layer * 32 + 32);
   w.Put<uint32_t>(kSeqStateMagic);
   w.Put<int32_t>(seq_id);
   w.Put<uint32_t>(1);  // n_stream
@@ -300,7 +317,6 @@ absl::StatusOr<std::string> ToSeqStateBlob(absl::string_view payload,
     w.Put<uint64_t>(k_row);
     w.Append(payload.data() + l * layer_bytes, n * k_row);
   }
-  std::string transposed;
   for (uint32_t l = 0; l < f.n_layer; ++l) {
     const char* v = payload.data() + l * layer_bytes + n * k_row;
     w.Put<int32_t>(v_type);
@@ -311,15 +327,14 @@ absl::StatusOr<std::string> ToSeqStateBlob(absl::string_view payload,
     }
     w.Put<uint32_t>(v_elem);
     w.Put<uint32_t>(static_cast<uint32_t>(elems));
-    transposed.resize(n * v_row);
+    char* transposed = w.Extend(n * v_row);
     for (uint64_t j = 0; j < elems; ++j) {
       for (uint64_t c = 0; c < n; ++c) {
-        std::memcpy(&transposed[(j * n + c) * v_elem], v + c * v_row + j * v_elem, v_elem);
+        std::memcpy(transposed + (j * n + c) * v_elem, v + c * v_row + j * v_elem, v_elem);
       }
     }
-    w.Append(transposed.data(), transposed.size());
   }
-  return w.Take();
+  return absl::OkStatus();
 }
 
 }  // namespace evoke::llama

@@ -106,6 +106,10 @@ struct CacheFormat {
 absl::StatusOr<std::string> ToSeqStateBlob(absl::string_view payload,
                                            absl::Span<const int32_t> positions,
                                            const CacheFormat& format, int32_t seq_id);
+// WriteSeqStateBlob is ToSeqStateBlob into `*out`, replacing its contents
+// but keeping its capacity (no new pages for a buffer that is reused).
+absl::Status WriteSeqStateBlob(absl::string_view payload, absl::Span<const int32_t> positions,
+                               const CacheFormat& format, int32_t seq_id, std::string* out);
 
 }  // namespace evoke::llama
 
