@@ -276,9 +276,10 @@ absl::Status Client::OpenLease(absl::string_view client_name) {
       impl_->stub->OpenLease(context.get(), request);
   v1::LeaseEvent event;
   if (!reader->Read(&event) || !event.has_grant()) {
-    return FromGrpc(reader->Finish()).ok()
-               ? absl::UnavailableError("lease stream ended before the grant")
-               : FromGrpc(reader->Finish());
+    // Finish may be called once per stream.
+    absl::Status finished = FromGrpc(reader->Finish());
+    return finished.ok() ? absl::UnavailableError("lease stream ended before the grant")
+                         : finished;
   }
   {
     absl::MutexLock lock(&impl_->lease_mu);

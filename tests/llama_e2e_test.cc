@@ -252,9 +252,10 @@ TEST_P(LlamaCacheTest, RangesWithHolesKeepTheirPositions) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->meta().positions_size(), 28) << "a gapped block carries its positions";
 
-  // Back in the other order: every position holds its own K and V again.
-  ASSERT_TRUE(adapter->Restore(outer->id).ok());
+  // Back, the inner one first: restoring the outer block must not clear the
+  // positions of its gap. Every position holds its own K and V again.
   ASSERT_TRUE(adapter->Restore(inner->id).ok());
+  ASSERT_TRUE(adapter->Restore(outer->id).ok());
   absl::StatusOr<CanonicalRange> after = adapter->Read(16, 48);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->positions, original->positions);
@@ -393,6 +394,35 @@ TEST_F(LlamaE2eTest, RefusesWhatItCannotServeWithClearReasons) {
   EXPECT_EQ(adapter->Restore(BlockId::FromBytes(std::string(16, 'x')).value()).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_OK(client_->HealthCheck());
+}
+
+TEST_F(LlamaE2eTest, FailedSaveLeavesTheCacheAsItWas) {
+  const std::vector<llama_token> prompt = RandomTokens(32, 14);
+  llama_context_params p;
+  ContextPtr ctx = MakeContext({GGML_TYPE_F16, true}, &p);
+  Decode(ctx.get(), prompt, 0);
+  // The engine's own client: StartDaemon below replaces client_.
+  std::unique_ptr<Client> engine_client = daemon_->Connect();
+  ASSERT_NE(engine_client, nullptr);
+  std::unique_ptr<KvAdapter> adapter =
+      OpenAdapter(ctx.get(), p, "daemon-down", engine_client.get());
+  ASSERT_NE(adapter, nullptr);
+  absl::StatusOr<CanonicalRange> before = adapter->Read(0, 16);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  ASSERT_OK(daemon_->Terminate());
+  absl::Status s = adapter->Evict(0, 16).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  absl::StatusOr<CanonicalRange> after = adapter->Read(0, 16);
+  ASSERT_TRUE(after.ok()) << after.status() << ": the range left the cache unsaved";
+  EXPECT_TRUE(after->payload == before->payload);
+  EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(ctx.get()), 0), 31);
+
+  // With the daemon back, the same call works.
+  StartDaemon();
+  absl::StatusOr<llama::EvictedBlock> e = adapter->Evict(0, 16);
+  EXPECT_TRUE(e.ok()) << e.status();
 }
 
 void ZeroFill(ggml_tensor* t, void*) {

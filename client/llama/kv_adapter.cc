@@ -426,7 +426,14 @@ absl::StatusOr<SplicedBlock> KvAdapter::Write(const v1::BlockMeta& meta, absl::s
     llama_memory_seq_add(mem, scratch_, -1, -1, shift);
     for (int32_t& p : positions) p += shift;
   }
-  llama_memory_seq_rm(mem, options_.seq, positions.front(), positions.back() + 1);
+  // Clear the block's own positions in seq(), run by run (a gapped block
+  // leaves whatever sits in its gaps alone), then move the cells in.
+  for (size_t i = 0; i < positions.size();) {
+    size_t j = i + 1;
+    while (j < positions.size() && positions[j] == positions[j - 1] + 1) ++j;
+    llama_memory_seq_rm(mem, options_.seq, positions[i], positions[j - 1] + 1);
+    i = j;
+  }
   llama_memory_seq_cp(mem, scratch_, options_.seq, -1, -1);
   SplicedBlock out;
   out.id = BlockIdOf(meta);
