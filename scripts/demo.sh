@@ -12,7 +12,10 @@
 #      a query recovers the right ones by key similarity, and the best one is
 #      loaded at the end of the context with K re-anchored (checked against K
 #      computed directly at the new positions), V byte-identical;
-#   6. evokectl stat and verify.
+#   6. evoke-llama-demo: the real llama.cpp (random-weight Llama) evicts a
+#      range to evoked and restores it (next-token logits bitwise equal to a
+#      context that never evicted), then splices it at the tail;
+#   7. evokectl stat and verify.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -66,6 +69,10 @@ echo "== evoke-demo load"
 "$BIN/client/evoke-demo" load
 echo "== evoke-demo splice"
 "$BIN/client/evoke-demo" splice
+if [ -x "$BIN/client/llama/evoke-llama-demo" ]; then
+  echo "== evoke-llama-demo"
+  "$BIN/client/llama/evoke-llama-demo"
+fi
 echo "== evokectl stat"
 "$BIN/client/evokectl" stat
 echo "== evokectl verify"

@@ -425,6 +425,15 @@ TEST_F(LlamaE2eTest, FailedSaveLeavesTheCacheAsItWas) {
   EXPECT_TRUE(e.ok()) << e.status();
 }
 
+TEST_F(LlamaE2eTest, DemoRunsAgainstTheDaemon) {
+  // The README demo's llama.cpp step.
+  const CommandResult r =
+      RunCommand({BinaryPath("EVOKE_LLAMA_DEMO", EVOKE_LLAMA_DEMO_PATH), daemon_->socket()});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("bitwise equal"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("(rotated), V byte-identical"));
+}
+
 void ZeroFill(ggml_tensor* t, void*) {
   std::vector<uint8_t> zeros(ggml_nbytes(t), 0);
   ggml_backend_tensor_set(t, zeros.data(), 0, zeros.size());
