@@ -374,6 +374,12 @@ TEST_F(LlamaE2eTest, RefusesWhatItCannotServeWithClearReasons) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("scratch_seq"));
 
+  llama::AdapterOptions factors = o;
+  factors.rope_freq_factors = {1.0f, 2.0f, 4.0f};  // head_dim 64 needs 32.
+  s = KvAdapter::Open(ctx.get(), p, client_.get(), factors).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("freq_factors"));
+
   // A context created without kv_unified really has several streams: the
   // adapter finds out from the cache itself even when told otherwise.
   llama_context_params streams = p;
@@ -419,10 +425,18 @@ TEST_F(LlamaE2eTest, FailedSaveLeavesTheCacheAsItWas) {
   EXPECT_TRUE(after->payload == before->payload);
   EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(ctx.get()), 0), 31);
 
-  // With the daemon back, the same call works.
-  StartDaemon();
-  absl::StatusOr<llama::EvictedBlock> e = adapter->Evict(0, 16);
+  // A daemon that refuses blocks this large: the status names the payload,
+  // and the cache keeps the range.
+  StartDaemon({"--max-block-bytes", "8KiB"});
+  s = adapter->Evict(0, 16).status();  // 16 tokens x 1 KiB
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("payload"));
+  EXPECT_TRUE(adapter->Read(0, 16).ok());
+
+  // Within the limit, the call works.
+  absl::StatusOr<llama::EvictedBlock> e = adapter->Evict(0, 8);
   EXPECT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(adapter->Read(0, 8).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(LlamaE2eTest, DemoRunsAgainstTheDaemon) {

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/block_validation.h"
 #include "common/status_macros.h"
 #include "ggml-backend.h"
 #include "ggml.h"
@@ -55,6 +56,24 @@ absl::StatusOr<absl::string_view> SeqBlob(llama_context* ctx, llama_seq_id seq,
                                             " bytes, llama_state_seq_get_size said ", size));
   }
   return absl::string_view(buf->data(), size);
+}
+
+// Whether a failed transfer through the shared region may be the region's
+// fault (gone with a restarted daemon, or its lease), so that an inline
+// retry can succeed. Errors about the request itself are not retried.
+bool MayBeTheRegion(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -173,6 +192,13 @@ absl::StatusOr<std::unique_ptr<KvAdapter>> KvAdapter::Open(llama_context* ctx,
       rope->set_scaling(v1::ROPE_SCALING_LINEAR);
     }
   }
+  // What the daemon would refuse at the first Save, refused now (e.g. a
+  // freq-factor count that does not match rotary_dim / 2).
+  if (absl::Status valid = ValidateFingerprint(fp, BlockLimits(), "fingerprint"); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the layout derived from the model and options is invalid: ",
+                     valid.message()));
+  }
   adapter->fingerprint_ = std::move(fp);
   adapter->format_ = CacheFormat{n_layer, n_head_kv, head_dim, *k_dtype, *v_dtype, false};
 
@@ -279,7 +305,7 @@ absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
   if (region != nullptr) {
     saved = client_->Save({BlockToSave(meta, region->Slice(0, bytes))}, options_.durable).status();
     ++stats_.shm_transfers;
-    if (!saved.ok()) {
+    if (MayBeTheRegion(saved)) {
       // The region may have died with a restarted daemon: once more, inline.
       payload.assign(reinterpret_cast<const char*>(region->data()), bytes);
       DropRegion();
@@ -358,9 +384,10 @@ absl::StatusOr<SplicedBlock> KvAdapter::Bring(const BlockId& id,
   if (region != nullptr) {
     loaded = client_->LoadWith(ids, fingerprint_, reanchor, {region->Slice(0, region->size())});
     ++stats_.shm_transfers;
-    // NOT_FOUND and FAILED_PRECONDITION about the block itself would come back
-    // the same way inline; anything else may be the region's fault.
-    if (!loaded.ok() && loaded.status().code() != absl::StatusCode::kNotFound) {
+    // NOT_FOUND here is about the block (a dead region is FAILED_PRECONDITION
+    // or UNAVAILABLE): no inline retry for it.
+    if (!loaded.ok() && loaded.status().code() != absl::StatusCode::kNotFound &&
+        MayBeTheRegion(loaded.status())) {
       DropRegion();
       ++stats_.shm_fallbacks;
       region = nullptr;
