@@ -9,7 +9,8 @@
 //                                  {.model_id = "llama-3.2-1b", .session_id = "chat-42"});
 //   auto block = (*adapter)->Evict(0, 256);          // K/V of [0, 256) -> evoked
 //   ...
-//   auto hits = (*adapter)->Recover(query, n_head, /*layer=*/0, /*k=*/4);
+//   // query: QueryCapture's, for the layer evoked summarises (--summary-layer)
+//   auto hits = (*adapter)->Recover(query, n_head, summary_layer, /*k=*/4);
 //   (*adapter)->Splice(block->id, /*new_first_position=*/n_past);  // back at the tail
 //
 // How a range leaves the cache (Evict): llama_memory_seq_cp copies the range
