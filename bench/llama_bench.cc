@@ -53,26 +53,6 @@ void QuietLog(ggml_log_level level, const char* text, void*) {
   if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
 }
 
-bool Prefill(llama_context* ctx, const std::vector<llama_token>& tokens, uint32_t n_batch) {
-  for (size_t i = 0; i < tokens.size(); i += n_batch) {
-    const size_t n = std::min<size_t>(n_batch, tokens.size() - i);
-    llama_batch batch = llama_batch_init(static_cast<int32_t>(n), 0, 1);
-    for (size_t j = 0; j < n; ++j) {
-      batch.token[j] = tokens[i + j];
-      batch.pos[j] = static_cast<llama_pos>(i + j);
-      batch.n_seq_id[j] = 1;
-      batch.seq_id[j][0] = 0;
-      batch.logits[j] = i + j + 1 == tokens.size();
-    }
-    batch.n_tokens = static_cast<int32_t>(n);
-    const int32_t rc = llama_decode(ctx, batch);
-    llama_batch_free(batch);
-    if (rc != 0) return false;
-  }
-  llama_synchronize(ctx);
-  return true;
-}
-
 struct Row {
   uint32_t tokens = 0;
   uint64_t block_bytes = 0;
@@ -183,7 +163,7 @@ int main(int argc, char** argv) {
     row.tokens = r;
     std::vector<double> evict, read, restore, splice, prefill;
     llama_memory_clear(mem, true);
-    if (!Prefill(ctx.get(), tokens, cp.n_batch)) {
+    if (!evoke::llama::DecodeTokens(ctx.get(), tokens, 0)) {
       std::fprintf(stderr, "evoke-llama-bench: prefill of %u tokens failed\n", r);
       return 1;
     }
@@ -243,7 +223,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < prefill_repeats; ++i) {
       llama_memory_seq_rm(mem, 0, -1, -1);
       const auto t0 = Clock::now();
-      if (!Prefill(ctx.get(), tokens, cp.n_batch)) return 1;
+      if (!evoke::llama::DecodeTokens(ctx.get(), tokens, 0)) return 1;
       prefill.push_back(Ms(t0, Clock::now()));
     }
     row.evict_ms = Median(evict);

@@ -79,22 +79,10 @@ class LlamaE2eTest : public E2eTest {
     return ContextPtr(llama_init_from_model(model_, p));
   }
 
-  // Decodes `tokens` at positions first, first + 1, ... of sequence 0,
-  // asking for the logits of the last one.
+  // Decodes `tokens` at positions first, first + 1, ... of sequence 0.
   static void Decode(llama_context* ctx, const std::vector<llama_token>& tokens,
                      llama_pos first) {
-    llama_batch batch = llama_batch_init(static_cast<int32_t>(tokens.size()), 0, 1);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      batch.token[i] = tokens[i];
-      batch.pos[i] = first + static_cast<llama_pos>(i);
-      batch.n_seq_id[i] = 1;
-      batch.seq_id[i][0] = 0;
-      batch.logits[i] = i + 1 == tokens.size();
-    }
-    batch.n_tokens = static_cast<int32_t>(tokens.size());
-    const int32_t rc = llama_decode(ctx, batch);
-    llama_batch_free(batch);
-    ASSERT_EQ(rc, 0) << "llama_decode failed";
+    ASSERT_TRUE(llama::DecodeTokens(ctx, tokens, first)) << "llama_decode failed";
   }
 
   std::vector<float> Logits(llama_context* ctx) {

@@ -20,24 +20,10 @@
 namespace {
 
 using evoke::llama::ContextPtr;
+using evoke::llama::DecodeTokens;
 
 void QuietLog(ggml_log_level level, const char* text, void*) {
   if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
-}
-
-bool Decode(llama_context* ctx, const std::vector<llama_token>& tokens, llama_pos first) {
-  llama_batch batch = llama_batch_init(static_cast<int32_t>(tokens.size()), 0, 1);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    batch.token[i] = tokens[i];
-    batch.pos[i] = first + static_cast<llama_pos>(i);
-    batch.n_seq_id[i] = 1;
-    batch.seq_id[i][0] = 0;
-    batch.logits[i] = i + 1 == tokens.size();
-  }
-  batch.n_tokens = static_cast<int32_t>(tokens.size());
-  const bool ok = llama_decode(ctx, batch) == 0;
-  llama_batch_free(batch);
-  return ok;
 }
 
 double Ms(std::chrono::steady_clock::time_point since) {
@@ -78,12 +64,12 @@ int main(int argc, char** argv) {
   for (llama_token& t : prompt) t = pick(gen);
   const llama_token next = 7;
   const size_t n_vocab = shape.n_vocab;
-  if (!Decode(reference.get(), prompt, 0) || !Decode(reference.get(), {next}, 128)) {
+  if (!DecodeTokens(reference.get(), prompt, 0) || !DecodeTokens(reference.get(), {next}, 128)) {
     return Fail("llama_decode failed");
   }
   const std::vector<float> expected(llama_get_logits_ith(reference.get(), -1),
                                     llama_get_logits_ith(reference.get(), -1) + n_vocab);
-  if (!Decode(ctx.get(), prompt, 0)) return Fail("llama_decode failed");
+  if (!DecodeTokens(ctx.get(), prompt, 0)) return Fail("llama_decode failed");
   std::printf("llama.cpp: random Llama (%u layers, %u wide, %u KV heads), 128 tokens prefilled\n",
               shape.n_layer, shape.n_embd, shape.n_head_kv);
 
@@ -106,7 +92,7 @@ int main(int argc, char** argv) {
   if (!restored.ok()) return Fail(restored.status().ToString());
   std::printf("restore: back at [32, 96) in %.2f ms (served from %s)\n", Ms(t0),
               evoke::v1::Tier_Name(restored->served_from).c_str());
-  if (!Decode(ctx.get(), {next}, 128)) return Fail("llama_decode failed");
+  if (!DecodeTokens(ctx.get(), {next}, 128)) return Fail("llama_decode failed");
   const float* got = llama_get_logits_ith(ctx.get(), -1);
   const bool equal = std::memcmp(got, expected.data(), n_vocab * sizeof(float)) == 0;
   std::printf("next-token logits vs a context that never evicted: %s\n",
@@ -136,7 +122,7 @@ int main(int argc, char** argv) {
               spliced->positions.front(), spliced->positions.back(), Ms(t0),
               k_moved ? "rotated" : "NOT ROTATED", v_same ? "byte-identical" : "DIFFERENT");
   if (!v_same || !k_moved) return 1;
-  if (!Decode(ctx.get(), {next}, 193)) return Fail("llama_decode after the splice failed");
+  if (!DecodeTokens(ctx.get(), {next}, 193)) return Fail("llama_decode after the splice failed");
   std::printf("decoding continues at position 193\n");
   return 0;
 }

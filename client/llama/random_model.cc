@@ -111,4 +111,26 @@ absl::StatusOr<ModelPtr> MakeRandomLlamaModel(const RandomLlamaShape& shape) {
   return ModelPtr(model);
 }
 
+bool DecodeTokens(llama_context* ctx, absl::Span<const llama_token> tokens, llama_pos first,
+                  llama_seq_id seq) {
+  const size_t n_batch = std::max<uint32_t>(1, llama_n_batch(ctx));
+  for (size_t i = 0; i < tokens.size(); i += n_batch) {
+    const size_t n = std::min(n_batch, tokens.size() - i);
+    llama_batch batch = llama_batch_init(static_cast<int32_t>(n), 0, 1);
+    for (size_t j = 0; j < n; ++j) {
+      batch.token[j] = tokens[i + j];
+      batch.pos[j] = first + static_cast<llama_pos>(i + j);
+      batch.n_seq_id[j] = 1;
+      batch.seq_id[j][0] = seq;
+      batch.logits[j] = i + j + 1 == tokens.size();
+    }
+    batch.n_tokens = static_cast<int32_t>(n);
+    const int32_t rc = llama_decode(ctx, batch);
+    llama_batch_free(batch);
+    if (rc != 0) return false;
+  }
+  llama_synchronize(ctx);
+  return true;
+}
+
 }  // namespace evoke::llama

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "llama.h"
 
 namespace evoke::llama {
@@ -49,6 +50,13 @@ using ContextPtr = std::unique_ptr<llama_context, ContextDeleter>;
 // MakeRandomLlamaModel builds the model on the CPU. INTERNAL when llama.cpp
 // refuses the metadata.
 absl::StatusOr<ModelPtr> MakeRandomLlamaModel(const RandomLlamaShape& shape);
+
+// DecodeTokens decodes `tokens` into sequence `seq` at positions first,
+// first + 1, ..., in batches of llama_n_batch(ctx), asking for the logits of
+// the last token only, and waits for the result. False when llama_decode
+// fails.
+bool DecodeTokens(llama_context* ctx, absl::Span<const llama_token> tokens, llama_pos first,
+                  llama_seq_id seq = 0);
 
 }  // namespace evoke::llama
 
