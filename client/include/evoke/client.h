@@ -37,6 +37,9 @@ struct ClientOptions {
   absl::Duration call_timeout = absl::Seconds(60);
   // How long Connect waits for the daemon to answer. Default: 10 s.
   absl::Duration connect_timeout = absl::Seconds(10);
+  // Longest wait between reconnection attempts once the daemon went away
+  // (e.g. restarted); at least 100 ms. Default: 1 s.
+  absl::Duration max_reconnect_backoff = absl::Seconds(1);
   // Largest message sent or received; must match the daemon's
   // --max-message-bytes. Save and Load split batches to stay under it.
   // Default: 80 MiB.
