@@ -31,6 +31,11 @@ class Reader {
     offset_ += n;
     return true;
   }
+  // `count` rows of `row` bytes, without overflowing the product.
+  bool Rows(uint64_t row, uint64_t count, absl::string_view* out, const char* what) {
+    if (count != 0 && row > remaining() / count) return Fail(what);
+    return Bytes(row * count, out, what);
+  }
   size_t remaining() const { return blob_.size() - offset_; }
   absl::Status error() const {
     return absl::DataLossError(absl::StrCat("llama.cpp sequence state truncated at byte ",
@@ -160,7 +165,7 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
           "-byte rows, layer 0 has type ", s.k_type, " and ", s.k_row_bytes,
           "; per-layer KV shapes are not supported"));
     }
-    if (!r.Bytes(row * cell_count, &s.k[l], "K rows")) return r.error();
+    if (!r.Rows(row, cell_count, &s.k[l], "K rows")) return r.error();
   }
   for (uint32_t l = 0; l < s.n_layer; ++l) {
     int32_t type = 0;
@@ -182,7 +187,7 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
           "-byte rows, layer 0 has type ", s.v_type, " and ", s.v_row_bytes,
           "; per-layer KV shapes are not supported"));
     }
-    if (!r.Bytes(row * cell_count, &s.v[l], "V rows")) return r.error();
+    if (!r.Rows(row, cell_count, &s.v[l], "V rows")) return r.error();
   }
   if (r.remaining() != 0) {
     return absl::DataLossError(absl::StrCat("llama.cpp sequence state: ", r.remaining(),

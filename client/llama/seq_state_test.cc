@@ -117,6 +117,14 @@ TEST(SeqStateTest, RefusesOtherMagicSeveralStreamsAndTruncation) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("kv_unified"));
 
+  // A row size whose product with the cell count wraps around 2^64.
+  std::string huge_rows = blob;
+  const uint64_t wraps = (uint64_t{1} << 63) + 8;  // x 2 cells = 16 (mod 2^64)
+  std::memcpy(huge_rows.data() + 52, &wraps, 8);   // layer 0's K row size
+  s = ParseSeqState(huge_rows).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("K rows"));
+
   s = ParseSeqState(blob.substr(0, blob.size() - 1)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("V rows"));
