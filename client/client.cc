@@ -137,8 +137,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // gRPC's default backoff of up to two minutes.
   const int max_backoff_ms =
       static_cast<int>(std::max<int64_t>(100, absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
   impl->channel = grpc::CreateCustomChannel(
       impl->target, grpc::InsecureChannelCredentials(), args);

@@ -124,6 +124,29 @@ struct Codec<v1::DTYPE_F32> {
   static void Store(uint8_t* p, float f) { std::memcpy(p, &f, 4); }
 };
 
+// Widen / Narrow move the n rotated elements of one head between storage
+// and floats: in bulk with F16C for f16 when `f16c`, else element by element.
+// Both are exact when widening and round to nearest even when narrowing.
+template <v1::DType D>
+void Widen(const uint8_t* src, float* dst, size_t n, [[maybe_unused]] bool f16c) {
+#ifdef EVOKE_ROPE_F16C
+  if constexpr (D == v1::DTYPE_F16) {
+    if (f16c) return HalvesToFloats(src, dst, n);
+  }
+#endif
+  for (size_t i = 0; i < n; ++i) dst[i] = Codec<D>::Load(src + i * Codec<D>::kBytes);
+}
+
+template <v1::DType D>
+void Narrow(const float* src, uint8_t* dst, size_t n, [[maybe_unused]] bool f16c) {
+#ifdef EVOKE_ROPE_F16C
+  if constexpr (D == v1::DTYPE_F16) {
+    if (f16c) return FloatsToHalves(src, dst, n);
+  }
+#endif
+  for (size_t i = 0; i < n; ++i) Codec<D>::Store(dst + i * Codec<D>::kBytes, src[i]);
+}
+
 template <v1::DType D>
 void RotateSection(const RopePlan& plan, uint8_t* k, uint32_t n_tokens,
                    uint32_t n_heads, absl::Span<const int64_t> delta) {
@@ -131,11 +154,12 @@ void RotateSection(const RopePlan& plan, uint8_t* k, uint32_t n_tokens,
   const size_t n_pairs = plan.rotary_dim / 2;
   const bool neox = plan.type == v1::ROPE_NEOX;
   const size_t head_bytes = static_cast<size_t>(plan.head_dim) * C::kBytes;
-  std::vector<float> cos_t(n_pairs), sin_t(n_pairs);
 #ifdef EVOKE_ROPE_F16C
-  const bool fast = D == v1::DTYPE_F16 && plan.rotary_dim % 8 == 0 && CpuHasF16c();
-  std::vector<float> x(fast ? plan.rotary_dim : 0);
+  const bool f16c = D == v1::DTYPE_F16 && plan.rotary_dim % 8 == 0 && CpuHasF16c();
+#else
+  const bool f16c = false;
 #endif
+  std::vector<float> cos_t(n_pairs), sin_t(n_pairs), x(plan.rotary_dim);
   int64_t table_delta = 0;  // The delta cos_t / sin_t hold (0: none yet).
   for (uint32_t t = 0; t < n_tokens; ++t) {
     if (delta[t] == 0) continue;
@@ -150,40 +174,14 @@ void RotateSection(const RopePlan& plan, uint8_t* k, uint32_t n_tokens,
       table_delta = delta[t];
     }
     uint8_t* row = k + static_cast<size_t>(t) * n_heads * head_bytes;
-#ifdef EVOKE_ROPE_F16C
-    // f16 on a CPU with F16C: widen the rotated part of each head in bulk,
-    // rotate in float with the same operations as below, narrow back.
-    if constexpr (D == v1::DTYPE_F16) {
-      if (fast) {
-        for (uint32_t h = 0; h < n_heads; ++h) {
-          uint8_t* head = row + h * head_bytes;
-          HalvesToFloats(head, x.data(), plan.rotary_dim);
-          for (size_t i = 0; i < n_pairs; ++i) {
-            const size_t j0 = neox ? i : 2 * i;
-            const size_t j1 = neox ? i + n_pairs : 2 * i + 1;
-            const float x0 = x[j0], x1 = x[j1];
-            const float a = x0 * cos_t[i];
-            const float b = x1 * sin_t[i];
-            const float e = x0 * sin_t[i];
-            const float f = x1 * cos_t[i];
-            x[j0] = a - b;
-            x[j1] = e + f;
-          }
-          FloatsToHalves(x.data(), head, plan.rotary_dim);
-        }
-        continue;
-      }
-    }
-#endif
     for (uint32_t h = 0; h < n_heads; ++h) {
       uint8_t* head = row + h * head_bytes;
+      Widen<D>(head, x.data(), plan.rotary_dim, f16c);
       for (size_t i = 0; i < n_pairs; ++i) {
         const size_t j0 = neox ? i : 2 * i;
         const size_t j1 = neox ? i + n_pairs : 2 * i + 1;
-        uint8_t* p0 = head + j0 * C::kBytes;
-        uint8_t* p1 = head + j1 * C::kBytes;
-        const float x0 = C::Load(p0);
-        const float x1 = C::Load(p1);
+        const float x0 = x[j0];
+        const float x1 = x[j1];
         const float c = cos_t[i];
         const float s = sin_t[i];
         // Two roundings per product, one per sum: the device kernel computes
@@ -192,9 +190,10 @@ void RotateSection(const RopePlan& plan, uint8_t* k, uint32_t n_tokens,
         const float b = x1 * s;
         const float e = x0 * s;
         const float f = x1 * c;
-        C::Store(p0, a - b);
-        C::Store(p1, e + f);
+        x[j0] = a - b;
+        x[j1] = e + f;
       }
+      Narrow<D>(x.data(), head, plan.rotary_dim, f16c);
     }
   }
 }

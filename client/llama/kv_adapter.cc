@@ -280,20 +280,14 @@ absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
   SeqState state;
   EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &state));
   const uint64_t bytes = CanonicalBytes(state);
-  std::vector<int32_t> positions;
-  std::string payload;  // Inline only.
+  // The canonical bytes go straight into the shared region, or into a kept
+  // buffer for an inline save.
   SharedRegion* region = RegionFor(bytes);
-  if (region != nullptr) {
-    EVOKE_ASSIGN_OR_RETURN(positions,
-                           ToCanonicalInto(state, format_.n_kv_heads, format_.head_dim,
-                                           absl::MakeSpan(reinterpret_cast<char*>(region->data()),
-                                                          bytes)));
-  } else {
-    EVOKE_ASSIGN_OR_RETURN(CanonicalRange range,
-                           ToCanonical(state, format_.n_kv_heads, format_.head_dim));
-    positions = std::move(range.positions);
-    payload = std::move(range.payload);
-  }
+  if (region == nullptr && inline_buf_.size() < bytes) inline_buf_.resize(bytes);
+  char* dst = region != nullptr ? reinterpret_cast<char*>(region->data()) : inline_buf_.data();
+  EVOKE_ASSIGN_OR_RETURN(
+      std::vector<int32_t> positions,
+      ToCanonicalInto(state, format_.n_kv_heads, format_.head_dim, absl::MakeSpan(dst, bytes)));
   const uint32_t n = static_cast<uint32_t>(positions.size());
   v1::BlockMeta meta = SessionBlockMeta(fingerprint_, options_.session_id, next_sequence_, n, 0,
                                         format_.n_layer, positions.front());
@@ -307,14 +301,16 @@ absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
     ++stats_.shm_transfers;
     if (MayBeTheRegion(saved)) {
       // The region may have died with a restarted daemon: once more, inline.
-      payload.assign(reinterpret_cast<const char*>(region->data()), bytes);
+      inline_buf_.assign(reinterpret_cast<const char*>(region->data()), bytes);
       DropRegion();
       ++stats_.shm_fallbacks;
       region = nullptr;
     }
   }
   if (region == nullptr) {
-    saved = client_->Save({BlockToSave(meta, payload)}, options_.durable).status();
+    saved = client_->Save({BlockToSave(meta, absl::string_view(inline_buf_.data(), bytes))},
+                          options_.durable)
+                .status();
     ++stats_.inline_transfers;
   }
   EVOKE_RETURN_IF_ERROR(saved);
@@ -431,7 +427,8 @@ absl::StatusOr<SplicedBlock> KvAdapter::Write(const v1::BlockMeta& meta, absl::s
   llama_memory_t mem = llama_get_memory(ctx_);
   if (!v_trans_known_ && llama_memory_seq_pos_max(mem, options_.seq) >= 0) {
     const llama_pos any = llama_memory_seq_pos_max(mem, options_.seq);
-    EVOKE_RETURN_IF_ERROR(Read(any, any + 1).status());
+    SeqState probe;
+    EVOKE_RETURN_IF_ERROR(ReadState(any, any + 1, &probe));
   }
   llama_memory_seq_rm(mem, scratch_, -1, -1);
   absl::Cleanup clear_scratch = [&] { llama_memory_seq_rm(mem, scratch_, -1, -1); };

@@ -177,6 +177,7 @@ class KvAdapter {
   // llama.cpp state blobs, read or written; kept (at the largest block's
   // size) because fresh pages for every block cost more than the copies.
   std::string state_buf_;
+  std::string inline_buf_;  // Canonical bytes of inline saves, kept likewise.
   std::unique_ptr<SharedRegion> region_;
   std::map<BlockId, uint64_t> known_bytes_;  // Payload sizes, to size loads.
   TransferStats stats_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/block_validation.h"
 #include "common/fingerprint.h"
+#include "common/status_macros.h"
 
 namespace evoke::llama {
 namespace {
@@ -75,6 +76,22 @@ class Writer {
  private:
   std::string& out_;
 };
+
+// Records layer 0's K or V type and row size in *type0 / *row0, and checks
+// that every later layer has the same.
+absl::Status SameAsLayer0(const char* kv, uint32_t layer, int32_t type, uint64_t row,
+                          int32_t* type0, uint64_t* row0) {
+  if (layer == 0) {
+    *type0 = type;
+    *row0 = row;
+  } else if (type != *type0 || row != *row0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "llama.cpp sequence state: layer ", layer, " ", kv, " has type ", type, " and ", row,
+        "-byte rows, layer 0 has type ", *type0, " and ", *row0,
+        "; per-layer KV shapes are not supported"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -156,15 +173,7 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
     int32_t type = 0;
     uint64_t row = 0;
     if (!r.Read(&type, "k_type") || !r.Read(&row, "k row size")) return r.error();
-    if (l == 0) {
-      s.k_type = type;
-      s.k_row_bytes = row;
-    } else if (type != s.k_type || row != s.k_row_bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "llama.cpp sequence state: layer ", l, " K has type ", type, " and ", row,
-          "-byte rows, layer 0 has type ", s.k_type, " and ", s.k_row_bytes,
-          "; per-layer KV shapes are not supported"));
-    }
+    EVOKE_RETURN_IF_ERROR(SameAsLayer0("K", l, type, row, &s.k_type, &s.k_row_bytes));
     if (!r.Rows(row, cell_count, &s.k[l], "K rows")) return r.error();
   }
   for (uint32_t l = 0; l < s.n_layer; ++l) {
@@ -178,15 +187,7 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
     } else if (!r.Read(&row, "v row size")) {
       return r.error();
     }
-    if (l == 0) {
-      s.v_type = type;
-      s.v_row_bytes = row;
-    } else if (type != s.v_type || row != s.v_row_bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "llama.cpp sequence state: layer ", l, " V has type ", type, " and ", row,
-          "-byte rows, layer 0 has type ", s.v_type, " and ", s.v_row_bytes,
-          "; per-layer KV shapes are not supported"));
-    }
+    EVOKE_RETURN_IF_ERROR(SameAsLayer0("V", l, type, row, &s.v_type, &s.v_row_bytes));
     if (!r.Rows(row, cell_count, &s.v[l], "V rows")) return r.error();
   }
   if (r.remaining() != 0) {
