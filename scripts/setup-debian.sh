@@ -12,6 +12,7 @@ PACKAGES=(
   librocksdb-dev libabsl-dev libxxhash-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server libhiredis-dev procps curl
+  libpagmo-dev nlohmann-json3-dev
 )
 
 missing=()

@@ -1,0 +1,2 @@
+// evoke::policy::EvokedRecoverySource: evoked's Recover as a RecoverySource.
+// (Being written.)
