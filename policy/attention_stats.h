@@ -19,7 +19,7 @@
 #define EVOKE_POLICY_ATTENTION_STATS_H_
 
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -34,6 +34,9 @@ class AttentionStats {
   // A key token that belongs to no block (pending tokens).
   static constexpr BlockHandle kNoBlock = ~0ull;
 
+  // The constructor takes a count of 0 as 1 and an even pool_kernel as the
+  // next odd one. SnapKV's policy parameters (PolicyParams::snapkv_window,
+  // snapkv_pool_kernel) describe this object: configure it with them.
   struct Options {
     uint32_t n_layers = 1;
     uint32_t n_heads = 1;  // KV heads.
@@ -55,7 +58,8 @@ class AttentionStats {
                        absl::Span<const uint32_t> token_in_block,
                        absl::Span<const float> weights);
 
-  // EndStep closes the current decode step (the observation window slides).
+  // EndStep closes the current decode step (the observation window slides:
+  // Window covers the step in progress and the window - 1 closed before it).
   void EndStep();
 
   // Forget drops a block's statistics (it left the cache; if it comes back
@@ -74,20 +78,27 @@ class AttentionStats {
   uint64_t steps() const { return steps_; }
 
  private:
+  // Per block, every [layer][head] array has n_layers * n_heads entries.
   struct PerBlock {
-    std::vector<double> cumulative;       // [layer][head]
-    std::vector<double> window;           // [layer][head], the sum of `ring`
-    std::deque<std::vector<float>> ring;  // Per step: [layer][head] pooled mass.
-    std::vector<float> current;           // This step's [layer][head] pooled mass.
-    std::vector<float> token_mass;        // [token][head] of token_layer.
-    uint64_t last_step = 0;
+    std::vector<double> cumulative;  // [layer][head]
+    std::vector<double> window;      // [layer][head]: the sum of `ring`.
+    // Ring of the last `window` steps: slot (step % window) x [layer][head]
+    // pooled mass; slot of steps_ is the step in progress.
+    std::vector<float> ring;
+    double cumulative_all = 0;  // Sums over every layer and head.
+    double window_all = 0;
+    std::vector<float> ring_all;  // Per slot, the sum over layers and heads.
+    std::vector<float> token_mass;  // [token][head] of token_layer.
+    uint64_t last_step = 0;         // Last step observed (to skip idle blocks).
   };
   PerBlock& Block(BlockHandle block);
-  double Sum(const std::vector<double>& v, int32_t layer, int32_t head) const;
+  double Sum(const std::vector<double>& v, double all, int32_t layer, int32_t head) const;
 
   Options options_;
+  uint32_t rows_ = 1;  // n_layers * n_heads.
   uint64_t steps_ = 0;
-  absl::flat_hash_map<BlockHandle, PerBlock> blocks_;
+  // unique_ptr: Observe keeps a pointer to the last block across inserts.
+  absl::flat_hash_map<BlockHandle, std::unique_ptr<PerBlock>> blocks_;
   std::vector<float> pooled_;  // Scratch row.
 };
 

@@ -93,7 +93,12 @@ class SessionDriver {
   // RecoveryPoint asks the policy what to recover for `query`, makes room
   // and brings the blocks to the tail starting at `*next_position`, which it
   // advances by the tokens placed. Source and Bring failures degrade (see
-  // above).
+  // above). Candidates that are not stored blocks of this session, or are
+  // resident, are skipped; when the rest cannot all fit the budget, the
+  // weakest (first) are dropped until they do. Recovered blocks keep their
+  // handle and first_token, get recovered = true, and get back the summary
+  // they had. Errors: those of Evict while making room (the blocks evicted
+  // before stay evicted; nothing is brought).
   absl::Status RecoveryPoint(const RecoveryQuery& query, int64_t* next_position);
 
   // The books.
@@ -112,8 +117,14 @@ class SessionDriver {
   DriverOptions options_;
   std::vector<ResidentBlock> resident_;
   absl::flat_hash_map<BlockHandle, std::vector<float>> summaries_;
-  // Stored blocks: handle -> n_tokens (resident or not).
-  absl::flat_hash_map<BlockHandle, uint32_t> stored_;
+  struct StoredBlock {
+    uint64_t first_token = 0;
+    uint32_t n_tokens = 0;
+  };
+  // Stored blocks (resident or not).
+  absl::flat_hash_map<BlockHandle, StoredBlock> stored_;
+  // A source or Bring failure; logs once per outage.
+  void RecoveryFailed(const absl::Status& status);
   uint64_t session_tokens_ = 0;
   uint64_t pending_ = 0;
   int64_t pending_first_position_ = 0;

@@ -1,0 +1,45 @@
+// Internal to evoke_policy: the policy implementations behind MakePolicy and
+// the eviction helper they share. Not part of the public API.
+#ifndef EVOKE_POLICY_POLICIES_INTERNAL_H_
+#define EVOKE_POLICY_POLICIES_INTERNAL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "policy/policy.h"
+
+namespace evoke::policy::internal {
+
+// Tokens the view holds now: pending + every resident block.
+uint64_t HeldTokens(const CacheView& view);
+
+// EvictInOrder walks `order` (indices into view.resident, most evictable
+// first) and takes blocks until pending + incoming + kept tokens fit
+// view.budget_tokens. Empty when it fits already. RESOURCE_EXHAUSTED (naming
+// `policy` and the protected tokens) when `order` runs out first.
+absl::StatusOr<std::vector<BlockHandle>> EvictInOrder(const CacheView& view,
+                                                      uint64_t incoming_tokens,
+                                                      absl::Span<const uint32_t> order,
+                                                      absl::string_view policy);
+
+// SortRecoveriesAscending orders candidates worst first (best last, nearest
+// the tail); ties keep their order.
+void SortRecoveriesAscending(std::vector<Candidate>* candidates);
+
+// Blocks of the H2O/SnapKV recent guard: max(1, ceil(share * budget /
+// block_tokens)).
+uint64_t RecentGuardBlocks(double share, uint64_t budget_tokens, uint32_t block_tokens);
+
+// Factories (parameters validated by MakePolicy).
+std::unique_ptr<Policy> NewRecencyPolicy(const PolicyParams& params, bool sinks);
+std::unique_ptr<Policy> NewH2OPolicy(const PolicyParams& params);
+std::unique_ptr<Policy> NewSnapKVPolicy(const PolicyParams& params);
+std::unique_ptr<Policy> NewInfLLMPolicy(const PolicyParams& params);
+std::unique_ptr<Policy> NewEvokePolicy(const PolicyParams& params);
+
+}  // namespace evoke::policy::internal
+
+#endif  // EVOKE_POLICY_POLICIES_INTERNAL_H_
