@@ -6,6 +6,7 @@
 #include "policy/evoked_source.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "common/block_validation.h"
+#include "evoke/evoke_policy.h"
 #include "evoke/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -240,6 +242,49 @@ TEST_F(EvokedSourceTest, DriverRecoversTheBestStoredBlockThroughEvoked) {
   EXPECT_EQ(engine.brought[0], expected[0] - 100);
   EXPECT_EQ(driver.stats().recovery_failures, 0u);
   EXPECT_EQ(position, static_cast<int64_t>((kBlocks + 1) * kTokens));
+}
+
+// The C API's connected source: blocks registered by sequence number.
+TEST_F(EvokedSourceTest, CApiConnectedSourceRecoversTheBest) {
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    const v1::BlockMeta meta = BlockMeta(i, summaries_[i]);
+    const std::string payload = Payload(i);
+    ASSERT_OK(client_->Save({BlockToSave(meta, payload)}).status());
+  }
+  evoke_recovery_source* src = nullptr;
+  ASSERT_EQ(evoke_recovery_source_connect(daemon_->socket().c_str(), kNs, kSession, kSummaryLayer,
+                                          &src),
+            EVOKE_OK)
+      << evoke_policy_last_error();
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    ASSERT_EQ(evoke_recovery_source_register(src, 100 + i, i, kTokens), EVOKE_OK);
+  }
+  const std::vector<BlockHandle> best = Expected({}, std::nullopt, 2);
+  ASSERT_EQ(evoke_recovery_source_set_resident(src, best[0], 1), EVOKE_OK);
+  evoke_policy* p = nullptr;
+  ASSERT_EQ(evoke_policy_create("evoke", "evoke_topk=2,evoke_resident_gate=false", &p), EVOKE_OK);
+  evoke_cache_view view;
+  std::memset(&view, 0, sizeof(view));
+  view.layer = EVOKE_POLICY_ALL;
+  view.head = EVOKE_POLICY_ALL;
+  view.budget_tokens = 1000;
+  evoke_candidate out[4];
+  size_t n = 0;
+  ASSERT_EQ(evoke_policy_choose_recoveries(p, &view, query_.data(), kQueryHeads, kDim, src, out,
+                                           4, &n),
+            EVOKE_OK)
+      << evoke_policy_last_error();
+  // The best is resident: the 2nd and 3rd best come back, the better last.
+  const std::vector<BlockHandle> rest = Expected({best[0]}, std::nullopt, 2);
+  ASSERT_EQ(n, 2u);
+  EXPECT_EQ(out[0].handle, rest[1]);
+  EXPECT_EQ(out[1].handle, rest[0]);
+  daemon_->KillHard();
+  EXPECT_EQ(evoke_policy_choose_recoveries(p, &view, query_.data(), kQueryHeads, kDim, src, out, 4,
+                                           &n),
+            EVOKE_UNAVAILABLE);
+  evoke_policy_destroy(p);
+  evoke_recovery_source_destroy(src);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,6 +33,22 @@ void SortRecoveriesAscending(std::vector<Candidate>* candidates);
 // Blocks of the H2O/SnapKV recent guard: max(1, ceil(share * budget /
 // block_tokens)).
 uint64_t RecentGuardBlocks(double share, uint64_t budget_tokens, uint32_t block_tokens);
+
+// SummaryScorer scores many summaries against one query, as ScoreSummary
+// does, but sums each KV head's group of query vectors once (the mean over a
+// group's dot products is the dot product with the group's mean query), so a
+// summary costs n_kv_heads x head_dim multiply-adds.
+class SummaryScorer {
+ public:
+  explicit SummaryScorer(const RecoveryQuery& query) : query_(query) {}
+  // Score returns nullopt when the shapes do not fit (see ScoreSummary).
+  std::optional<float> Score(absl::Span<const float> summary);
+
+ private:
+  RecoveryQuery query_;
+  uint64_t n_kv_ = 0;            // Shape `mean_` was made for (0: none yet).
+  std::vector<float> mean_;      // n_kv x dim: each group's mean query.
+};
 
 // Factories (parameters validated by MakePolicy).
 std::unique_ptr<Policy> NewRecencyPolicy(const PolicyParams& params, bool sinks);

@@ -86,9 +86,10 @@ class InfLLMPolicy final : public Policy {
     };
     std::vector<Member> pool;
     absl::flat_hash_set<BlockHandle> seen;
+    SummaryScorer scorer(query);
     for (const ResidentBlock& b : view.resident) {
       if (!b.recovered || b.first_token < sink_tokens_) continue;
-      std::optional<float> s = ScoreSummary(query, b.summary);
+      std::optional<float> s = scorer.Score(b.summary);
       if (!s.has_value()) continue;
       pool.push_back({{b.handle, *s, b.n_tokens}, true});
       seen.insert(b.handle);
@@ -148,9 +149,10 @@ class EvokePolicy final : public Policy {
                                                           RecoverySource& source) override {
     std::optional<float> min_score;
     if (gate_) {
+      SummaryScorer scorer(query);
       for (const ResidentBlock& b : view.resident) {
-        if (b.first_token < sink_tokens_) continue;
-        std::optional<float> s = ScoreSummary(query, b.summary);
+        if (b.first_token < sink_tokens_ || b.summary.empty()) continue;
+        std::optional<float> s = scorer.Score(b.summary);
         if (s.has_value() && (!min_score.has_value() || *s < *min_score)) min_score = s;
       }
     }
