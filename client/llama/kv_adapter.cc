@@ -466,6 +466,83 @@ absl::StatusOr<SplicedBlock> KvAdapter::Write(const v1::BlockMeta& meta, absl::s
   return out;
 }
 
+std::vector<v1::BlockMeta> KvAdapter::PrefixChain(absl::Span<const llama_token> tokens,
+                                                   uint32_t block_tokens) const {
+  std::vector<v1::BlockMeta> chain;
+  BlockId parent;
+  for (size_t b = 0; (b + 1) * block_tokens <= tokens.size(); ++b) {
+    chain.push_back(PrefixBlockMeta(fingerprint_, parent,
+                                    tokens.subspan(b * block_tokens, block_tokens), 0,
+                                    format_.n_layer,
+                                    static_cast<int32_t>(b * block_tokens)));
+    parent = BlockIdOf(chain.back());
+  }
+  return chain;
+}
+
+absl::StatusOr<PrefixResult> KvAdapter::SavePrefix(absl::Span<const llama_token> tokens,
+                                                   uint32_t block_tokens) {
+  if (block_tokens == 0) return absl::InvalidArgumentError("block_tokens: 0");
+  const std::vector<v1::BlockMeta> chain = PrefixChain(tokens, block_tokens);
+  PrefixResult out;
+  if (chain.empty()) return out;
+  std::vector<BlockId> ids;
+  for (const v1::BlockMeta& m : chain) ids.push_back(BlockIdOf(m));
+  EVOKE_ASSIGN_OR_RETURN(std::vector<v1::Tier> present, client_->Lookup(ids));
+  // Breadcrumbs (bytes dropped) are saved again.
+  while (out.present < present.size() && present[out.present] != v1::TIER_BREADCRUMB) {
+    ++out.present;
+  }
+  std::vector<std::string> payloads;
+  std::vector<BlockToSave> batch;
+  payloads.reserve(chain.size() - out.present);
+  for (size_t b = out.present; b < chain.size(); ++b) {
+    const llama_pos p0 = static_cast<llama_pos>(b * block_tokens);
+    EVOKE_ASSIGN_OR_RETURN(CanonicalRange range,
+                           Read(p0, p0 + static_cast<llama_pos>(block_tokens)));
+    if (range.positions.size() != block_tokens) {
+      return absl::NotFoundError(absl::StrCat("sequence ", options_.seq, " holds ",
+                                              range.positions.size(), " of the ", block_tokens,
+                                              " positions of [", p0, ", ",
+                                              p0 + static_cast<llama_pos>(block_tokens), ")"));
+    }
+    out.payload_bytes += range.payload.size();
+    payloads.push_back(std::move(range.payload));
+  }
+  for (size_t b = out.present; b < chain.size(); ++b) {
+    batch.push_back(BlockToSave(chain[b], payloads[b - out.present]));
+  }
+  EVOKE_RETURN_IF_ERROR(client_->Save(batch, options_.durable).status());
+  stats_.inline_transfers += batch.size();
+  out.blocks = static_cast<uint32_t>(batch.size());
+  out.tokens = static_cast<uint32_t>(chain.size() * block_tokens);
+  return out;
+}
+
+absl::StatusOr<PrefixResult> KvAdapter::LoadLongestPrefix(absl::Span<const llama_token> tokens,
+                                                          uint32_t block_tokens) {
+  if (block_tokens == 0) return absl::InvalidArgumentError("block_tokens: 0");
+  const std::vector<v1::BlockMeta> chain = PrefixChain(tokens, block_tokens);
+  PrefixResult out;
+  if (chain.empty()) return out;
+  std::vector<BlockId> ids;
+  for (const v1::BlockMeta& m : chain) ids.push_back(BlockIdOf(m));
+  EVOKE_ASSIGN_OR_RETURN(std::vector<v1::Tier> present, client_->Lookup(ids));
+  size_t n = 0;
+  while (n < present.size() && present[n] != v1::TIER_BREADCRUMB) ++n;
+  if (n == 0) return out;
+  ids.resize(n);
+  EVOKE_ASSIGN_OR_RETURN(std::vector<LoadedBlock> loaded, client_->Load(ids, fingerprint_));
+  stats_.inline_transfers += loaded.size();
+  for (const LoadedBlock& block : loaded) {
+    EVOKE_RETURN_IF_ERROR(Write(block.meta, block.payload, block.served_from, 0).status());
+    out.payload_bytes += block.payload.size();
+    ++out.blocks;
+  }
+  out.tokens = static_cast<uint32_t>(n * block_tokens);
+  return out;
+}
+
 bool QueryCapture::Callback(struct ggml_tensor* t, bool ask, void* user_data) {
   auto* self = static_cast<QueryCapture*>(user_data);
   // Pre-RoPE: the projection (or its reshape), not the ROPE node of the same name.

@@ -97,6 +97,14 @@ struct EvictedBlock {
   uint64_t payload_bytes = 0;
 };
 
+// Prefix blocks saved or loaded by SavePrefix / LoadLongestPrefix.
+struct PrefixResult {
+  uint32_t blocks = 0;       // Blocks saved (SavePrefix) or loaded.
+  uint32_t tokens = 0;       // Tokens they hold (loaded: the prefix now in the cache).
+  uint32_t present = 0;      // SavePrefix: blocks evoked held already (not saved again).
+  uint64_t payload_bytes = 0;
+};
+
 struct SplicedBlock {
   BlockId id;
   std::vector<int32_t> positions;  // Where the tokens now are.
@@ -142,6 +150,29 @@ class KvAdapter {
   // Restore loads block `id` back at its original positions, unrotated.
   absl::StatusOr<SplicedBlock> Restore(const BlockId& id);
 
+  // Shared prefixes between engines. A prompt's full blocks of
+  // `block_tokens` tokens are content-addressed prefix blocks
+  // (PrefixBlockMeta: the id chains the parent's id, the block's tokens and
+  // the layout fingerprint), so any engine with the same model and layout
+  // finds them by its own prompt.
+  //
+  // SavePrefix saves the full blocks of `tokens`, which the engine sequence
+  // holds at positions [0, tokens.size()), skipping the leading blocks evoked
+  // has already (Lookup). INVALID_ARGUMENT for block_tokens 0; NOT_FOUND when
+  // the sequence lacks a block's positions; errors of Save as they come
+  // (blocks saved before the failing request stay stored).
+  absl::StatusOr<PrefixResult> SavePrefix(absl::Span<const llama_token> tokens,
+                                          uint32_t block_tokens);
+  // LoadLongestPrefix finds the longest chain of stored prefix blocks that
+  // begins `tokens` (Lookup; breadcrumbs end it) and writes them into the
+  // engine sequence at positions [0, n), replacing what it held there; the
+  // caller then decodes tokens[n...] only. Returns n in `tokens` (0 when no
+  // block is stored: then nothing changed). INVALID_ARGUMENT for
+  // block_tokens 0; errors of Lookup and Load; RESOURCE_EXHAUSTED when the
+  // cache cannot take the blocks (blocks written before stay).
+  absl::StatusOr<PrefixResult> LoadLongestPrefix(absl::Span<const llama_token> tokens,
+                                                 uint32_t block_tokens);
+
   const v1::LayoutFingerprint& fingerprint() const { return fingerprint_; }
   const TransferStats& transfer_stats() const { return stats_; }
   const CacheFormat& format() const { return format_; }
@@ -161,6 +192,9 @@ class KvAdapter {
   // Loads `id` (re-anchored by the daemon when asked) and writes it.
   absl::StatusOr<SplicedBlock> Bring(const BlockId& id, std::optional<llama_pos> new_first_position,
                                      bool reanchor_in_daemon);
+  // The prefix-block chain of tokens' full blocks (metas without payload).
+  std::vector<v1::BlockMeta> PrefixChain(absl::Span<const llama_token> tokens,
+                                         uint32_t block_tokens) const;
   // Writes a canonical payload into the scratch sequence, shifts it by
   // `shift` positions and moves it into seq().
   absl::StatusOr<SplicedBlock> Write(const v1::BlockMeta& meta, absl::string_view payload,

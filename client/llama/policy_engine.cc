@@ -1,0 +1,247 @@
+#include "client/llama/policy_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/block_validation.h"
+#include "common/status_macros.h"
+#include "common/summaries.h"
+#include "evoke/client.h"
+
+namespace evoke::llama {
+namespace {
+
+// Decodes one token of `seq` at `pos`, asking for its logits.
+bool DecodeOne(llama_context* ctx, llama_token token, llama_pos pos, llama_seq_id seq) {
+  llama_batch batch = llama_batch_init(1, 0, 1);
+  batch.token[0] = token;
+  batch.pos[0] = pos;
+  batch.n_seq_id[0] = 1;
+  batch.seq_id[0][0] = seq;
+  batch.logits[0] = true;
+  batch.n_tokens = 1;
+  const int32_t rc = llama_decode(ctx, batch);
+  llama_batch_free(batch);
+  return rc == 0;
+}
+
+}  // namespace
+
+LlamaBlockEngine::LlamaBlockEngine(llama_context* ctx, KvAdapter* adapter,
+                                   policy::EvokedRecoverySource* source, EngineOptions options)
+    : ctx_(ctx),
+      adapter_(adapter), source_(source), options_(options) {}
+
+std::optional<BlockId> LlamaBlockEngine::IdOf(policy::BlockHandle handle) const {
+  auto it = ids_.find(handle);
+  if (it == ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<uint64_t> LlamaBlockEngine::Evict(const policy::ResidentBlock& block,
+                                                 bool stored) {
+  const llama_pos p0 = static_cast<llama_pos>(block.first_position);
+  const llama_pos p1 = p0 + static_cast<llama_pos>(block.n_tokens);
+  if (observer_) observer_(block.handle, block.first_position, block.n_tokens, false);
+  if (stored && ids_.contains(block.handle)) {
+    // evoked holds it already: just let the cells go.
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_), adapter_->seq(), p0, p1)) {
+      return absl::InternalError(
+          absl::StrCat("llama_memory_seq_rm refused [", p0, ", ", p1, ")"));
+    }
+    if (source_ != nullptr) source_->SetResident(block.handle, false);
+    ++stats_.evicted_dropped;
+    ++changes_;
+    return uint64_t{0};
+  }
+  absl::StatusOr<EvictedBlock> evicted = adapter_->Evict(p0, p1);
+  if (!evicted.ok()) {
+    if (evicted.status().code() != absl::StatusCode::kUnavailable ||
+        !options_.drop_unsaved_when_down) {
+      return evicted.status();
+    }
+    // evoked is down: the block is lost, decoding goes on within budget.
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_), adapter_->seq(), p0, p1)) {
+      return absl::InternalError(
+          absl::StrCat("llama_memory_seq_rm refused [", p0, ", ", p1, ")"));
+    }
+    ++stats_.blocks_lost;
+    ++changes_;
+    return uint64_t{0};
+  }
+  ids_[block.handle] = evicted->id;
+  if (source_ != nullptr) source_->Register(block.handle, evicted->id, block.n_tokens, false);
+  ++stats_.evicted_saved;
+  ++changes_;
+  return evicted->payload_bytes;
+}
+
+absl::StatusOr<uint64_t> LlamaBlockEngine::Bring(policy::BlockHandle handle, uint32_t n_tokens,
+                                                 int64_t first_position) {
+  auto it = ids_.find(handle);
+  if (it == ids_.end()) {
+    return absl::NotFoundError(absl::StrCat("block ", handle, " was never saved by this engine"));
+  }
+  absl::StatusOr<SplicedBlock> spliced =
+      adapter_->Splice(it->second, static_cast<llama_pos>(first_position));
+  if (!spliced.ok()) return spliced.status();
+  ++changes_;
+  if (spliced->positions.size() != n_tokens) {
+    return absl::InternalError(absl::StrCat("block ", handle, " came back with ",
+                                            spliced->positions.size(), " tokens, expected ",
+                                            n_tokens));
+  }
+  if (source_ != nullptr) source_->SetResident(handle, true);
+  ++stats_.brought;
+  if (observer_) observer_(handle, first_position, n_tokens, true);
+  return uint64_t{adapter_->format().n_layer} * n_tokens * adapter_->format().n_kv_heads *
+         adapter_->format().head_dim *
+         (DTypeBytes(adapter_->format().k_dtype) + DTypeBytes(adapter_->format().v_dtype));
+}
+
+absl::StatusOr<std::vector<float>> LlamaBlockEngine::MeanKeys(int64_t first_position,
+                                                              uint32_t n_tokens, uint32_t layer) {
+  const llama_pos p0 = static_cast<llama_pos>(first_position);
+  EVOKE_ASSIGN_OR_RETURN(CanonicalRange range,
+                         adapter_->Read(p0, p0 + static_cast<llama_pos>(n_tokens)));
+  const CacheFormat& f = adapter_->format();
+  v1::BlockMeta meta = SessionBlockMeta(adapter_->fingerprint(), "summary", 0,
+                                        static_cast<uint32_t>(range.positions.size()), 0,
+                                        f.n_layer, range.positions.front());
+  if (range.positions.back() - range.positions.front() + 1 !=
+      static_cast<int32_t>(range.positions.size())) {
+    for (int32_t p : range.positions) meta.add_positions(p);
+  }
+  EVOKE_ASSIGN_OR_RETURN(
+      v1::Summary summary,
+      MeanKeysSummary(meta, reinterpret_cast<const uint8_t*>(range.payload.data()),
+                      range.payload.size(), layer));
+  return std::vector<float>(summary.values().begin(), summary.values().end());
+}
+
+absl::StatusOr<std::unique_ptr<LlamaPolicySession>> LlamaPolicySession::Create(
+    llama_context* ctx, AttentionCapture* capture, KvAdapter* adapter, Client* client,
+    const std::string& ns, const std::string& session_id, SessionOptions options) {
+  if (ctx == nullptr || adapter == nullptr || client == nullptr) {
+    return absl::InvalidArgumentError("ctx, adapter and client are required");
+  }
+  EVOKE_RETURN_IF_ERROR(
+      policy::ValidateBudget(options.policy, options.params, options.budget_tokens));
+  auto s = std::unique_ptr<LlamaPolicySession>(new LlamaPolicySession());
+  s->ctx_ = ctx;
+  s->capture_ = capture;
+  s->adapter_ = adapter;
+  s->options_ = std::move(options);
+  const SessionOptions& o = s->options_;
+  EVOKE_ASSIGN_OR_RETURN(s->policy_, policy::MakePolicy(o.policy, o.params));
+  const policy::PolicyInfo& info = s->policy_->info();
+  if ((info.needs_attention || info.recovers) && capture == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy ", info.name, " needs an AttentionCapture installed in the context"));
+  }
+  const llama_model* model = llama_get_model(ctx);
+  s->n_head_kv_ = static_cast<uint32_t>(llama_model_n_head_kv(model));
+  if (info.needs_attention) {
+    policy::AttentionStats::Options ao;
+    ao.n_layers = static_cast<uint32_t>(llama_model_n_layer(model));
+    ao.n_heads = s->n_head_kv_;
+    ao.window = o.params.snapkv_window;
+    ao.pool_kernel = o.params.snapkv_pool_kernel;
+    ao.token_layer = o.summary_layer;
+    s->stats_ = std::make_unique<policy::AttentionStats>(ao);
+  }
+  if (info.recovers) {
+    policy::EvokedSourceOptions so;
+    so.ns = ns;
+    so.session_id = session_id;
+    so.layer = o.summary_layer;
+    s->source_ = std::make_unique<policy::EvokedRecoverySource>(client, so);
+  }
+  s->engine_ = std::make_unique<LlamaBlockEngine>(ctx, adapter, s->source_.get(), o.engine);
+  policy::DriverOptions d;
+  d.budget_tokens = o.budget_tokens;
+  d.block_tokens = o.params.block_tokens;
+  d.sink_tokens = o.params.sink_tokens;
+  s->driver_ = std::make_unique<policy::SessionDriver>(s->policy_.get(), s->engine_.get(),
+                                                       s->source_.get(), s->stats_.get(), d);
+  s->cells_ = std::make_unique<CellPositions>(ctx, adapter->seq());
+  s->next_position_ = std::max<int64_t>(0, llama_memory_seq_pos_max(llama_get_memory(ctx),
+                                                                    adapter->seq()) + 1);
+  if (s->next_position_ != 0) {
+    return absl::FailedPreconditionError(
+        "the engine sequence must be empty when the session starts (its books start at 0)");
+  }
+  return s;
+}
+
+uint64_t LlamaPolicySession::cells_used() const {
+  if (capture_ != nullptr && !capture_->visible().empty()) {
+    const absl::Span<const uint8_t> v = capture_->visible();
+    return static_cast<uint64_t>(std::count(v.begin(), v.end(), uint8_t{1}));
+  }
+  return driver_->resident_tokens();
+}
+
+absl::Status LlamaPolicySession::Decode(llama_token token) {
+  const policy::PolicyInfo& info = policy_->info();
+  const uint32_t every =
+      options_.recovery_every_tokens > 0 ? options_.recovery_every_tokens
+                                         : options_.params.block_tokens;
+  // A recovery point, with the query of the token decoded last.
+  if (info.recovers && since_recovery_ >= every && capture_ != nullptr &&
+      !capture_->recovery_query().empty()) {
+    since_recovery_ = 0;
+    const std::vector<float>& q = capture_->recovery_query();
+    const uint32_t head_dim = adapter_->format().head_dim;
+    policy::RecoveryQuery query{q, static_cast<uint32_t>(q.size() / head_dim)};
+    EVOKE_RETURN_IF_ERROR(driver_->RecoveryPoint(query, &next_position_));
+  }
+  EVOKE_RETURN_IF_ERROR(driver_->MakeRoom(1));
+  if (engine_->changes() != seen_changes_) {
+    cells_->Invalidate();
+    seen_changes_ = engine_->changes();
+  }
+  const llama_pos pos = static_cast<llama_pos>(next_position_);
+  if (capture_ != nullptr) capture_->BeginStep();
+  if (!DecodeOne(ctx_, token, pos, adapter_->seq())) {
+    return absl::InternalError(absl::StrCat("llama_decode failed at position ", pos));
+  }
+  ++next_position_;
+  ++since_recovery_;
+  max_cells_ = std::max(max_cells_, cells_used());
+  if (stats_ != nullptr) {
+    EVOKE_RETURN_IF_ERROR(cells_->Update(capture_->visible(), 1, pos));
+    block_of_.assign(static_cast<size_t>(next_position_),
+                     {policy::AttentionStats::kNoBlock, 0});
+    for (const policy::ResidentBlock& b : driver_->resident()) {
+      for (uint32_t i = 0; i < b.n_tokens; ++i) {
+        const int64_t p = b.first_position + i;
+        if (p >= 0 && p < next_position_) block_of_[static_cast<size_t>(p)] = {b.handle, i};
+      }
+    }
+    auto block_of = [this](int32_t p) -> std::pair<policy::BlockHandle, uint32_t> {
+      if (p < 0 || static_cast<size_t>(p) >= block_of_.size()) {
+        return {policy::AttentionStats::kNoBlock, 0};
+      }
+      return block_of_[static_cast<size_t>(p)];
+    };
+    EVOKE_RETURN_IF_ERROR(ObserveStep(*capture_, *cells_, n_head_kv_, block_of, stats_.get()));
+  }
+  EVOKE_ASSIGN_OR_RETURN(std::optional<policy::BlockHandle> done, driver_->TokenDecoded(pos));
+  if (done.has_value() && info.recovers) {
+    // Mean keys for the resident gate (EVOKE) and for scoring residents.
+    for (const policy::ResidentBlock& b : driver_->resident()) {
+      if (b.handle != *done) continue;
+      EVOKE_ASSIGN_OR_RETURN(std::vector<float> mean,
+                             engine_->MeanKeys(b.first_position, b.n_tokens,
+                                               options_.summary_layer));
+      EVOKE_RETURN_IF_ERROR(driver_->SetSummary(*done, std::move(mean)));
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace evoke::llama

@@ -1,0 +1,175 @@
+// evoke::llama::LlamaBlockEngine and LlamaPolicySession: any evoke policy
+// (policy/policy.h) driving a llama.cpp context's KV cache through KvAdapter.
+//
+//   AttentionCapture capture({.query_layer = 0});   // evoked's --summary-layer
+//   capture.Install(cparams);
+//   llama_context* ctx = llama_init_from_model(model, cparams);
+//   auto adapter = KvAdapter::Open(ctx, cparams, client, {...});
+//   auto session = LlamaPolicySession::Create(ctx, &capture, adapter->get(), client,
+//                                             {.policy = "evoke", .budget_tokens = 256});
+//   for (...) {
+//     (*session)->Decode(token);                    // room, decode, books, recovery
+//     const float* logits = llama_get_logits_ith(ctx, -1);
+//   }
+//
+// LlamaBlockEngine is the policy::BlockEngine of llama.cpp:
+//   Evict, not stored  KvAdapter::Evict (saved to evoked, then removed), the
+//                      block registered with the EvokedRecoverySource;
+//   Evict, stored      a recovered block whose copy evoked still holds:
+//                      llama_memory_seq_rm, nothing saved;
+//   Bring              KvAdapter::Splice at the tail, K re-anchored by evoked.
+// llama.cpp keeps ONE cache for all layers and heads, so a block is a range
+// of positions in every layer and head at once: per-head or per-layer
+// selections (SnapKV's, PyramidKV's) aggregate to whole blocks here (the
+// attention statistics sum over layers and heads; see policy/policy.h).
+//
+// Daemon outages. Recovery degrades as SessionDriver documents (counted in
+// DriverStats::recovery_failures). An eviction needs a save: with
+// drop_unsaved_when_down (the default) a block that evoked cannot take
+// (UNAVAILABLE) is removed unsaved so that decoding continues within the
+// budget; it is lost for recovery and counted in EngineStats::blocks_lost
+// (the driver counts it among blocks_saved). Without it Evict fails and the
+// cache is left as it was (then Decode fails: the engine must not overrun
+// its budget).
+//
+// Not thread-safe: drive it from the thread that drives the context.
+#ifndef EVOKE_CLIENT_LLAMA_POLICY_ENGINE_H_
+#define EVOKE_CLIENT_LLAMA_POLICY_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "client/llama/attention_capture.h"
+#include "client/llama/kv_adapter.h"
+#include "policy/attention_stats.h"
+#include "policy/evoked_source.h"
+#include "policy/policy.h"
+#include "policy/session_driver.h"
+
+namespace evoke::llama {
+
+struct EngineStats {
+  uint64_t evicted_saved = 0;    // KvAdapter::Evict calls that succeeded.
+  uint64_t evicted_dropped = 0;  // Stored blocks removed without a save.
+  uint64_t blocks_lost = 0;      // Removed unsaved while evoked was down.
+  uint64_t brought = 0;          // Splices that succeeded.
+};
+
+struct EngineOptions {
+  // Remove a block unsaved when evoked is unavailable (see above). Default: true.
+  bool drop_unsaved_when_down = true;
+};
+
+class LlamaBlockEngine final : public policy::BlockEngine {
+ public:
+  // Observer of each eviction and bring, for tests and tools: called with the
+  // handle, the positions [first, first + n) involved and whether it was a
+  // bring, before an eviction and after a bring.
+  using Observer = std::function<void(policy::BlockHandle handle, int64_t first_position,
+                                      uint32_t n_tokens, bool bring)>;
+
+  // `ctx` (the adapter's context), `adapter` and `source` (may be null:
+  // then nothing is registered) must outlive the engine.
+  LlamaBlockEngine(llama_context* ctx, KvAdapter* adapter, policy::EvokedRecoverySource* source,
+                   EngineOptions options = {});
+
+  absl::StatusOr<uint64_t> Evict(const policy::ResidentBlock& block, bool stored) override;
+  absl::StatusOr<uint64_t> Bring(policy::BlockHandle handle, uint32_t n_tokens,
+                                 int64_t first_position) override;
+
+  // MeanKeys returns the resident block at [first_position, first_position +
+  // n_tokens)'s summary for EVOKE's resident gate: per KV head the mean of
+  // `layer`'s keys with RoPE removed (common/summaries.h MeanKeysSummary on
+  // the canonical bytes KvAdapter::Read returns), n_kv_heads x head_dim
+  // floats. Errors as KvAdapter::Read and MeanKeysSummary.
+  absl::StatusOr<std::vector<float>> MeanKeys(int64_t first_position, uint32_t n_tokens,
+                                              uint32_t layer);
+
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+  std::optional<BlockId> IdOf(policy::BlockHandle handle) const;
+  const EngineStats& stats() const { return stats_; }
+  // Bumped by every change to the cache (for CellPositions::Invalidate).
+  uint64_t changes() const { return changes_; }
+
+ private:
+  llama_context* ctx_;
+  KvAdapter* adapter_;
+  policy::EvokedRecoverySource* source_;
+  EngineOptions options_;
+  absl::flat_hash_map<policy::BlockHandle, BlockId> ids_;
+  Observer observer_;
+  EngineStats stats_;
+  uint64_t changes_ = 0;
+};
+
+struct SessionOptions {
+  std::string policy = "recency";  // One of policy::PolicyNames().
+  policy::PolicyParams params;     // block_tokens, sink_tokens, ... as published.
+  uint64_t budget_tokens = 0;      // Required: cells the session may use.
+  // The layer evoked summarises (its --summary-layer): the recovery query
+  // and the resident blocks' mean keys come from it. Default: 0.
+  uint32_t summary_layer = 0;
+  // Tokens between recovery points (recovering policies). 0: block_tokens.
+  uint32_t recovery_every_tokens = 0;
+  EngineOptions engine;
+};
+
+class LlamaPolicySession {
+ public:
+  // Create checks the options (policy name, budget: policy::ValidateBudget)
+  // and that `capture` is installed in `ctx`'s parameters when the policy
+  // needs attention or recovers (it must capture all layers and the pre-RoPE
+  // query of summary_layer). The session's scope in evoked is the adapter's.
+  // All pointers must outlive the session. INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<LlamaPolicySession>> Create(
+      llama_context* ctx, AttentionCapture* capture, KvAdapter* adapter, Client* client,
+      const std::string& ns, const std::string& session_id, SessionOptions options);
+
+  // Decode decodes `token` at next_position(): a recovery point first when
+  // one is due (recovering policies), then room for the token by policy,
+  // llama_decode (logits of this token: llama_get_logits_ith(ctx, -1)), the
+  // books, the attention statistics and, for each completed block, its mean
+  // keys. Errors: RESOURCE_EXHAUSTED when the policy cannot make room,
+  // INTERNAL when llama_decode fails, engine errors of evictions.
+  absl::Status Decode(llama_token token);
+
+  int64_t next_position() const { return next_position_; }
+  // Cells the sequence holds now (llama.cpp's count, from its positions).
+  uint64_t cells_used() const;
+  const policy::DriverStats& driver_stats() const { return driver_->stats(); }
+  const EngineStats& engine_stats() const { return engine_->stats(); }
+  policy::SessionDriver& driver() { return *driver_; }
+  LlamaBlockEngine& engine() { return *engine_; }
+  const policy::PolicyInfo& policy_info() const { return policy_->info(); }
+  uint64_t max_cells_used() const { return max_cells_; }
+
+ private:
+  LlamaPolicySession() = default;
+
+  llama_context* ctx_ = nullptr;
+  AttentionCapture* capture_ = nullptr;
+  KvAdapter* adapter_ = nullptr;
+  SessionOptions options_;
+  std::unique_ptr<policy::Policy> policy_;
+  std::unique_ptr<policy::EvokedRecoverySource> source_;
+  std::unique_ptr<policy::AttentionStats> stats_;
+  std::unique_ptr<LlamaBlockEngine> engine_;
+  std::unique_ptr<policy::SessionDriver> driver_;
+  std::unique_ptr<CellPositions> cells_;
+  int64_t next_position_ = 0;
+  uint64_t since_recovery_ = 0;
+  uint64_t seen_changes_ = 0;
+  uint64_t max_cells_ = 0;
+  uint32_t n_head_kv_ = 0;
+  std::vector<std::pair<policy::BlockHandle, uint32_t>> block_of_;  // By position.
+};
+
+}  // namespace evoke::llama
+
+#endif  // EVOKE_CLIENT_LLAMA_POLICY_ENGINE_H_

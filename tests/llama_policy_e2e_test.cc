@@ -1,0 +1,252 @@
+// Every evoke policy driving the real llama.cpp (random-weight tiny Llama)
+// through KvAdapter, against a real evoked: a 600-step session in a 256-token
+// budget with 32-token blocks decodes past its budget, evicts by policy,
+// recovers by policy (infllm, evoke), and keeps decoding through a daemon
+// outage. Every recovered block is checked: V byte-identical to what was
+// evicted, layer 0's K equal (f16 tolerance) to the same tokens decoded
+// directly at the new positions. Label: llama.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "client/llama/attention_capture.h"
+#include "client/llama/kv_adapter.h"
+#include "client/llama/policy_engine.h"
+#include "client/llama/random_model.h"
+#include "tests/e2e_fixture.h"
+#include "tests/llama_test_util.h"
+
+namespace evoke::testing {
+namespace {
+
+using llama::ContextPtr;
+using llama::KvAdapter;
+
+constexpr uint32_t kBudget = 256, kBlock = 32, kSteps = 600;
+constexpr uint32_t kOutageBegin = 300, kOutageEnd = 380;
+
+class LlamaPolicyTest : public E2eTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    llama_log_set(QuietLlamaLog, nullptr);
+    llama_backend_init();
+    absl::StatusOr<llama::ModelPtr> m = llama::MakeRandomLlamaModel(llama::TinyLlamaShape());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = m->release();
+  }
+  static void TearDownTestSuite() {
+    llama_model_free(model_);
+    model_ = nullptr;
+  }
+  // evoked summarises layer 0 (the recovery layer).
+  void SetUp() override { StartDaemon({"--summary-layer", "0"}); }
+
+  static ContextPtr MakeContext(uint32_t n_ctx, llama::AttentionCapture* capture,
+                                llama_context_params* used) {
+    llama_context_params p = llama_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = 256;
+    p.n_ubatch = 256;
+    p.n_seq_max = 2;
+    p.kv_unified = true;
+    p.n_threads = 2;
+    p.n_threads_batch = 2;
+    p.type_k = GGML_TYPE_F16;
+    p.type_v = GGML_TYPE_F16;
+    p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    if (capture != nullptr) capture->Install(p);
+    *used = p;
+    return ContextPtr(llama_init_from_model(model_, p));
+  }
+
+  static llama_model* model_;
+};
+llama_model* LlamaPolicyTest::model_ = nullptr;
+
+TEST_P(LlamaPolicyTest, BudgetedSessionEvictsRecoversAndSurvivesAnOutage) {
+  const std::string name = GetParam();
+  llama::AttentionCapture capture({.layers = {}, .query_layer = 0});
+  llama_context_params p;
+  ContextPtr ctx = MakeContext(512, &capture, &p);
+  ASSERT_NE(ctx, nullptr);
+  // The engine's own client, which outlives the daemon's restart.
+  std::unique_ptr<Client> engine_client = daemon_->Connect();
+  ASSERT_NE(engine_client, nullptr);
+  llama::AdapterOptions ao;
+  ao.ns = "policy-test";
+  ao.model_id = "random-llama-tiny";
+  ao.session_id = name;
+  absl::StatusOr<std::unique_ptr<KvAdapter>> adapter =
+      KvAdapter::Open(ctx.get(), p, engine_client.get(), ao);
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  llama::SessionOptions so;
+  so.policy = name;
+  so.params.block_tokens = kBlock;
+  so.budget_tokens = kBudget;
+  so.summary_layer = 0;
+  absl::StatusOr<std::unique_ptr<llama::LlamaPolicySession>> session =
+      llama::LlamaPolicySession::Create(ctx.get(), &capture, adapter->get(), engine_client.get(),
+                                        ao.ns, ao.session_id, so);
+  ASSERT_TRUE(session.ok()) << session.status();
+  llama::LlamaPolicySession& s = **session;
+
+  // A probe context computes K directly: the same tokens at the new positions.
+  llama_context_params pp;
+  ContextPtr probe = MakeContext(64, nullptr, &pp);
+  ASSERT_NE(probe, nullptr);
+  ao.session_id = name + "-probe";
+  absl::StatusOr<std::unique_ptr<KvAdapter>> probe_adapter =
+      KvAdapter::Open(probe.get(), pp, engine_client.get(), ao);
+  ASSERT_TRUE(probe_adapter.ok()) << probe_adapter.status();
+  const v1::LayoutFingerprint& fp = (*adapter)->fingerprint();
+
+  // What the test knows independently: the token at each position, and the
+  // V bytes of every block when it left.
+  std::map<int64_t, llama_token> token_at;
+  struct Left {
+    std::vector<llama_token> tokens;
+    std::string payload;  // Canonical K/V at eviction.
+  };
+  std::map<policy::BlockHandle, Left> left;
+  int checked = 0;
+  double worst_k = 0;
+  s.engine().set_observer([&](policy::BlockHandle h, int64_t first, uint32_t n, bool bring) {
+    if (!bring) {
+      absl::StatusOr<llama::CanonicalRange> r =
+          (*adapter)->Read(static_cast<llama_pos>(first), static_cast<llama_pos>(first + n));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->positions.size(), n);
+      Left& l = left[h];
+      l.tokens.clear();
+      for (int64_t q = first; q < first + n; ++q) {
+        l.tokens.push_back(token_at.at(q));
+        token_at.erase(q);
+      }
+      l.payload = r->payload;
+      return;
+    }
+    ASSERT_TRUE(left.count(h)) << "brought a block that never left";
+    const Left& l = left[h];
+    ASSERT_EQ(l.tokens.size(), n);
+    absl::StatusOr<llama::CanonicalRange> now =
+        (*adapter)->Read(static_cast<llama_pos>(first), static_cast<llama_pos>(first + n));
+    ASSERT_TRUE(now.ok()) << now.status();
+    ASSERT_EQ(now->positions.size(), n);
+    for (uint32_t layer = 0; layer < fp.n_layers(); ++layer) {
+      EXPECT_TRUE(LayerOf(now->payload, n, fp, layer).v == LayerOf(l.payload, n, fp, layer).v)
+          << "V of layer " << layer << " changed on its way back";
+    }
+    // Direct: the block's tokens decoded at their new positions (layer 0's
+    // K depends only on the token and its position).
+    llama_memory_seq_rm(llama_get_memory(probe.get()), 0, -1, -1);
+    ASSERT_TRUE(llama::DecodeTokens(probe.get(), l.tokens, static_cast<llama_pos>(first)));
+    absl::StatusOr<llama::CanonicalRange> direct =
+        (*probe_adapter)->Read(static_cast<llama_pos>(first), static_cast<llama_pos>(first + n));
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    const double err = WorstHeadRelError(WidenBytes(LayerOf(now->payload, n, fp, 0).k, fp.k_dtype()),
+                                         WidenBytes(LayerOf(direct->payload, n, fp, 0).k, fp.k_dtype()),
+                                         fp.head_dim());
+    worst_k = std::max(worst_k, err);
+    EXPECT_LE(err, 2e-3) << "re-anchored K vs direct computation at " << first;
+    for (uint32_t i = 0; i < n; ++i) token_at[first + i] = l.tokens[i];
+    ++checked;
+  });
+
+  llama_token token = 1;
+  uint64_t saved_before_outage = 0, brought_before_outage = 0, failures_in_outage = 0;
+  for (uint32_t step = 0; step < kSteps; ++step) {
+    if (step == kOutageBegin) {
+      saved_before_outage = s.engine_stats().evicted_saved;
+      brought_before_outage = s.engine_stats().brought;
+      ASSERT_OK(daemon_->Terminate());
+    }
+    if (step == kOutageEnd) {
+      failures_in_outage = s.driver_stats().recovery_failures;
+      Restart();
+    }
+    absl::Status decoded = s.Decode(token);
+    ASSERT_TRUE(decoded.ok()) << "step " << step << ": " << decoded;
+    if (HasFatalFailure()) return;
+    // Recoveries land before the token; the token sits at the last position.
+    token_at[s.next_position() - 1] = token;
+    ASSERT_LE(s.cells_used(), kBudget) << "step " << step << ": over budget";
+    const float* logits = llama_get_logits_ith(ctx.get(), -1);
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model_));
+    ASSERT_TRUE(std::all_of(logits, logits + n_vocab, [](float x) { return std::isfinite(x); }));
+    token = static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+  }
+  const policy::DriverStats& d = s.driver_stats();
+  const llama::EngineStats& e = s.engine_stats();
+  // Past its budget, by policy.
+  EXPECT_GT(s.next_position(), static_cast<int64_t>(2 * kBudget));
+  EXPECT_EQ(s.max_cells_used() <= kBudget, true);
+  EXPECT_GE(s.max_cells_used(), kBudget - kBlock) << "the budget was used";
+  EXPECT_GE(d.blocks_saved + d.blocks_dropped, 10u);
+  EXPECT_GE(e.evicted_saved, 5u);
+  // The outage: evictions went on unsaved, nothing crashed, and after the
+  // restart blocks are saved again.
+  EXPECT_GT(e.blocks_lost, 0u) << "no eviction fell in the outage";
+  EXPECT_GT(e.evicted_saved, saved_before_outage + 1);
+  if (s.policy_info().recovers) {
+    EXPECT_GT(brought_before_outage, 0u) << name << " recovered nothing before the outage";
+    EXPECT_GT(failures_in_outage, 0u) << "recovery during the outage did not fail";
+    EXPECT_EQ(d.blocks_recovered, e.brought);
+    EXPECT_EQ(checked, static_cast<int>(e.brought));
+  } else {
+    EXPECT_EQ(e.brought, 0u);
+    EXPECT_EQ(d.recovery_failures, 0u);
+  }
+  RecordProperty("evicted_saved", static_cast<int>(e.evicted_saved));
+  RecordProperty("evicted_dropped", static_cast<int>(e.evicted_dropped));
+  RecordProperty("blocks_lost", static_cast<int>(e.blocks_lost));
+  RecordProperty("recovered", static_cast<int>(e.brought));
+  RecordProperty("recovery_failures", static_cast<int>(d.recovery_failures));
+  RecordProperty("worst_k_error", std::to_string(worst_k));
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, LlamaPolicyTest,
+                         ::testing::Values("recency", "streaming_llm", "h2o", "snapkv", "infllm",
+                                           "evoke"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST_F(LlamaPolicyTest, RefusesBudgetsAndPoliciesItCannotRun) {
+  llama::AttentionCapture capture;
+  llama_context_params p;
+  ContextPtr ctx = MakeContext(256, &capture, &p);
+  ASSERT_NE(ctx, nullptr);
+  llama::AdapterOptions ao;
+  ao.ns = "policy-test";
+  ao.model_id = "random-llama-tiny";
+  ao.session_id = "refusals";
+  absl::StatusOr<std::unique_ptr<KvAdapter>> adapter =
+      KvAdapter::Open(ctx.get(), p, client_.get(), ao);
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  llama::SessionOptions so;
+  so.policy = "streaming_llm";
+  so.params.block_tokens = 32;
+  so.budget_tokens = 20;  // Below sinks + one block.
+  absl::Status st = llama::LlamaPolicySession::Create(ctx.get(), &capture, adapter->get(),
+                                                      client_.get(), "policy-test", "r", so)
+                        .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("budget_tokens"));
+  so.policy = "no-such-policy";
+  so.budget_tokens = 256;
+  st = llama::LlamaPolicySession::Create(ctx.get(), &capture, adapter->get(), client_.get(),
+                                         "policy-test", "r", so)
+           .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  so.policy = "h2o";
+  st = llama::LlamaPolicySession::Create(ctx.get(), nullptr, adapter->get(), client_.get(),
+                                         "policy-test", "r", so)
+           .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("AttentionCapture"));
+}
+
+}  // namespace
+}  // namespace evoke::testing
