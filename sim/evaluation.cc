@@ -1,0 +1,153 @@
+#include "sim/evaluation.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "policy/layer_budgets.h"
+#include "sim/evoked_process.h"
+#include "sim/runner.h"
+
+namespace evoke::sim {
+
+std::vector<uint32_t> LayerBudgets(const LayerBudgetScheme& scheme, uint32_t n_layers,
+                                   uint32_t budget) {
+  if (!scheme.fixed.empty()) return scheme.fixed;
+  if (scheme.name == "pyramid") return policy::PyramidBudgets(n_layers, budget);
+  return policy::UniformBudgets(n_layers, budget);
+}
+
+namespace {
+
+struct Config {
+  std::string policy;
+  uint32_t budget;
+  size_t scheme;
+};
+
+struct SessionKey {
+  Task task;
+  uint32_t variant;
+  uint64_t seed;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProcess* evoked) {
+  const SimParams& p = spec.params;
+  if (absl::Status s = p.Validate(); !s.ok()) return s;
+  std::vector<Config> configs;
+  bool any_recovering = false;
+  for (size_t si = 0; si < spec.schemes.size(); ++si) {
+    std::vector<uint32_t> budgets = spec.budgets;
+    if (!spec.schemes[si].fixed.empty()) {
+      budgets = {static_cast<uint32_t>(std::lround(policy::MeanBudget(spec.schemes[si].fixed)))};
+    }
+    for (const std::string& pol : spec.policies) {
+      for (uint32_t b : budgets) configs.push_back({pol, b, si});
+      any_recovering = any_recovering || IsRecovering(pol);
+    }
+  }
+  if (any_recovering && evoked == nullptr) {
+    return absl::InvalidArgumentError("a recovering policy needs a running evoked");
+  }
+  std::vector<SessionKey> sessions;
+  for (Task t : spec.tasks) {
+    for (uint64_t seed = spec.seed_begin; seed < spec.seed_end; ++seed) {
+      for (uint32_t v = 0; v < TaskVariants(t); ++v) sessions.push_back({t, v, seed});
+    }
+  }
+  std::vector<RunResult> results(sessions.size() * configs.size());
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  absl::Status first_error;
+  auto worker = [&] {
+    std::unique_ptr<Client> client;
+    if (any_recovering) {
+      absl::StatusOr<std::unique_ptr<Client>> c = evoked->Connect();
+      if (!c.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = c.status();
+        return;
+      }
+      client = std::move(*c);
+    }
+    for (;;) {
+      const size_t i = next.fetch_add(1);
+      if (i >= sessions.size()) return;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error.ok()) return;
+      }
+      const SessionKey& k = sessions[i];
+      Session session(p, MakeScript(k.task, k.variant, p), k.seed);
+      for (size_t ci = 0; ci < configs.size(); ++ci) {
+        const Config& c = configs[ci];
+        RunConfig rc;
+        rc.policy = c.policy;
+        rc.layer_budgets = LayerBudgets(spec.schemes[c.scheme], p.n_layers, c.budget);
+        rc.policy_params = spec.policy_params;
+        EvokedLink link;
+        link.client = client.get();
+        link.session_id = absl::StrCat("sim-", TaskName(k.task), "-v", k.variant, "-s", k.seed,
+                                       "-", c.policy, "-b", c.budget, "-",
+                                       spec.schemes[c.scheme].name);
+        absl::StatusOr<RunResult> r = RunSession(session, rc, &link);
+        if (!r.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (first_error.ok()) {
+            first_error = absl::Status(
+                r.status().code(),
+                absl::StrCat(TaskName(k.task), " variant ", k.variant, " seed ", k.seed, " ",
+                             c.policy, " b=", c.budget, " (", spec.schemes[c.scheme].name,
+                             "): ", r.status().message()));
+          }
+          return;
+        }
+        results[i * configs.size() + ci] = std::move(*r);
+      }
+    }
+  };
+  const uint32_t n_threads = std::max(1u, spec.threads);
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < n_threads; ++t) threads.emplace_back(worker);
+  for (std::thread& t : threads) t.join();
+  if (!first_error.ok()) return first_error;
+  // Aggregate in a fixed order: task, scheme, policy, budget.
+  std::vector<Cell> cells;
+  for (Task t : spec.tasks) {
+    for (size_t ci = 0; ci < configs.size(); ++ci) {
+      const Config& c = configs[ci];
+      Cell cell;
+      cell.task = TaskName(t);
+      cell.policy = c.policy;
+      cell.budget = c.budget;
+      cell.layer_budgets = spec.schemes[c.scheme].name;
+      for (size_t si = 0; si < sessions.size(); ++si) {
+        if (sessions[si].task != t) continue;
+        const RunResult& r = results[si * configs.size() + ci];
+        ++cell.runs;
+        cell.probes += r.probes;
+        cell.passes += r.passes;
+        cell.blocks_saved += r.blocks_saved;
+        cell.blocks_recovered += r.blocks_recovered;
+        cell.blocks_verified += r.blocks_verified;
+        cell.bytes_moved += r.bytes_moved;
+        cell.decode_steps += r.decode_steps;
+        cell.recovery_failures += r.recovery_failures;
+        cell.engine_seconds += r.engine_seconds;
+      }
+      cells.push_back(cell);
+    }
+  }
+  return cells;
+}
+
+}  // namespace evoke::sim

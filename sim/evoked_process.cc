@@ -1,0 +1,131 @@
+#include "sim/evoked_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace evoke::sim {
+namespace {
+
+std::string Tail(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > 2000 ? s.substr(s.size() - 2000) : s;
+}
+
+}  // namespace
+
+std::string DefaultEvokedPath() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path candidate = self.parent_path().parent_path() / "daemon" / "evoked";
+    if (std::filesystem::exists(candidate, ec)) return candidate.string();
+  }
+  return "evoked";
+}
+
+absl::StatusOr<std::unique_ptr<EvokedProcess>> EvokedProcess::Start(
+    const EvokedProcessOptions& options) {
+  std::string binary = options.binary.empty() ? DefaultEvokedPath() : options.binary;
+  if (binary.find('/') != std::string::npos && ::access(binary.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("evoked: no executable at ", binary,
+                                            " (build the evoked target or pass --evoked)"));
+  }
+  std::string templ = (std::filesystem::temp_directory_path() / "evoke-sim.XXXXXX").string();
+  if (::mkdtemp(templ.data()) == nullptr) {
+    return absl::InternalError("mkdtemp failed for the evoked directory");
+  }
+  auto p = std::unique_ptr<EvokedProcess>(new EvokedProcess());
+  p->dir_ = templ;
+  p->socket_ = templ + "/evoked.sock";
+  const std::string log = templ + "/evoked.log";
+  std::vector<std::string> args = {binary,
+                                   "--socket", p->socket_,
+                                   "--data-dir", templ + "/data",
+                                   "--pinned-bytes", options.pinned_bytes,
+                                   "--summary-layer", absl::StrCat(options.summary_layer),
+                                   "--worker-threads", absl::StrCat(options.worker_threads),
+                                   "--lock-memory=false",
+                                   "--log-level", "warning"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  p->pid_ = pid;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      p->pid_ = -1;
+      return absl::UnavailableError(
+          absl::StrCat("evoked (", binary, ") exited at start: ", Tail(log)));
+    }
+    if (::access(p->socket_.c_str(), F_OK) == 0) {
+      absl::StatusOr<std::unique_ptr<Client>> c = p->Connect();
+      if (c.ok() && (*c)->HealthCheck().ok()) return p;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::UnavailableError(absl::StrCat("evoked did not answer within 30 s: ", Tail(log)));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> EvokedProcess::Connect() const {
+  ClientOptions o;
+  o.target = socket_;
+  o.connect_timeout = absl::Seconds(5);
+  return Client::Connect(o);
+}
+
+EvokedProcess::~EvokedProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    int status = 0;
+    bool reaped = false;
+    while (absl::Now() < deadline) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped = true;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (!reaped) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+}  // namespace evoke::sim
