@@ -8,8 +8,9 @@
 //
 //   EvokedRecoverySource source(client, {.ns = "default", .session_id = "s1",
 //                                        .layer = 20});
-//   source.Register(handle, evoke::BlockIdOf(meta), 64);  // after Save
+//   source.Register(handle, evoke::BlockIdOf(meta), 64);  // evicted: saved
 //   source.SetResident(handle, true);                      // after a Bring
+//   source.SetResident(handle, false);                     // evicted again
 //   auto ranked = source.Rank(query, 4, std::nullopt);
 //
 // Not thread-safe (one decode loop drives it); the Client may be shared.

@@ -191,7 +191,10 @@ class SavingEngine final : public BlockEngine {
                const std::vector<std::vector<float>>* summaries)
       : client_(client), source_(source), summaries_(summaries) {}
   absl::StatusOr<uint64_t> Evict(const ResidentBlock& block, bool stored) override {
-    if (stored) return 0;
+    if (stored) {
+      source_->SetResident(block.handle, false);
+      return 0;
+    }
     const v1::BlockMeta meta = BlockMeta(block.handle, (*summaries_)[block.handle]);
     const std::string payload = Payload(block.handle);
     absl::StatusOr<std::vector<v1::SaveResult>> saved = client_->Save({BlockToSave(meta, payload)});

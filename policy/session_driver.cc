@@ -85,6 +85,13 @@ absl::StatusOr<std::optional<BlockHandle>> SessionDriver::TokenDecoded(int64_t p
   return std::optional<BlockHandle>(block.handle);
 }
 
+void SessionDriver::PositionsShifted(int64_t from, int64_t delta) {
+  for (ResidentBlock& b : resident_) {
+    if (b.first_position >= from) b.first_position += delta;
+  }
+  if (pending_ > 0 && pending_first_position_ >= from) pending_first_position_ += delta;
+}
+
 absl::Status SessionDriver::SetSummary(BlockHandle block, std::vector<float> summary) {
   auto it = std::find_if(resident_.begin(), resident_.end(),
                          [&](const ResidentBlock& b) { return b.handle == block; });

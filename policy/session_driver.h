@@ -8,6 +8,10 @@
 //   Evict  save the block to evoked (unless a copy is stored already) and
 //          remove it from the cache, in that order;
 //   Bring  load a stored block at the tail of the cache, K re-anchored.
+// An engine whose source is an EvokedRecoverySource keeps the source's
+// books in these two calls: Evict registers a block it saves
+// (Register(handle, id, n_tokens)) or marks a stored one not resident
+// (SetResident(handle, false)); Bring marks it resident.
 // Blocks form as tokens arrive: the first `sink_tokens` tokens make block 0
 // (so that sinks are a block of their own), then every `block_tokens` tokens
 // make the next one.
@@ -51,6 +55,8 @@ class BlockEngine {
                                          int64_t first_position) = 0;
 };
 
+// block_tokens and sink_tokens should match the policy's PolicyParams (the
+// policy recognizes sinks by first_token < its sink_tokens).
 struct DriverOptions {
   uint64_t budget_tokens = 0;  // Required.
   uint32_t block_tokens = 64;
@@ -85,6 +91,13 @@ class SessionDriver {
   // cache position `position`. When it completes a block, returns the new
   // block's handle (the engine may then SetSummary for it).
   absl::StatusOr<std::optional<BlockHandle>> TokenDecoded(int64_t position);
+
+  // PositionsShifted records that the engine moved every cached token at
+  // position >= `from` by `delta` (e.g. llama.cpp's compaction after an
+  // eviction: seq_rm then seq_add(-n_tokens)): resident blocks and pending
+  // tokens starting there follow. Order is what policies read, so an engine
+  // that never calls it still gets the same decisions.
+  void PositionsShifted(int64_t from, int64_t delta);
 
   // SetSummary attaches pre-RoPE mean keys to a resident block (see
   // ResidentBlock::summary). INVALID_ARGUMENT for an unknown block.

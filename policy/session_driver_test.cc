@@ -107,6 +107,18 @@ TEST_F(SessionDriverTest, BlocksFormAtTheSinkThenAtBlockBoundaries) {
   EXPECT_EQ(driver_->View().session_tokens, 21u);
 }
 
+TEST_F(SessionDriverTest, PositionsFollowTheEnginesShifts) {
+  Make("streaming_llm", 1000);
+  for (int i = 0; i < 22; ++i) ASSERT_OK(driver_->TokenDecoded(i).status());  // 2 pending.
+  // The engine compacted the cache by -8 from position 12 (as after removing 4..11).
+  driver_->PositionsShifted(12, -8);
+  EXPECT_EQ(driver_->resident()[0].first_position, 0);
+  EXPECT_EQ(driver_->resident()[1].first_position, 4);   // Below `from`: not moved.
+  EXPECT_EQ(driver_->resident()[2].first_position, 4);   // Was 12.
+  for (int i = 0; i < 6; ++i) ASSERT_OK(driver_->TokenDecoded(14 + i).status());
+  EXPECT_EQ(driver_->resident()[3].first_position, 12);  // Pending started at 20 -> 12.
+}
+
 TEST_F(SessionDriverTest, NoSinkBlockWithoutSinkTokens) {
   PolicyParams params;
   policy_ = std::move(MakePolicy("recency", params)).value();
