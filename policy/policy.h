@@ -18,6 +18,28 @@
 // keep state between calls (InfLLM remembers its last top-K): make one per
 // scope. Policies are not thread-safe; one decode loop drives each.
 //
+// The policies (docs/policies.md has the details and the deviations from
+// the published methods):
+//   recency        oldest blocks (by first_token) first; no sinks.
+//   streaming_llm  sinks (blocks with first_token < sink_tokens) kept; the
+//                  others oldest first.
+//   h2o            the newest blocks kept (h2o_recent_share of the budget,
+//                  whole blocks, at least one); the others by cumulative
+//                  attention, least first (ties: older first). No sinks, as
+//                  published. Without attention statistics: recency behind
+//                  the same guard.
+//   snapkv         as h2o with the windowed, pooled attention
+//                  (AttentionStats::Window) and snapkv_recent_share.
+//   infllm         sinks kept; at a recovery point the top infllm_topk of
+//                  the stored blocks and the resident recovered ones form
+//                  its set, and the stored members come back; eviction takes
+//                  recovered blocks that left the set first, then the oldest
+//                  others, the set itself last.
+//   evoke          sinks kept; the others by the time they last entered the
+//                  cache (first_position order: recovered blocks count as
+//                  new); recovery gated by the weakest resident non-sink
+//                  block's ScoreSummary, up to evoke_topk, ascending.
+//
 // Decision cost: both calls are linear or n log n in the resident blocks; a
 // 128k-token context (2,048 blocks of 64) decides in well under a millisecond
 // (policy/policy_bench.cc).
