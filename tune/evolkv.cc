@@ -126,8 +126,9 @@ void FillResult(const SearchState& state, TuneResult* result) {
     result->best_budgets = state.best_plan;
     result->best_objective = state.best_objective;
     result->best_f = state.best_f;
-    result->completed_budgets = CompleteBudgets(
-        state.best_plan, state.options->target_budget * state.options->n_layers);
+    result->completed_budgets =
+        CompleteBudgets(state.best_plan, state.options->target_budget * state.options->n_layers,
+                        state.options->min_budget);
   }
 }
 
@@ -187,10 +188,18 @@ double Objective(double f, double mean_budget, double target, double lambda, dou
   return f * (1.0 + lambda * CacheScore(mean_budget, target, gamma));
 }
 
-std::vector<uint32_t> CompleteBudgets(absl::Span<const uint32_t> budgets, uint32_t total) {
+std::vector<uint32_t> CompleteBudgets(absl::Span<const uint32_t> budgets, uint32_t total,
+                                      uint32_t floor) {
   const size_t n = budgets.size();
   std::vector<uint32_t> out(n);
   if (n == 0) return out;
+  if (floor > 0 && uint64_t{floor} * n <= total) {
+    std::vector<uint32_t> above(n);
+    for (size_t i = 0; i < n; ++i) above[i] = budgets[i] > floor ? budgets[i] - floor : 0;
+    out = CompleteBudgets(above, static_cast<uint32_t>(total - uint64_t{floor} * n));
+    for (uint32_t& k : out) k += floor;  // <= total - (n - 1) * floor: no overflow
+    return out;
+  }
   const uint64_t sum = std::accumulate(budgets.begin(), budgets.end(), uint64_t{0});
   if (sum == 0) {
     for (size_t i = 0; i < n; ++i) {

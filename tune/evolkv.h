@@ -81,7 +81,8 @@ struct TuneOptions {
   // Bounds of every budget during the search, tokens. max_budget 0 means
   // 2 * target_budget. min_budget <= target_budget <= max_budget <= 2^31 and
   // min_budget < max_budget. Defaults: 0 and 0 (= 2c). The completed plan is
-  // scaled to sum to c * L and may leave these bounds.
+  // scaled to sum to c * L: no layer goes below min_budget (only the part
+  // above it is scaled), but a layer may go above max_budget.
   uint32_t min_budget = 0;
   uint32_t max_budget = 0;
 
@@ -103,7 +104,8 @@ struct TuneResult {
   double best_objective = 0;
   double best_f = 0;
 
-  // best_budgets completed to sum to exactly target_budget * n_layers.
+  // best_budgets completed to sum to exactly target_budget * n_layers, no
+  // layer below min_budget (CompleteBudgets with floor = min_budget).
   std::vector<uint32_t> completed_budgets;
 
   // Every evaluation in order.
@@ -123,7 +125,13 @@ double Objective(double f, double mean_budget, double target, double lambda, dou
 // floored, the units left over going to the largest remainders (ties: the
 // lower layer). All zero budgets become uniform (total / L, the first
 // total % L layers one more). Never negative; empty in, empty out.
-std::vector<uint32_t> CompleteBudgets(absl::Span<const uint32_t> budgets, uint32_t total);
+//
+// With a `floor` > 0 (and floor * L <= total), only the part of each budget
+// above the floor is scaled (budgets below it count as the floor), so that
+// no layer ends below `floor`: k_i = floor + CompleteBudgets(k - floor,
+// total - L * floor). When floor * L > total the floor is ignored.
+std::vector<uint32_t> CompleteBudgets(absl::Span<const uint32_t> budgets, uint32_t total,
+                                      uint32_t floor = 0);
 
 // TuneLayerBudgets runs the search. Blocks for the whole run; calls `fitness`
 // and options.on_evaluation on the calling thread only.

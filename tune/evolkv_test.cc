@@ -135,6 +135,33 @@ TEST(CompleteBudgets, AlwaysSumsToTheTotalProportionally) {
   EXPECT_EQ(checked, 20000);
 }
 
+TEST(CompleteBudgets, AFloorKeepsEveryLayerAtOrAboveIt) {
+  // Scaling [180, 360, 130, 130] down to 600 plainly gives 135, 270, 98, 97;
+  // above a floor of 128: 128 + [52, 232, 2, 2] * 88 / 288, rounded.
+  std::vector<uint32_t> k = {180, 360, 130, 130};
+  EXPECT_THAT(CompleteBudgets(k, 600), ElementsAre(135u, 270u, 98u, 97u));
+  EXPECT_THAT(CompleteBudgets(k, 600, 128), ElementsAre(144u, 199u, 129u, 128u));
+  // Budgets below the floor count as the floor.
+  EXPECT_THAT(CompleteBudgets(std::vector<uint32_t>{0, 10, 20}, 30, 10),
+              ElementsAre(10u, 10u, 10u));
+  EXPECT_THAT(CompleteBudgets(std::vector<uint32_t>{0, 10, 20}, 40, 10),
+              ElementsAre(10u, 10u, 20u));
+  // A floor that cannot hold is ignored.
+  EXPECT_THAT(CompleteBudgets(std::vector<uint32_t>{1, 3}, 8, 5), ElementsAre(2u, 6u));
+
+  std::mt19937_64 rng(99);
+  std::uniform_int_distribution<uint32_t> length(1, 64), value(0, 5000), fl(0, 2000);
+  for (int trial = 0; trial < 5000; ++trial) {
+    std::vector<uint32_t> b(length(rng));
+    for (uint32_t& x : b) x = value(rng);
+    const uint32_t floor = fl(rng);
+    const uint32_t total = static_cast<uint32_t>(b.size()) * (floor + value(rng) / 2);
+    std::vector<uint32_t> out = CompleteBudgets(b, total, floor);
+    ASSERT_EQ(Sum(out), total) << trial;
+    for (uint32_t x : out) ASSERT_GE(x, floor) << trial;
+  }
+}
+
 // --- TuneOptions ------------------------------------------------------------
 
 TuneOptions Small() {
@@ -343,6 +370,16 @@ TEST(TuneLayerBudgets, RespectsTheBoundsAndOneLayerWorks) {
     ASSERT_LE(e.budgets[0], 130u);
   }
   EXPECT_EQ(r.completed_budgets, std::vector<uint32_t>{100});
+
+  // The completed plan keeps min_budget even when it is scaled down.
+  TuneOptions m = Small();
+  m.min_budget = 50;
+  m.generations = 3;
+  ASSERT_OK_AND_ASSIGN(TuneResult s, TuneLayerBudgets(m, [](absl::Span<const uint32_t> k) {
+                         return static_cast<double>(k[1]) + static_cast<double>(k[9]);
+                       }));
+  EXPECT_EQ(Sum(s.completed_budgets), 16u * 64u);
+  for (uint32_t k : s.completed_budgets) EXPECT_GE(k, 50u);
 }
 
 TEST(TuneLayerBudgets, AFitnessErrorStopsTheSearchAndKeepsTheStateSoFar) {
