@@ -66,6 +66,9 @@ struct CachedBlock {
   uint64_t first_token = 0;
   uint32_t n = 0;
   int64_t first_position = 0;
+  // Each token's position: a block is gapped when a recovery point placed
+  // blocks at the tail while it was pending.
+  std::vector<int64_t> positions;
   std::vector<float> keys;  // [token][pair][dim], post-RoPE, f16 values.
   std::vector<float> sums;  // [pair][dim]
   std::vector<float> sum_norms;  // [pair]: |sums|
@@ -98,6 +101,7 @@ struct Scope {
   absl::flat_hash_map<BlockHandle, CachedBlock> blocks;
   // Pending tokens (not yet in a block).
   std::vector<uint64_t> pend_tokens;
+  std::vector<int64_t> pend_positions;
   std::vector<float> pend_keys;  // [token][pair][dim]
   std::vector<float> pend_sums;  // [pair][dim]
   int64_t pend_first_position = 0;
@@ -403,6 +407,7 @@ absl::Status Run::DecodeToken(uint64_t token, int32_t reference_fact, uint32_t q
     const std::vector<float>& keys = KeysAt(token, scope.next_position);
     if (scope.pend_tokens.empty()) scope.pend_first_position = scope.next_position;
     scope.pend_tokens.push_back(token);
+    scope.pend_positions.push_back(scope.next_position);
     for (uint32_t j = 0; j < scope.pairs.size(); ++j) {
       const float* k = keys.data() + static_cast<size_t>(scope.pairs[j]) * d;
       scope.pend_keys.insert(scope.pend_keys.end(), k, k + d);
@@ -423,6 +428,8 @@ absl::Status Run::DecodeToken(uint64_t token, int32_t reference_fact, uint32_t q
     b.first_token = scope.pend_tokens.front();
     b.n = rb.n_tokens;
     b.first_position = scope.pend_first_position;
+    b.positions = std::move(scope.pend_positions);
+    scope.pend_positions.clear();
     b.keys = std::move(scope.pend_keys);
     b.sums = scope.pend_sums;
     SetNorms(&b, d);
@@ -551,6 +558,9 @@ absl::StatusOr<uint64_t> Run::Evict(Scope& scope, const policy::ResidentBlock& b
       v1::BlockMeta meta = SessionBlockMeta(fp_, link_->session_id, block.handle, b.n, 0,
                                             p_.n_layers, static_cast<int32_t>(b.first_position));
       meta.set_token_offset(b.first_token);
+      if (b.positions.back() - b.positions.front() + 1 != static_cast<int64_t>(b.n)) {
+        for (int64_t pos : b.positions) meta.add_positions(static_cast<int32_t>(pos));
+      }
       EVOKE_RETURN_IF_ERROR(
           link_->client->Save({BlockToSave(meta, region_->Slice(0, bytes))}).status());
       scope.source->Register(block.handle, BlockIdOf(meta), b.n);
@@ -590,6 +600,7 @@ absl::StatusOr<uint64_t> Run::Bring(Scope& scope, BlockHandle handle, uint32_t n
   b.first_token = first_token;
   b.n = n_tokens;
   b.first_position = first_position;
+  for (uint32_t t = 0; t < n_tokens; ++t) b.positions.push_back(first_position + t);
   b.keys.resize(static_cast<size_t>(n_tokens) * pairs * d);
   b.sums.assign(static_cast<size_t>(pairs) * d, 0.0f);
   const uint64_t section = static_cast<uint64_t>(n_tokens) * p_.n_kv_heads * d * 2;
