@@ -32,6 +32,38 @@ AttentionStats::PerBlock& AttentionStats::Block(BlockHandle block) {
   return *slot;
 }
 
+void AttentionStats::MaxPool(absl::Span<const float> w) {
+  // van Herk / Gil-Werman: with the row cut into segments of k tokens,
+  // prefix_[i] is the max from i's segment start to i and suffix_[i] the max
+  // from i to its segment end; a full window [lo, lo + k) spans at most two
+  // segments, so its max is max(suffix_[lo], prefix_[lo + k - 1]). Windows
+  // clipped at the row's ends are scanned directly.
+  const size_t n = w.size();
+  const size_t k = options_.pool_kernel;
+  const size_t radius = k / 2;
+  pooled_.resize(n);
+  prefix_.resize(n);
+  suffix_.resize(n);
+  for (size_t start = 0; start < n; start += k) {
+    const size_t end = std::min(n, start + k);
+    prefix_[start] = w[start];
+    for (size_t i = start + 1; i < end; ++i) prefix_[i] = std::max(prefix_[i - 1], w[i]);
+    suffix_[end - 1] = w[end - 1];
+    for (size_t i = end - 1; i > start; --i) suffix_[i - 1] = std::max(suffix_[i], w[i - 1]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const size_t lo = i >= radius ? i - radius : 0;
+    const size_t hi = std::min(n - 1, i + radius);
+    if (hi - lo + 1 == k) {
+      pooled_[i] = std::max(suffix_[lo], prefix_[hi]);
+    } else {
+      float m = w[lo];
+      for (size_t j = lo + 1; j <= hi; ++j) m = std::max(m, w[j]);
+      pooled_[i] = m;
+    }
+  }
+}
+
 absl::Status AttentionStats::Observe(uint32_t layer, uint32_t head,
                                      absl::Span<const BlockHandle> block_of_token,
                                      absl::Span<const uint32_t> token_in_block,
@@ -56,15 +88,7 @@ absl::Status AttentionStats::Observe(uint32_t layer, uint32_t head,
   // Max-pool the row over neighbouring tokens (SnapKV's kernel).
   const float* pooled = weights.data();
   if (options_.pool_kernel > 1 && n > 0) {
-    const size_t radius = options_.pool_kernel / 2;
-    pooled_.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      const size_t lo = i >= radius ? i - radius : 0;
-      const size_t hi = std::min(n, i + radius + 1);
-      float m = weights[lo];
-      for (size_t j = lo + 1; j < hi; ++j) m = std::max(m, weights[j]);
-      pooled_[i] = m;
-    }
+    MaxPool(weights);
     pooled = pooled_.data();
   }
   const bool want_tokens = layer == options_.token_layer && !token_in_block.empty();

@@ -99,7 +99,9 @@ class AttentionStats {
   uint64_t steps_ = 0;
   // unique_ptr: Observe keeps a pointer to the last block across inserts.
   absl::flat_hash_map<BlockHandle, std::unique_ptr<PerBlock>> blocks_;
-  std::vector<float> pooled_;  // Scratch row.
+  // MaxPool fills pooled_ with `w` max-pooled over pool_kernel tokens.
+  void MaxPool(absl::Span<const float> w);
+  std::vector<float> pooled_, prefix_, suffix_;  // Scratch rows.
 };
 
 }  // namespace evoke::policy

@@ -1,6 +1,8 @@
 #include "policy/attention_stats.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -102,6 +104,29 @@ TEST(AttentionStatsTest, PoolingSpreadsAPeakToNeighbourTokensThenBlocks) {
   ASSERT_OK(wide.Observe(0, 0, of, {}, std::vector<float>{0, 0, 1, 0, 0, 0}));
   EXPECT_NEAR(wide.Window(kA, 0, 0), 3.0, 1e-6);
   EXPECT_NEAR(wide.Window(kB, 0, 0), 2.0, 1e-6);
+}
+
+TEST(AttentionStatsTest, PoolingMatchesADirectScan) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (uint32_t kernel : {3u, 5u, 7u}) {
+    for (size_t n : {1u, 2u, 3u, 6u, 7u, 8u, 50u, 101u}) {
+      std::vector<float> w(n);
+      for (float& x : w) x = u(rng);
+      // Each token its own block: Window(i) is pooled token i.
+      std::vector<BlockHandle> of(n);
+      for (size_t i = 0; i < n; ++i) of[i] = i;
+      AttentionStats stats({.window = 2, .pool_kernel = kernel});
+      ASSERT_OK(stats.Observe(0, 0, of, {}, w));
+      const size_t r = kernel / 2;
+      for (size_t i = 0; i < n; ++i) {
+        float m = 0;
+        for (size_t j = (i >= r ? i - r : 0); j <= std::min(n - 1, i + r); ++j) m = std::max(m, w[j]);
+        EXPECT_FLOAT_EQ(static_cast<float>(stats.Window(i, 0, 0)), m)
+            << "kernel " << kernel << " n " << n << " i " << i;
+      }
+    }
+  }
 }
 
 TEST(AttentionStatsTest, TokenMassOfTheTokenLayerPerHead) {
