@@ -51,8 +51,8 @@ class LlamaPolicyTest : public E2eTest, public ::testing::WithParamInterface<std
     p.n_ubatch = 256;
     p.n_seq_max = 2;
     p.kv_unified = true;
-    p.n_threads = 2;
-    p.n_threads_batch = 2;
+    p.n_threads = 1;
+    p.n_threads_batch = 1;
     p.type_k = GGML_TYPE_F16;
     p.type_v = GGML_TYPE_F16;
     p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;

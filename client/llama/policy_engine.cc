@@ -189,9 +189,11 @@ absl::Status LlamaPolicySession::Decode(llama_token token) {
   const uint32_t every =
       options_.recovery_every_tokens > 0 ? options_.recovery_every_tokens
                                          : options_.params.block_tokens;
-  // A recovery point, with the query of the token decoded last.
-  if (info.recovers && since_recovery_ >= every && capture_ != nullptr &&
-      !capture_->recovery_query().empty()) {
+  // A recovery point, with the query of the token decoded last, at a block
+  // boundary only: recovered blocks land at the tail, and a block's tokens
+  // must stay contiguous in positions (pending tokens would be split).
+  if (info.recovers && since_recovery_ >= every && driver_->pending_tokens() == 0 &&
+      capture_ != nullptr && !capture_->recovery_query().empty()) {
     since_recovery_ = 0;
     const std::vector<float>& q = capture_->recovery_query();
     const uint32_t head_dim = adapter_->format().head_dim;

@@ -115,7 +115,9 @@ struct SessionOptions {
   // The layer evoked summarises (its --summary-layer): the recovery query
   // and the resident blocks' mean keys come from it. Default: 0.
   uint32_t summary_layer = 0;
-  // Tokens between recovery points (recovering policies). 0: block_tokens.
+  // Tokens at least between recovery points (recovering policies); a
+  // recovery point waits for the next block boundary (no pending tokens), so
+  // that every block stays contiguous in positions. 0: block_tokens.
   uint32_t recovery_every_tokens = 0;
   EngineOptions engine;
 };
