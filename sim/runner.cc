@@ -653,7 +653,8 @@ absl::StatusOr<RunResult> Run::Go() {
   result_.decode_steps = token;
   for (const auto& sp : scopes_) {
     const policy::DriverStats& st = sp->driver->stats();
-    result_.blocks_saved += st.blocks_saved;
+    // Recovery-less scopes drop what they evict: nothing is saved.
+    if (sp->recovering) result_.blocks_saved += st.blocks_saved;
     result_.blocks_recovered += st.blocks_recovered;
     result_.bytes_moved += st.bytes_moved;
     result_.recovery_failures += st.recovery_failures;
