@@ -284,6 +284,13 @@ absl::StatusOr<TuneResult> TuneLayerBudgets(const TuneOptions& options, const Fi
   }
   TuneResult result;
   FillResult(*state, &result);
+  absl::StatusOr<double> completed_f = fitness(result.completed_budgets);
+  if (!completed_f.ok()) {
+    if (partial != nullptr) *partial = result;
+    return absl::Status(completed_f.status().code(),
+                        absl::StrCat("scoring the completed plan: ", completed_f.status().message()));
+  }
+  result.completed_f = *completed_f;
   return result;
 }
 

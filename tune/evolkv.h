@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -107,6 +108,11 @@ struct TuneResult {
   // best_budgets completed to sum to exactly target_budget * n_layers, no
   // layer below min_budget (CompleteBudgets with floor = min_budget).
   std::vector<uint32_t> completed_budgets;
+  // f of completed_budgets, evaluated once after the search: completion
+  // moves the plan (to mean c exactly), and a fitness with a sharp threshold
+  // can score the completed plan below the searched one. NaN in a partial
+  // result.
+  double completed_f = std::numeric_limits<double>::quiet_NaN();
 
   // Every evaluation in order.
   std::vector<Evaluation> trace;

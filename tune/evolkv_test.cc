@@ -269,6 +269,9 @@ TEST(TuneLayerBudgets, FindsAKnownOptimum) {
   for (size_t i = 0; i < 16; ++i) {
     EXPECT_NEAR(r.completed_budgets[i], fitness.optimum[i], 8.0) << i;
   }
+  // The completed plan was scored once more, after the search.
+  EXPECT_DOUBLE_EQ(r.completed_f, fitness(r.completed_budgets));
+  EXPECT_EQ(r.trace.size(), static_cast<size_t>(2 * (o.generations + 1) * o.population));
   // The uniform start is far worse than what was found.
   EXPECT_LT(fitness(std::vector<uint32_t>(16, 64)), 0.8);
 }

@@ -199,9 +199,9 @@ int main(int argc, char** argv) {
   }
   std::cout << absl::StrFormat(
       "best objective %.6g (f %.6g, mean budget %.6g before completion) after %u evaluations; "
-      "completed plan (sum %u = %u x %u) written to %s\n",
+      "completed plan (sum %u = %u x %u, f %.6g) written to %s\n",
       result->best_objective, result->best_f, evoke::policy::MeanBudget(result->best_budgets),
       result->trace.size(), options.target_budget * options.n_layers, options.n_layers,
-      options.target_budget, out_path);
+      options.target_budget, result->completed_f, out_path);
   return 0;
 }
