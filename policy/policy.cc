@@ -243,4 +243,20 @@ absl::Status ValidateBudget(absl::string_view name, const PolicyParams& params,
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> MinBudget(absl::string_view name, const PolicyParams& params) {
+  EVOKE_RETURN_IF_ERROR(MakePolicy(name, params).status());
+  // What a policy protects grows more slowly than the budget (a share below
+  // 1), so the accepted budgets are an upward-closed range: bisect for its
+  // first element.
+  uint64_t lo = 0, hi = uint64_t{1} << 32;
+  if (!ValidateBudget(name, params, hi).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": no budget below 2^32 fits"));
+  }
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    (ValidateBudget(name, params, mid).ok() ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 }  // namespace evoke::policy

@@ -212,6 +212,11 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(absl::string_view name,
 absl::Status ValidateBudget(absl::string_view name, const PolicyParams& params,
                             uint64_t budget_tokens);
 
+// MinBudget returns the smallest budget_tokens that ValidateBudget accepts
+// for `name` with `params` (e.g. streaming_llm: sink_tokens + block_tokens;
+// h2o: two blocks). INVALID_ARGUMENT as MakePolicy.
+absl::StatusOr<uint64_t> MinBudget(absl::string_view name, const PolicyParams& params = {});
+
 }  // namespace evoke::policy
 
 #endif  // EVOKE_POLICY_POLICY_H_

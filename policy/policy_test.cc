@@ -178,6 +178,26 @@ TEST(ValidateBudgetTest, SinksPlusOneBlock) {
   EXPECT_THAT(ValidateBudget("nope", p, 1000), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(ValidateBudgetTest, MinBudgetIsTheFirstAcceptedBudget) {
+  PolicyParams p;
+  for (const std::string& name : PolicyNames()) {
+    ASSERT_OK_AND_ASSIGN(uint64_t min, MinBudget(name, p));
+    EXPECT_OK(ValidateBudget(name, p, min)) << name;
+    EXPECT_FALSE(ValidateBudget(name, p, min - 1).ok()) << name;
+  }
+  ASSERT_OK_AND_ASSIGN(uint64_t streaming, MinBudget("streaming_llm", p));
+  EXPECT_EQ(streaming, 68u);
+  ASSERT_OK_AND_ASSIGN(uint64_t h2o, MinBudget("h2o", p));
+  EXPECT_EQ(h2o, 128u);
+  // A larger recent share protects more blocks.
+  p.h2o_recent_share = 0.6;
+  ASSERT_OK_AND_ASSIGN(uint64_t big, MinBudget("h2o", p));
+  EXPECT_OK(ValidateBudget("h2o", p, big));
+  EXPECT_FALSE(ValidateBudget("h2o", p, big - 1).ok());
+  EXPECT_GT(big, 128u);
+  EXPECT_THAT(MinBudget("nope", p), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 // ---------------------------------------------------------------- recency
 
 TEST(RecencyTest, EvictsOldestFirstIncludingTheFirstBlock) {

@@ -201,7 +201,10 @@ absl::Status Run::Setup() {
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<policy::Policy> probe,
                          policy::MakePolicy(config_.policy, config_.policy_params));
   const bool per_head = probe->info().needs_attention;
-  const uint64_t floor = static_cast<uint64_t>(p_.sink_tokens) + p_.block_tokens;
+  // The smallest budget the policy accepts (streaming_llm: sinks + one
+  // block; h2o and snapkv: the recent guard + one block).
+  EVOKE_ASSIGN_OR_RETURN(const uint64_t floor,
+                         policy::MinBudget(config_.policy, config_.policy_params));
   auto budget_of = [&](uint64_t wanted) -> absl::StatusOr<uint64_t> {
     uint64_t b = wanted;
     if (b < floor) {
