@@ -16,7 +16,8 @@
 //
 //   evoke-llama-fidelity [--shape tiny|small] [--policies recency,...]
 //                        [--budgets 128,256] [--block 32] [--prompt 64]
-//                        [--steps 300] [--threads N] [--json FILE]
+//                        [--steps 300] [--weight-std 0.2] [--threads N]
+//                        [--json FILE]
 //
 // It starts its own evoked (temp dir) with --summary-layer at the model's
 // middle layer, the layer the recovery query and summaries use.
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> policies = evoke::policy::PolicyNames();
   std::vector<uint64_t> budgets = {128, 256};
   uint32_t block = 32, prompt_tokens = 64, steps = 300;
+  float weight_std = 0.2f;
   int threads = static_cast<int>(std::min(4u, std::max(1u, std::thread::hardware_concurrency())));
   app.add_option("--shape", shape_name,
                  "tiny (2 layers, 256 wide) or small (4 layers, 512 wide, 8 heads, 2 KV heads, "
@@ -114,6 +116,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tiny", "small"}));
   app.add_option("--policies", policies, "Policies (default: all)")->delimiter(',');
   app.add_option("--budgets", budgets, "Budgets in tokens")->delimiter(',');
+  app.add_option("--weight-std", weight_std,
+                 "Standard deviation of the random weights (default 0.2; at the tests' 0.05 "
+                 "attention is nearly uniform and no policy changes anything)");
   app.add_option("--block", block, "Block size in tokens (default 32)");
   app.add_option("--prompt", prompt_tokens, "Random prompt tokens before the compared steps");
   app.add_option("--steps", steps, "Compared decode steps (default 300)");
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
     shape.n_ff = 1024;
     shape.n_vocab = 4096;
   }
+  shape.weight_std = weight_std;
   auto model = evoke::llama::MakeRandomLlamaModel(shape);
   if (!model.ok()) {
     std::fprintf(stderr, "evoke-llama-fidelity: %s\n", model.status().ToString().c_str());
@@ -178,11 +184,11 @@ int main(int argc, char** argv) {
   }
 
   std::printf("evoke-llama-fidelity: %s\n", kDisclaimer);
-  std::printf("model: random llama '%s' (%u layers, %u wide, %u heads, %u KV heads, vocab %d); "
-              "prompt %u tokens, %u compared steps (teacher-forced on the full-context greedy "
+  std::printf("model: random llama '%s' (%u layers, %u wide, %u heads, %u KV heads, vocab %d, "
+              "weight std %.2f); prompt %u tokens, %u compared steps (teacher-forced on the full-context greedy "
               "tokens), blocks of %u, recovery layer %u\n\n",
               shape_name.c_str(), shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv,
-              n_vocab, prompt_tokens, steps + 1, block, summary_layer);
+              n_vocab, weight_std, prompt_tokens, steps + 1, block, summary_layer);
 
   std::vector<Row> rows;
   auto quote_safe = [](std::string s) {
@@ -290,9 +296,9 @@ int main(int argc, char** argv) {
           r.dropped, r.recovered, r.recovery_failures, r.seconds, quote_safe(r.error)));
     }
     std::fprintf(f,
-                 "{\"note\":\"%s\",\"shape\":\"%s\",\"prompt\":%u,\"steps\":%u,\"block\":%u,"
+                 "{\"note\":\"%s\",\"shape\":\"%s\",\"weight_std\":%.3f,\"prompt\":%u,\"steps\":%u,\"block\":%u,"
                  "\"rows\":[%s]}\n",
-                 kDisclaimer, shape_name.c_str(), prompt_tokens, steps, block,
+                 kDisclaimer, shape_name.c_str(), weight_std, prompt_tokens, steps, block,
                  absl::StrJoin(items, ",").c_str());
     std::fclose(f);
   }

@@ -83,8 +83,10 @@ int main(int argc, char** argv) {
   }
 
   evoke::testing::TempDir dir;
+  // Tier 1 sized to the shape: the 1B prefixes are 32 KiB per token.
   auto daemon = evoke::testing::DaemonProcess::Start(
-      dir.path(), {"--pinned-bytes", "2GiB", "--max-message-bytes", "200MiB"});
+      dir.path(), {"--pinned-bytes", shape_name == "1b" ? "2GiB" : "128MiB",
+                   "--max-message-bytes", "200MiB"});
   if (!daemon.ok()) {
     std::fprintf(stderr, "evoke-llama-prefix-bench: %s\n", daemon.status().ToString().c_str());
     return 1;

@@ -29,6 +29,11 @@ struct Config {
   bool flash_attn = false;
 };
 
+void PrintTo(const Config& c, std::ostream* os) {
+  *os << (c.type == GGML_TYPE_F16 ? "f16" : "f32")
+      << (c.flash_attn ? " flash-attn" : " softmax-node");
+}
+
 std::string Name(const ::testing::TestParamInfo<Config>& info) {
   return std::string(info.param.type == GGML_TYPE_F16 ? "F16" : "F32") +
          (info.param.flash_attn ? "FlashAttn" : "SoftMaxNode");
