@@ -241,6 +241,36 @@ TEST_F(LlamaAttentionTest, FlashAttentionScoresEqualSoftMaxNodeWeights) {
   std::printf("flash attention on vs off: worst absolute difference %.3g\n", worst);
 }
 
+TEST_F(LlamaAttentionTest, IncrementalCellMapMatchesAFullRead) {
+  Session s;
+  Run({GGML_TYPE_F16, false}, "cells", &s);
+  if (HasFatalFailure()) return;
+  const uint64_t reads = s.cells->full_reads();
+  for (llama_pos pos = kLast + 1; pos <= kLast + 5; ++pos) {
+    s.capture->BeginStep();
+    ASSERT_TRUE(llama::DecodeTokens(s.ctx.get(), {llama_token{9}}, pos));
+    ASSERT_OK(s.cells->Update(s.capture->visible(), 1, pos));
+    CellPositions fresh(s.ctx.get(), 0);
+    ASSERT_OK(fresh.Update(s.capture->visible(), 1, pos));
+    EXPECT_EQ(fresh.full_reads(), 1u);
+    ASSERT_EQ(std::vector<int32_t>(s.cells->positions().begin(), s.cells->positions().end()),
+              std::vector<int32_t>(fresh.positions().begin(), fresh.positions().end()))
+        << "after decoding position " << pos;
+  }
+  EXPECT_EQ(s.cells->full_reads(), reads) << "one decoded token needs no full read";
+  // After a change other than a decode, Invalidate forces one.
+  ASSERT_TRUE(s.adapter->Evict(0, 8).ok());
+  s.cells->Invalidate();
+  s.capture->BeginStep();
+  ASSERT_TRUE(llama::DecodeTokens(s.ctx.get(), {llama_token{9}}, kLast + 6));
+  ASSERT_OK(s.cells->Update(s.capture->visible(), 1, kLast + 6));
+  EXPECT_EQ(s.cells->full_reads(), reads + 1);
+  const absl::Span<const int32_t> pos = s.cells->positions();
+  EXPECT_EQ(std::count_if(pos.begin(), pos.end(), [](int32_t p) { return p >= 0 && p < 8; }), 0);
+  EXPECT_EQ(std::count_if(pos.begin(), pos.end(), [](int32_t p) { return p >= 0; }),
+            static_cast<long>(kHeld - 8 + 6));
+}
+
 TEST_F(LlamaAttentionTest, ObserveStepSumsGroupsIntoBlocks) {
   Session s;
   Run({GGML_TYPE_F16, true}, "observe", &s);
