@@ -198,6 +198,14 @@ TEST_P(LlamaPolicyTest, BudgetedSessionEvictsRecoversAndSurvivesAnOutage) {
     EXPECT_EQ(e.brought, 0u);
     EXPECT_EQ(d.recovery_failures, 0u);
   }
+  // InfLLM ranks by representative keys, computed from the captured
+  // attention for every block saved outside the outage.
+  if (name == "infllm") {
+    EXPECT_EQ(e.repr_summaries, e.evicted_saved + e.blocks_lost);
+  } else {
+    EXPECT_EQ(e.repr_summaries, 0u);
+  }
+  RecordProperty("repr_summaries", static_cast<int>(e.repr_summaries));
   RecordProperty("evicted_saved", static_cast<int>(e.evicted_saved));
   RecordProperty("evicted_dropped", static_cast<int>(e.evicted_dropped));
   RecordProperty("blocks_lost", static_cast<int>(e.blocks_lost));

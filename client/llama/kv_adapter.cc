@@ -276,7 +276,8 @@ void KvAdapter::DropRegion() {
   region_.reset();
 }
 
-absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
+absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1,
+                                              absl::Span<const v1::Summary> summaries) {
   SeqState state;
   EVOKE_RETURN_IF_ERROR(ReadState(p0, p1, &state));
   const uint64_t bytes = CanonicalBytes(state);
@@ -295,6 +296,7 @@ absl::StatusOr<EvictedBlock> KvAdapter::Evict(llama_pos p0, llama_pos p1) {
   if (positions.back() - positions.front() + 1 != static_cast<int32_t>(n)) {
     for (int32_t p : positions) meta.add_positions(p);
   }
+  for (const v1::Summary& s : summaries) *meta.add_summaries() = s;
   absl::Status saved;
   if (region != nullptr) {
     saved = client_->Save({BlockToSave(meta, region->Slice(0, bytes))}, options_.durable).status();

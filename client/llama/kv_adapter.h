@@ -126,9 +126,12 @@ class KvAdapter {
   // none.
   absl::StatusOr<CanonicalRange> Read(llama_pos p0, llama_pos p1);
 
-  // Evict saves the cells of [p0, p1) as one session block, then removes
-  // them from the cache.
-  absl::StatusOr<EvictedBlock> Evict(llama_pos p0, llama_pos p1);
+  // Evict saves the cells of [p0, p1) as one session block, with
+  // `summaries` in its metadata (e.g. a REPR_KEYS summary the engine computed
+  // from the attention it observed; evoked computes MEAN_KEYS itself), then
+  // removes them from the cache.
+  absl::StatusOr<EvictedBlock> Evict(llama_pos p0, llama_pos p1,
+                                     absl::Span<const v1::Summary> summaries = {});
 
   // Recover asks evoked which of this session's blocks best match `queries`
   // (n_query_heads x head_dim floats, before RoPE, e.g. from QueryCapture)

@@ -30,9 +30,9 @@ bool DecodeOne(llama_context* ctx, llama_token token, llama_pos pos, llama_seq_i
 }  // namespace
 
 LlamaBlockEngine::LlamaBlockEngine(llama_context* ctx, KvAdapter* adapter,
-                                   policy::EvokedRecoverySource* source, EngineOptions options)
-    : ctx_(ctx),
-      adapter_(adapter), source_(source), options_(options) {}
+                                   policy::EvokedRecoverySource* source, EngineOptions options,
+                                   const policy::AttentionStats* attention)
+    : ctx_(ctx), adapter_(adapter), source_(source), options_(options), attention_(attention) {}
 
 std::optional<BlockId> LlamaBlockEngine::IdOf(policy::BlockHandle handle) const {
   auto it = ids_.find(handle);
@@ -52,11 +52,20 @@ absl::StatusOr<uint64_t> LlamaBlockEngine::Evict(const policy::ResidentBlock& bl
           absl::StrCat("llama_memory_seq_rm refused [", p0, ", ", p1, ")"));
     }
     if (source_ != nullptr) source_->SetResident(block.handle, false);
+    pending_mass_.erase(block.handle);
     ++stats_.evicted_dropped;
     ++changes_;
     return uint64_t{0};
   }
-  absl::StatusOr<EvictedBlock> evicted = adapter_->Evict(p0, p1);
+  std::vector<v1::Summary> summaries;
+  if (options_.repr_tokens > 0 && attention_ != nullptr) {
+    absl::StatusOr<v1::Summary> repr = ReprKeys(block);
+    if (repr.ok()) {
+      summaries.push_back(*std::move(repr));
+      ++stats_.repr_summaries;
+    }
+  }
+  absl::StatusOr<EvictedBlock> evicted = adapter_->Evict(p0, p1, summaries);
   if (!evicted.ok()) {
     if (evicted.status().code() != absl::StatusCode::kUnavailable ||
         !options_.drop_unsaved_when_down) {
@@ -71,6 +80,7 @@ absl::StatusOr<uint64_t> LlamaBlockEngine::Evict(const policy::ResidentBlock& bl
     ++changes_;
     return uint64_t{0};
   }
+  pending_mass_.erase(block.handle);
   ids_[block.handle] = evicted->id;
   if (source_ != nullptr) source_->Register(block.handle, evicted->id, block.n_tokens, false);
   ++stats_.evicted_saved;
@@ -99,6 +109,35 @@ absl::StatusOr<uint64_t> LlamaBlockEngine::Bring(policy::BlockHandle handle, uin
   return uint64_t{adapter_->format().n_layer} * n_tokens * adapter_->format().n_kv_heads *
          adapter_->format().head_dim *
          (DTypeBytes(adapter_->format().k_dtype) + DTypeBytes(adapter_->format().v_dtype));
+}
+
+absl::StatusOr<v1::Summary> LlamaBlockEngine::ReprKeys(const policy::ResidentBlock& block) {
+  const CacheFormat& f = adapter_->format();
+  const size_t n = size_t{block.n_tokens} * f.n_kv_heads;
+  // The mass the block received as a block, plus what its tokens received
+  // while they were pending (AddPendingMass).
+  std::vector<float> mass(n, 0.0f);
+  bool any = false;
+  if (const absl::Span<const float> m = attention_->TokenMass(block.handle); !m.empty()) {
+    for (size_t i = 0; i < std::min(n, m.size()); ++i) mass[i] += m[i];
+    any = true;
+  }
+  if (auto it = pending_mass_.find(block.handle); it != pending_mass_.end()) {
+    for (size_t i = 0; i < std::min(n, it->second.size()); ++i) mass[i] += it->second[i];
+    any = true;
+  }
+  if (!any) return absl::NotFoundError("no per-token attention for the block");
+  const llama_pos p0 = static_cast<llama_pos>(block.first_position);
+  EVOKE_ASSIGN_OR_RETURN(CanonicalRange range,
+                         adapter_->Read(p0, p0 + static_cast<llama_pos>(block.n_tokens)));
+  if (range.positions.size() != block.n_tokens) {
+    return absl::FailedPreconditionError("the block's cells are not all in the cache");
+  }
+  v1::BlockMeta meta = SessionBlockMeta(adapter_->fingerprint(), "summary", 0, block.n_tokens, 0,
+                                        f.n_layer, range.positions.front());
+  return ReprKeysSummary(meta, reinterpret_cast<const uint8_t*>(range.payload.data()),
+                         range.payload.size(), options_.repr_layer, mass,
+                         std::min(options_.repr_tokens, block.n_tokens));
 }
 
 absl::StatusOr<std::vector<float>> LlamaBlockEngine::MeanKeys(int64_t first_position,
@@ -143,7 +182,8 @@ absl::StatusOr<std::unique_ptr<LlamaPolicySession>> LlamaPolicySession::Create(
   }
   const llama_model* model = llama_get_model(ctx);
   s->n_head_kv_ = static_cast<uint32_t>(llama_model_n_head_kv(model));
-  if (info.needs_attention) {
+  const bool repr_keys = info.name == "infllm" && o.infllm_repr_keys;
+  if (info.needs_attention || repr_keys) {
     policy::AttentionStats::Options ao;
     ao.n_layers = static_cast<uint32_t>(llama_model_n_layer(model));
     ao.n_heads = s->n_head_kv_;
@@ -157,9 +197,17 @@ absl::StatusOr<std::unique_ptr<LlamaPolicySession>> LlamaPolicySession::Create(
     so.ns = ns;
     so.session_id = session_id;
     so.layer = o.summary_layer;
+    if (repr_keys) so.kind = v1::SUMMARY_REPR_KEYS;
     s->source_ = std::make_unique<policy::EvokedRecoverySource>(client, so);
   }
-  s->engine_ = std::make_unique<LlamaBlockEngine>(ctx, adapter, s->source_.get(), o.engine);
+  s->repr_keys_ = repr_keys;
+  EngineOptions eo = o.engine;
+  if (repr_keys) {
+    eo.repr_tokens = o.params.infllm_repr_tokens;
+    eo.repr_layer = o.summary_layer;
+  }
+  s->engine_ = std::make_unique<LlamaBlockEngine>(ctx, adapter, s->source_.get(), eo,
+                                                  s->stats_.get());
   policy::DriverOptions d;
   d.budget_tokens = o.budget_tokens;
   d.block_tokens = o.params.block_tokens;
@@ -230,8 +278,38 @@ absl::Status LlamaPolicySession::Decode(llama_token token) {
       return block_of_[static_cast<size_t>(p)];
     };
     EVOKE_RETURN_IF_ERROR(ObserveStep(*capture_, *cells_, n_head_kv_, block_of, stats_.get()));
+    // Pending tokens belong to no block yet: keep their mass by position
+    // (summary layer, per KV head) for the block they will form.
+    const LayerAttention* la = capture_->layer(static_cast<int32_t>(options_.summary_layer));
+    if (repr_keys_ && la != nullptr && n_head_kv_ > 0 && la->n_head % n_head_kv_ == 0) {
+      const uint32_t group = la->n_head / n_head_kv_;
+      const absl::Span<const int32_t> cell_pos = cells_->positions();
+      for (uint32_t c = 0; c < la->n_kv && c < cell_pos.size(); ++c) {
+        const int32_t p = cell_pos[c];
+        if (!la->visible[c] || p < 0 || block_of(p).first != policy::AttentionStats::kNoBlock) {
+          continue;
+        }
+        std::vector<float>& m = pending_mass_[p];
+        m.resize(n_head_kv_, 0.0f);
+        for (uint32_t h = 0; h < la->n_head; ++h) m[h / group] += la->weights[size_t{h} * la->n_kv + c];
+      }
+    }
   }
   EVOKE_ASSIGN_OR_RETURN(std::optional<policy::BlockHandle> done, driver_->TokenDecoded(pos));
+  if (done.has_value() && repr_keys_) {
+    for (const policy::ResidentBlock& b : driver_->resident()) {
+      if (b.handle != *done) continue;
+      std::vector<float> mass(size_t{b.n_tokens} * n_head_kv_, 0.0f);
+      for (uint32_t i = 0; i < b.n_tokens; ++i) {
+        auto it = pending_mass_.find(static_cast<int32_t>(b.first_position + i));
+        if (it == pending_mass_.end()) continue;
+        std::copy(it->second.begin(), it->second.end(), mass.begin() + size_t{i} * n_head_kv_);
+        pending_mass_.erase(it);
+      }
+      engine_->AddPendingMass(b.handle, std::move(mass));
+      break;
+    }
+  }
   if (done.has_value() && info.recovers) {
     // Mean keys for the resident gate (EVOKE) and for scoring residents.
     for (const policy::ResidentBlock& b : driver_->resident()) {

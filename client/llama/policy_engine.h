@@ -59,11 +59,20 @@ struct EngineStats {
   uint64_t evicted_dropped = 0;  // Stored blocks removed without a save.
   uint64_t blocks_lost = 0;      // Removed unsaved while evoked was down.
   uint64_t brought = 0;          // Splices that succeeded.
+  uint64_t repr_summaries = 0;   // Blocks saved with a REPR_KEYS summary.
 };
 
 struct EngineOptions {
   // Remove a block unsaved when evoked is unavailable (see above). Default: true.
   bool drop_unsaved_when_down = true;
+  // InfLLM's representative keys: when > 0 and the engine has attention
+  // statistics, each block saved carries a REPR_KEYS summary of `repr_layer`
+  // (common/summaries.h ReprKeysSummary over the per-token mass the block
+  // received, AttentionStats::TokenMass; the r most attended tokens' mean
+  // un-rotated key per KV head). Blocks without statistics are saved without
+  // it. Default: 0 (none).
+  uint32_t repr_tokens = 0;
+  uint32_t repr_layer = 0;
 };
 
 class LlamaBlockEngine final : public policy::BlockEngine {
@@ -74,10 +83,11 @@ class LlamaBlockEngine final : public policy::BlockEngine {
   using Observer = std::function<void(policy::BlockHandle handle, int64_t first_position,
                                       uint32_t n_tokens, bool bring)>;
 
-  // `ctx` (the adapter's context), `adapter` and `source` (may be null:
-  // then nothing is registered) must outlive the engine.
+  // `ctx` (the adapter's context), `adapter`, `source` (may be null: then
+  // nothing is registered) and `attention` (may be null: then no REPR_KEYS
+  // summaries) must outlive the engine.
   LlamaBlockEngine(llama_context* ctx, KvAdapter* adapter, policy::EvokedRecoverySource* source,
-                   EngineOptions options = {});
+                   EngineOptions options = {}, const policy::AttentionStats* attention = nullptr);
 
   absl::StatusOr<uint64_t> Evict(const policy::ResidentBlock& block, bool stored) override;
   absl::StatusOr<uint64_t> Bring(policy::BlockHandle handle, uint32_t n_tokens,
@@ -91,6 +101,18 @@ class LlamaBlockEngine final : public policy::BlockEngine {
   absl::StatusOr<std::vector<float>> MeanKeys(int64_t first_position, uint32_t n_tokens,
                                               uint32_t layer);
 
+  // ReprKeys is the REPR_KEYS summary of a resident block (see
+  // EngineOptions). NOT_FOUND without per-token attention for it; errors of
+  // KvAdapter::Read and ReprKeysSummary.
+  absl::StatusOr<v1::Summary> ReprKeys(const policy::ResidentBlock& block);
+
+  // AddPendingMass records the attention a new block's tokens received
+  // while they were pending (n_tokens x n_kv_heads, summary layer), which
+  // AttentionStats does not attribute to any block; ReprKeys adds it.
+  void AddPendingMass(policy::BlockHandle handle, std::vector<float> mass) {
+    pending_mass_[handle] = std::move(mass);
+  }
+
   void set_observer(Observer observer) { observer_ = std::move(observer); }
   std::optional<BlockId> IdOf(policy::BlockHandle handle) const;
   const EngineStats& stats() const { return stats_; }
@@ -102,7 +124,9 @@ class LlamaBlockEngine final : public policy::BlockEngine {
   KvAdapter* adapter_;
   policy::EvokedRecoverySource* source_;
   EngineOptions options_;
+  const policy::AttentionStats* attention_;
   absl::flat_hash_map<policy::BlockHandle, BlockId> ids_;
+  absl::flat_hash_map<policy::BlockHandle, std::vector<float>> pending_mass_;
   Observer observer_;
   EngineStats stats_;
   uint64_t changes_ = 0;
@@ -115,6 +139,10 @@ struct SessionOptions {
   // The layer evoked summarises (its --summary-layer): the recovery query
   // and the resident blocks' mean keys come from it. Default: 0.
   uint32_t summary_layer = 0;
+  // InfLLM ranks stored blocks by representative keys (REPR_KEYS, r =
+  // params.infllm_repr_tokens), which the engine computes from the attention
+  // it captures; false: by evoked's mean keys. Default: true.
+  bool infllm_repr_keys = true;
   // Tokens at least between recovery points (recovering policies); a
   // recovery point waits for the next block boundary (no pending tokens), so
   // that every block stays contiguous in positions. 0: block_tokens.
@@ -169,6 +197,9 @@ class LlamaPolicySession {
   uint64_t seen_changes_ = 0;
   uint64_t max_cells_ = 0;
   uint32_t n_head_kv_ = 0;
+  bool repr_keys_ = false;  // InfLLM with REPR_KEYS summaries.
+  // Summary-layer mass per pending position, per KV head.
+  absl::flat_hash_map<int32_t, std::vector<float>> pending_mass_;
   std::vector<std::pair<policy::BlockHandle, uint32_t>> block_of_;  // By position.
 };
 
