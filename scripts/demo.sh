@@ -15,7 +15,11 @@
 #   6. evoke-llama-demo: the real llama.cpp (random-weight Llama) evicts a
 #      range to evoked and restores it (next-token logits bitwise equal to a
 #      context that never evicted), then splices it at the tail;
-#   7. evokectl stat and verify.
+#   7. evoke-sim: the synthetic simulator (no language model) compares
+#      StreamingLLM with EVOKE on the multi-fact task at a 1024-token budget;
+#      EVOKE's evicted blocks go through a second evoked that the simulator
+#      starts (saved, spilled, ranked by Recover, loaded re-anchored, checked);
+#   8. evokectl stat and verify.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -72,6 +76,13 @@ echo "== evoke-demo splice"
 if [ -x "$BIN/client/llama/evoke-llama-demo" ]; then
   echo "== evoke-llama-demo"
   "$BIN/client/llama/evoke-llama-demo"
+fi
+if [ -x "$BIN/sim/evoke-sim" ]; then
+  echo "== evoke-sim: multi-fact, budget 1024 tokens, 3 seeds (synthetic: no language model)"
+  "$BIN/sim/evoke-sim" --tasks multifact --policies streaming_llm,evoke --budgets 1024 \
+    --seeds 3 --threads 2 --out-dir sim >/dev/null
+  sed -n '/pass rate/,/^$/p' sim/results.md | sed 's/^/   /'
+  sed -n '/engine+evoked/,/^$/p' sim/timing.md 2>/dev/null | sed 's/^/   /' || true
 fi
 echo "== evokectl stat"
 "$BIN/client/evokectl" stat
