@@ -112,6 +112,11 @@ class SessionDriver {
   // handle and first_token, get recovered = true, and get back the summary
   // they had. Errors: those of Evict while making room (the blocks evicted
   // before stay evicted; nothing is brought).
+  // Called while tokens are pending (pending_tokens() > 0), the recovered
+  // blocks land after the pending tokens, and the block those tokens
+  // complete will hold positions with a gap: engines that need contiguous
+  // blocks call it at block boundaries only (the llama.cpp session does);
+  // the others save such blocks with per-token positions (the simulator).
   absl::Status RecoveryPoint(const RecoveryQuery& query, int64_t* next_position);
 
   // The books.
