@@ -51,7 +51,21 @@ absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProc
       budgets = {static_cast<uint32_t>(std::lround(policy::MeanBudget(spec.schemes[si].fixed)))};
     }
     for (const std::string& pol : spec.policies) {
-      for (uint32_t b : budgets) configs.push_back({pol, b, si});
+      // A mean budget below what the policy accepts is refused (single
+      // layers of a non-uniform plan below it are raised and counted).
+      policy::PolicyParams params = spec.policy_params;
+      params.block_tokens = p.block_tokens;
+      params.sink_tokens = p.sink_tokens;
+      absl::StatusOr<uint64_t> least = policy::MinBudget(pol, params);
+      if (!least.ok()) return least.status();
+      for (uint32_t b : budgets) {
+        if (b < *least) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "budgets: ", b, " tokens is below the least ", pol, " accepts (", *least,
+              " with blocks of ", p.block_tokens, " and ", p.sink_tokens, " sink tokens)"));
+        }
+        configs.push_back({pol, b, si});
+      }
       any_recovering = any_recovering || IsRecovering(pol);
     }
   }

@@ -135,6 +135,18 @@ TEST(TinyBudget, MultifactFailsWithoutRecovery) {
   }
 }
 
+TEST(Grid, BudgetBelowWhatThePolicyAcceptsIsRefused) {
+  GridSpec spec = SmallGrid();
+  spec.policies = {"h2o"};  // Needs two blocks: 128 tokens.
+  spec.budgets = {100};
+  absl::StatusOr<std::vector<Cell>> cells = RunGrid(spec, nullptr);
+  EXPECT_EQ(cells.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cells.status().message()), ::testing::HasSubstr("budgets: 100"));
+  spec.policies = {"streaming_llm"};  // Sinks + one block: 68 tokens.
+  spec.budgets = {67};
+  EXPECT_EQ(RunGrid(spec, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Grid, RecoveringPolicyWithoutEvokedIsRefused) {
   GridSpec spec = SmallGrid();
   spec.policies = {"evoke"};
