@@ -30,6 +30,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/llama_bench_util.h"
 #include "client/llama/kv_adapter.h"
 #include "client/llama/random_model.h"
 #include "testing/daemon_process.h"
@@ -37,20 +38,13 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
+using evoke::bench::Clock;
+using evoke::bench::Ms;
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-void QuietLog(ggml_log_level level, const char* text, void*) {
-  if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
 }
 
 struct Row {
@@ -109,8 +103,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  llama_log_set(QuietLog, nullptr);
-  llama_backend_init();
+  evoke::bench::StartLlama();
   const evoke::llama::RandomLlamaShape shape =
       shape_name == "1b" ? evoke::llama::OneBLlamaShape() : evoke::llama::TinyLlamaShape();
   const auto t_model = Clock::now();
@@ -126,16 +119,7 @@ int main(int argc, char** argv) {
               inline_bytes ? "inline in gRPC messages" : "through shared memory");
 
   const uint32_t max_range = *std::max_element(ranges.begin(), ranges.end());
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = max_range + 128;
-  cp.n_batch = 512;
-  cp.n_ubatch = 512;
-  cp.n_seq_max = 2;
-  cp.kv_unified = true;
-  cp.n_threads = threads;
-  cp.n_threads_batch = threads;
-  cp.type_k = GGML_TYPE_F16;
-  cp.type_v = GGML_TYPE_F16;
+  const llama_context_params cp = evoke::bench::BenchContextParams(max_range + 128, threads);
   evoke::llama::ContextPtr ctx(llama_init_from_model(model->get(), cp));
   if (ctx == nullptr) {
     std::fprintf(stderr, "evoke-llama-bench: llama_init_from_model failed\n");

@@ -35,6 +35,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/llama_bench_util.h"
 #include "client/llama/attention_capture.h"
 #include "client/llama/kv_adapter.h"
 #include "client/llama/policy_engine.h"
@@ -45,11 +46,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-void QuietLog(ggml_log_level level, const char* text, void*) {
-  if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
-}
+using evoke::bench::Clock;
 
 const char kDisclaimer[] =
     "Random-weight model: a mechanics check of evictions, recoveries and splices on the real "
@@ -85,16 +82,7 @@ struct Row {
 };
 
 llama_context_params Params(uint32_t n_ctx, int threads) {
-  llama_context_params p = llama_context_default_params();
-  p.n_ctx = n_ctx;
-  p.n_batch = 512;
-  p.n_ubatch = 512;
-  p.n_seq_max = 2;
-  p.kv_unified = true;
-  p.n_threads = threads;
-  p.n_threads_batch = threads;
-  p.type_k = GGML_TYPE_F16;
-  p.type_v = GGML_TYPE_F16;
+  llama_context_params p = evoke::bench::BenchContextParams(n_ctx, threads);
   p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
   return p;
 }
@@ -131,8 +119,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  llama_log_set(QuietLog, nullptr);
-  llama_backend_init();
+  evoke::bench::StartLlama();
   evoke::llama::RandomLlamaShape shape = evoke::llama::TinyLlamaShape();
   if (shape_name == "small") {
     shape.n_layer = 4;

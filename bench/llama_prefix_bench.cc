@@ -32,6 +32,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/llama_bench_util.h"
 #include "client/llama/kv_adapter.h"
 #include "client/llama/random_model.h"
 #include "testing/daemon_process.h"
@@ -39,19 +40,12 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
+using evoke::bench::Clock;
+using evoke::bench::Ms;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-void QuietLog(ggml_log_level level, const char* text, void*) {
-  if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
 }
 
 constexpr uint32_t kBlock = 64;
@@ -94,8 +88,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<evoke::Client> client = (*daemon)->Connect(200ull << 20);
   if (client == nullptr) return 1;
 
-  llama_log_set(QuietLog, nullptr);
-  llama_backend_init();
+  evoke::bench::StartLlama();
   const evoke::llama::RandomLlamaShape shape =
       shape_name == "1b" ? evoke::llama::OneBLlamaShape() : evoke::llama::TinyLlamaShape();
   const auto t_model = Clock::now();
@@ -110,16 +103,8 @@ int main(int argc, char** argv) {
               Ms(t_model, Clock::now()) / 1000, threads, kBlock, question);
 
   const uint32_t max_len = *std::max_element(lengths.begin(), lengths.end());
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = max_len + question + 64;
-  cp.n_batch = 512;
-  cp.n_ubatch = 512;
-  cp.n_seq_max = 2;
-  cp.kv_unified = true;
-  cp.n_threads = threads;
-  cp.n_threads_batch = threads;
-  cp.type_k = GGML_TYPE_F16;
-  cp.type_v = GGML_TYPE_F16;
+  const llama_context_params cp =
+      evoke::bench::BenchContextParams(max_len + question + 64, threads);
   evoke::llama::ContextPtr a(llama_init_from_model(model->get(), cp));
   evoke::llama::ContextPtr b(llama_init_from_model(model->get(), cp));
   if (a == nullptr || b == nullptr) return 1;

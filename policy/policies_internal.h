@@ -3,12 +3,14 @@
 #ifndef EVOKE_POLICY_POLICIES_INTERNAL_H_
 #define EVOKE_POLICY_POLICIES_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "policy/policy.h"
 
@@ -25,6 +27,33 @@ absl::StatusOr<std::vector<BlockHandle>> EvictInOrder(const CacheView& view,
                                                       uint64_t incoming_tokens,
                                                       absl::Span<const uint32_t> order,
                                                       absl::string_view policy);
+
+// EvictPastSinks: when pending + incoming + resident tokens exceed the
+// budget, evicts (EvictInOrder) the resident blocks whose first token is at
+// or past `sink_tokens`, in the order `before` sorts them (a strict weak
+// order on ResidentBlock); `order` is the caller's scratch.
+template <typename Before>
+absl::StatusOr<std::vector<BlockHandle>> EvictPastSinks(const CacheView& view,
+                                                        uint64_t incoming_tokens,
+                                                        uint64_t sink_tokens, Before before,
+                                                        absl::string_view policy,
+                                                        std::vector<uint32_t>* order) {
+  if (HeldTokens(view) + incoming_tokens <= view.budget_tokens) return std::vector<BlockHandle>();
+  order->clear();
+  for (uint32_t i = 0; i < view.resident.size(); ++i) {
+    if (view.resident[i].first_token >= sink_tokens) order->push_back(i);
+  }
+  std::sort(order->begin(), order->end(),
+            [&](uint32_t a, uint32_t b) { return before(view.resident[a], view.resident[b]); });
+  return EvictInOrder(view, incoming_tokens, *order, policy);
+}
+
+// Lower positions first, then older tokens: the order in which blocks that
+// may have come back at the tail leave.
+inline bool EarlierPosition(const ResidentBlock& x, const ResidentBlock& y) {
+  return x.first_position != y.first_position ? x.first_position < y.first_position
+                                              : x.first_token < y.first_token;
+}
 
 // SortRecoveriesAscending orders candidates worst first (best last, nearest
 // the tail); ties keep their order.

@@ -55,10 +55,7 @@ class InfLLMPolicy final : public Policy {
       }
     }
     std::sort(left_set.begin(), left_set.end(), [&](uint32_t a, uint32_t b) {
-      const ResidentBlock& x = view.resident[a];
-      const ResidentBlock& y = view.resident[b];
-      return x.first_position != y.first_position ? x.first_position < y.first_position
-                                                  : x.first_token < y.first_token;
+      return EarlierPosition(view.resident[a], view.resident[b]);
     });
     std::sort(old.begin(), old.end(), [&](uint32_t a, uint32_t b) {
       return view.resident[a].first_token < view.resident[b].first_token;
@@ -130,18 +127,8 @@ class EvokePolicy final : public Policy {
 
   absl::StatusOr<std::vector<BlockHandle>> ChooseEvictions(const CacheView& view,
                                                            uint64_t incoming_tokens) override {
-    if (HeldTokens(view) + incoming_tokens <= view.budget_tokens) return std::vector<BlockHandle>();
-    order_.clear();
-    for (uint32_t i = 0; i < view.resident.size(); ++i) {
-      if (view.resident[i].first_token >= sink_tokens_) order_.push_back(i);
-    }
-    std::sort(order_.begin(), order_.end(), [&](uint32_t a, uint32_t b) {
-      const ResidentBlock& x = view.resident[a];
-      const ResidentBlock& y = view.resident[b];
-      return x.first_position != y.first_position ? x.first_position < y.first_position
-                                                  : x.first_token < y.first_token;
-    });
-    return EvictInOrder(view, incoming_tokens, order_, info_.name);
+    return EvictPastSinks(view, incoming_tokens, sink_tokens_, EarlierPosition, info_.name,
+                          &order_);
   }
 
   absl::StatusOr<std::vector<Candidate>> ChooseRecoveries(const CacheView& view,

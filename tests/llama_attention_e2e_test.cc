@@ -13,8 +13,7 @@
 #include "client/llama/attention_capture.h"
 #include "client/llama/kv_adapter.h"
 #include "client/llama/random_model.h"
-#include "tests/e2e_fixture.h"
-#include "tests/llama_test_util.h"
+#include "tests/llama_fixture.h"
 
 namespace evoke::testing {
 namespace {
@@ -39,25 +38,16 @@ std::string Name(const ::testing::TestParamInfo<Config>& info) {
          (info.param.flash_attn ? "FlashAttn" : "SoftMaxNode");
 }
 
-class LlamaAttentionTest : public E2eTest {
+class LlamaAttentionTest : public LlamaTest {
  protected:
   static void SetUpTestSuite() {
-    llama_log_set(QuietLlamaLog, nullptr);
-    llama_backend_init();
     // Larger weights than the other tests' model: with the default 0.05,
     // attention is nearly uniform (weights within 1% of each other), and a
     // cell/position mix-up would not show.
     llama::RandomLlamaShape shape = llama::TinyLlamaShape();
     shape.weight_std = kWeightStd;
-    absl::StatusOr<llama::ModelPtr> m = llama::MakeRandomLlamaModel(shape);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
+    SetUpModel(shape);
   }
-  static void TearDownTestSuite() {
-    llama_model_free(model_);
-    model_ = nullptr;
-  }
-  void SetUp() override { StartDaemon(); }
 
   static constexpr float kWeightStd = 0.2f;
 
@@ -79,27 +69,13 @@ class LlamaAttentionTest : public E2eTest {
 
   void Run(const Config& config, const std::string& name, Session* s) {
     s->capture = std::make_unique<AttentionCapture>(llama::AttentionCaptureOptions{});
-    llama_context_params p = llama_context_default_params();
-    p.n_ctx = 256;
-    p.n_batch = 256;
-    p.n_ubatch = 256;
-    p.n_seq_max = 2;
-    p.kv_unified = true;
-    p.n_threads = 2;
-    p.n_threads_batch = 2;
-    p.type_k = config.type;
-    p.type_v = config.type;
-    p.flash_attn_type =
-        config.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context_params p = TestContextParams(256, 256, config.type, config.flash_attn);
     s->capture->Install(p);
     s->ctx.reset(llama_init_from_model(model_, p));
     ASSERT_NE(s->ctx, nullptr);
     s->cells = std::make_unique<CellPositions>(s->ctx.get(), 0);
-    llama::AdapterOptions o;
-    o.ns = "attention-test";
-    o.model_id = "random-llama-tiny";
-    o.session_id = name;
-    absl::StatusOr<std::unique_ptr<KvAdapter>> a = KvAdapter::Open(s->ctx.get(), p, client_.get(), o);
+    absl::StatusOr<std::unique_ptr<KvAdapter>> a =
+        KvAdapter::Open(s->ctx.get(), p, client_.get(), TestAdapterOptions("attention-test", name));
     ASSERT_TRUE(a.ok()) << a.status();
     s->adapter = std::move(a).value();
 
@@ -134,10 +110,7 @@ class LlamaAttentionTest : public E2eTest {
       }
     }
   }
-
-  static llama_model* model_;
 };
-llama_model* LlamaAttentionTest::model_ = nullptr;
 
 class CaptureTest : public LlamaAttentionTest, public ::testing::WithParamInterface<Config> {};
 

@@ -15,7 +15,7 @@
 #include "common/half.h"
 #include "ggml-backend.h"
 #include "gguf.h"
-#include "tests/e2e_fixture.h"
+#include "tests/llama_fixture.h"
 
 namespace evoke::testing {
 namespace {
@@ -24,11 +24,6 @@ using llama::CanonicalRange;
 using llama::ContextPtr;
 using llama::KvAdapter;
 using llama::SpliceMode;
-
-// Silences llama.cpp's informational logging (errors still print).
-void QuietLog(ggml_log_level level, const char* text, void*) {
-  if (level >= GGML_LOG_LEVEL_WARN) fputs(text, stderr);
-}
 
 struct CacheConfig {
   ggml_type type = GGML_TYPE_F16;
@@ -44,36 +39,11 @@ std::string Name(const ::testing::TestParamInfo<CacheConfig>& info) {
          (info.param.flash_attn ? "FlashAttn" : "TransposedV");
 }
 
-class LlamaE2eTest : public E2eTest {
+class LlamaE2eTest : public LlamaTest {
  protected:
-  static void SetUpTestSuite() {
-    llama_log_set(QuietLog, nullptr);
-    llama_backend_init();
-    absl::StatusOr<llama::ModelPtr> m = llama::MakeRandomLlamaModel(llama::TinyLlamaShape());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
-  }
-  static void TearDownTestSuite() {
-    llama_model_free(model_);
-    model_ = nullptr;
-  }
-
-  void SetUp() override { StartDaemon(); }
-
   ContextPtr MakeContext(const CacheConfig& cache, llama_context_params* used,
                          uint32_t n_ctx = 512, llama::QueryCapture* capture = nullptr) {
-    llama_context_params p = llama_context_default_params();
-    p.n_ctx = n_ctx;
-    p.n_batch = 512;
-    p.n_ubatch = 512;
-    p.n_seq_max = 2;
-    p.kv_unified = true;
-    p.n_threads = 2;
-    p.n_threads_batch = 2;
-    p.type_k = cache.type;
-    p.type_v = cache.type;
-    p.flash_attn_type = cache.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED
-                                         : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context_params p = TestContextParams(n_ctx, 512, cache.type, cache.flash_attn);
     if (capture != nullptr) capture->Install(p);
     if (used != nullptr) *used = p;
     return ContextPtr(llama_init_from_model(model_, p));
@@ -85,81 +55,14 @@ class LlamaE2eTest : public E2eTest {
     ASSERT_TRUE(llama::DecodeTokens(ctx, tokens, first)) << "llama_decode failed";
   }
 
-  std::vector<float> Logits(llama_context* ctx) {
-    const float* l = llama_get_logits_ith(ctx, -1);
-    return std::vector<float>(l, l + llama_vocab_n_tokens(llama_model_get_vocab(model_)));
-  }
-
-  static std::vector<llama_token> RandomTokens(size_t n, uint32_t seed) {
-    std::mt19937 gen(seed);
-    std::uniform_int_distribution<llama_token> d(0, 255);
-    std::vector<llama_token> t(n);
-    for (llama_token& x : t) x = d(gen);
-    return t;
-  }
-
   std::unique_ptr<KvAdapter> OpenAdapter(llama_context* ctx, const llama_context_params& p,
                                          const std::string& session, Client* client = nullptr,
                                          bool shared_memory = true) {
-    llama::AdapterOptions o;
+    llama::AdapterOptions o = TestAdapterOptions("llama-test", session);
     o.shared_memory = shared_memory;
-    o.ns = "llama-test";
-    o.model_id = "random-llama-tiny";
-    o.session_id = session;
-    absl::StatusOr<std::unique_ptr<KvAdapter>> a =
-        KvAdapter::Open(ctx, p, client != nullptr ? client : client_.get(), o);
-    EXPECT_TRUE(a.ok()) << a.status();
-    return a.ok() ? std::move(a).value() : nullptr;
+    return LlamaTest::OpenAdapter(ctx, p, o, client);
   }
-
-  static llama_model* model_;
 };
-llama_model* LlamaE2eTest::model_ = nullptr;
-
-// Views of one layer of a canonical payload.
-struct LayerView {
-  absl::string_view k, v;
-};
-LayerView Layer(const CanonicalRange& r, const v1::LayoutFingerprint& fp, uint32_t layer) {
-  const uint64_t n = r.positions.size();
-  const uint64_t elems = uint64_t{fp.n_kv_heads()} * fp.head_dim();
-  const uint64_t k_row = elems * DTypeBytes(fp.k_dtype()), v_row = elems * DTypeBytes(fp.v_dtype());
-  const uint64_t off = layer * n * (k_row + v_row);
-  absl::string_view all = r.payload;
-  return {all.substr(off, n * k_row), all.substr(off + n * k_row, n * v_row)};
-}
-
-std::vector<float> Widen(absl::string_view bytes, v1::DType dtype) {
-  std::vector<float> out;
-  if (dtype == v1::DTYPE_F32) {
-    out.resize(bytes.size() / 4);
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-  } else {
-    out.resize(bytes.size() / 2);
-    for (size_t i = 0; i < out.size(); ++i) {
-      uint16_t h;
-      std::memcpy(&h, bytes.data() + 2 * i, 2);
-      out[i] = HalfToFloat(h);
-    }
-  }
-  return out;
-}
-
-// The worst relative error over heads: max over (token, head) of
-// |a - b| / |b| (Euclidean norms of the head vectors).
-double WorstHeadError(const std::vector<float>& a, const std::vector<float>& b,
-                      uint32_t head_dim) {
-  double worst = 0;
-  for (size_t h = 0; h + head_dim <= a.size(); h += head_dim) {
-    double diff = 0, norm = 0;
-    for (uint32_t i = 0; i < head_dim; ++i) {
-      diff += (a[h + i] - b[h + i]) * double(a[h + i] - b[h + i]);
-      norm += double(b[h + i]) * b[h + i];
-    }
-    worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
-  }
-  return worst;
-}
 
 // f16 keeps 11 significant bits: one rounding is within 2^-11 relative; a
 // re-anchored K is rounded twice and rotated from a rounded value.
@@ -306,23 +209,23 @@ TEST_P(LlamaCacheTest, SpliceAtNewPositionsMatchesFreshPrefillAndKeepsVBytes) {
   const v1::DType kd = fp.k_dtype();
 
   // Layer 0's K depends only on the token and its position.
-  const double err_daemon = WorstHeadError(Widen(Layer(*ra, fp, 0).k, kd),
-                                           Widen(Layer(*rd, fp, 0).k, kd), hd);
-  const double err_engine = WorstHeadError(Widen(Layer(*rc, fp, 0).k, kd),
-                                           Widen(Layer(*rd, fp, 0).k, kd), hd);
+  const double err_daemon = WorstHeadRelError(WidenBytes(LayerOf(*ra, fp, 0).k, kd),
+                                           WidenBytes(LayerOf(*rd, fp, 0).k, kd), hd);
+  const double err_engine = WorstHeadRelError(WidenBytes(LayerOf(*rc, fp, 0).k, kd),
+                                           WidenBytes(LayerOf(*rd, fp, 0).k, kd), hd);
   EXPECT_LE(err_daemon, KTolerance(type)) << "evoked re-anchored K vs fresh prefill";
   EXPECT_LE(err_engine, KTolerance(type)) << "llama.cpp-shifted K vs fresh prefill";
   // The K did move: the original rotation is far from the new one.
-  EXPECT_GT(WorstHeadError(Widen(Layer(*before, fp, 0).k, kd), Widen(Layer(*rd, fp, 0).k, kd), hd),
+  EXPECT_GT(WorstHeadRelError(WidenBytes(LayerOf(*before, fp, 0).k, kd), WidenBytes(LayerOf(*rd, fp, 0).k, kd), hd),
             0.1);
   // Both ways of moving agree on every layer.
   for (uint32_t l = 0; l < fp.n_layers(); ++l) {
-    EXPECT_LE(WorstHeadError(Widen(Layer(*ra, fp, l).k, kd), Widen(Layer(*rc, fp, l).k, kd), hd),
+    EXPECT_LE(WorstHeadRelError(WidenBytes(LayerOf(*ra, fp, l).k, kd), WidenBytes(LayerOf(*rc, fp, l).k, kd), hd),
               KTolerance(type))
         << "layer " << l;
     // V comes back byte-identical, both ways.
-    EXPECT_TRUE(Layer(*ra, fp, l).v == Layer(*before, fp, l).v) << "layer " << l;
-    EXPECT_TRUE(Layer(*rc, fp, l).v == Layer(*before, fp, l).v) << "layer " << l;
+    EXPECT_TRUE(LayerOf(*ra, fp, l).v == LayerOf(*before, fp, l).v) << "layer " << l;
+    EXPECT_TRUE(LayerOf(*rc, fp, l).v == LayerOf(*before, fp, l).v) << "layer " << l;
   }
   RecordProperty("k_error_daemon", std::to_string(err_daemon));
   RecordProperty("k_error_engine", std::to_string(err_engine));
@@ -487,7 +390,7 @@ std::vector<float> PreRopeKey(llama_context* probe, KvAdapter& adapter, llama_to
   absl::StatusOr<CanonicalRange> r = adapter.Read(0, 1);
   EXPECT_TRUE(r.ok()) << r.status();
   if (!r.ok()) return {};
-  return Widen(Layer(*r, adapter.fingerprint(), 0).k, adapter.fingerprint().k_dtype());
+  return WidenBytes(LayerOf(*r, adapter.fingerprint(), 0).k, adapter.fingerprint().k_dtype());
 }
 
 TEST_F(LlamaE2eTest, LongSessionEvictsRecoversAndKeepsDecodingAcrossDaemonRestart) {
@@ -542,7 +445,7 @@ TEST_F(LlamaE2eTest, LongSessionEvictsRecoversAndKeepsDecodingAcrossDaemonRestar
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     absl::StatusOr<llama::EvictedBlock> e = adapter->Evict(victim.begin, victim.end);
     ASSERT_TRUE(e.ok()) << e.status();
-    stored[e->id] = {victim.tokens, std::string(Layer(*bytes, fp, 0).v)};
+    stored[e->id] = {victim.tokens, std::string(LayerOf(*bytes, fp, 0).v)};
     resident.erase(resident.begin() + 1);
     ++evictions;
   };
@@ -626,7 +529,7 @@ TEST_F(LlamaE2eTest, LongSessionEvictsRecoversAndKeepsDecodingAcrossDaemonRestar
     ASSERT_EQ(s->positions.size(), back.tokens.size());
     absl::StatusOr<CanonicalRange> now = adapter->Read(n_past, n_past + kBlock);
     ASSERT_TRUE(now.ok()) << now.status();
-    EXPECT_TRUE(Layer(*now, fp, 0).v == back.v_layer0) << "V changed on its way back";
+    EXPECT_TRUE(LayerOf(*now, fp, 0).v == back.v_layer0) << "V changed on its way back";
     resident.push_back({n_past, n_past + static_cast<llama_pos>(kBlock), back.tokens});
     n_past += static_cast<llama_pos>(kBlock);
     stored.erase(best);

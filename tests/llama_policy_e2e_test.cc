@@ -15,8 +15,7 @@
 #include "client/llama/kv_adapter.h"
 #include "client/llama/policy_engine.h"
 #include "client/llama/random_model.h"
-#include "tests/e2e_fixture.h"
-#include "tests/llama_test_util.h"
+#include "tests/llama_fixture.h"
 
 namespace evoke::testing {
 namespace {
@@ -27,43 +26,20 @@ using llama::KvAdapter;
 constexpr uint32_t kBudget = 256, kBlock = 32, kSteps = 600;
 constexpr uint32_t kOutageBegin = 300, kOutageEnd = 380;
 
-class LlamaPolicyTest : public E2eTest, public ::testing::WithParamInterface<std::string> {
+class LlamaPolicyTest : public LlamaTest, public ::testing::WithParamInterface<std::string> {
  protected:
-  static void SetUpTestSuite() {
-    llama_log_set(QuietLlamaLog, nullptr);
-    llama_backend_init();
-    absl::StatusOr<llama::ModelPtr> m = llama::MakeRandomLlamaModel(llama::TinyLlamaShape());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
-  }
-  static void TearDownTestSuite() {
-    llama_model_free(model_);
-    model_ = nullptr;
-  }
   // evoked summarises layer 0 (the recovery layer).
   void SetUp() override { StartDaemon({"--summary-layer", "0"}); }
 
   static ContextPtr MakeContext(uint32_t n_ctx, llama::AttentionCapture* capture,
                                 llama_context_params* used) {
-    llama_context_params p = llama_context_default_params();
-    p.n_ctx = n_ctx;
-    p.n_batch = 256;
-    p.n_ubatch = 256;
-    p.n_seq_max = 2;
-    p.kv_unified = true;
-    p.n_threads = 1;
-    p.n_threads_batch = 1;
-    p.type_k = GGML_TYPE_F16;
-    p.type_v = GGML_TYPE_F16;
-    p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    llama_context_params p =
+        TestContextParams(n_ctx, 256, GGML_TYPE_F16, /*flash_attn=*/true, /*n_threads=*/1);
     if (capture != nullptr) capture->Install(p);
     *used = p;
     return ContextPtr(llama_init_from_model(model_, p));
   }
-
-  static llama_model* model_;
 };
-llama_model* LlamaPolicyTest::model_ = nullptr;
 
 TEST_P(LlamaPolicyTest, BudgetedSessionEvictsRecoversAndSurvivesAnOutage) {
   const std::string name = GetParam();
@@ -74,10 +50,7 @@ TEST_P(LlamaPolicyTest, BudgetedSessionEvictsRecoversAndSurvivesAnOutage) {
   // The engine's own client, which outlives the daemon's restart.
   std::unique_ptr<Client> engine_client = daemon_->Connect();
   ASSERT_NE(engine_client, nullptr);
-  llama::AdapterOptions ao;
-  ao.ns = "policy-test";
-  ao.model_id = "random-llama-tiny";
-  ao.session_id = name;
+  llama::AdapterOptions ao = TestAdapterOptions("policy-test", name);
   absl::StatusOr<std::unique_ptr<KvAdapter>> adapter =
       KvAdapter::Open(ctx.get(), p, engine_client.get(), ao);
   ASSERT_TRUE(adapter.ok()) << adapter.status();
@@ -226,12 +199,8 @@ TEST_F(LlamaPolicyTest, RefusesBudgetsAndPoliciesItCannotRun) {
   llama_context_params p;
   ContextPtr ctx = MakeContext(256, &capture, &p);
   ASSERT_NE(ctx, nullptr);
-  llama::AdapterOptions ao;
-  ao.ns = "policy-test";
-  ao.model_id = "random-llama-tiny";
-  ao.session_id = "refusals";
   absl::StatusOr<std::unique_ptr<KvAdapter>> adapter =
-      KvAdapter::Open(ctx.get(), p, client_.get(), ao);
+      KvAdapter::Open(ctx.get(), p, client_.get(), TestAdapterOptions("policy-test", "refusals"));
   ASSERT_TRUE(adapter.ok()) << adapter.status();
   llama::SessionOptions so;
   so.policy = "streaming_llm";

@@ -32,9 +32,7 @@ int main(int argc, char** argv) {
     for (llama_token t; in >> t;) prompt.push_back(t);
   }
   if (prompt.empty() || (mode != "save" && mode != "load")) return 2;
-  llama_log_set(testing::QuietLlamaLog, nullptr);
-  llama_backend_init();
-  absl::StatusOr<llama::ModelPtr> model = llama::MakeRandomLlamaModel(llama::TinyLlamaShape());
+  absl::StatusOr<llama::ModelPtr> model = testing::InitRandomModel();
   if (!model.ok()) return 3;
   llama_context_params p = testing::PrefixContextParams();
   llama::ContextPtr ctx(llama_init_from_model(model->get(), p));
@@ -43,10 +41,7 @@ int main(int argc, char** argv) {
   options.target = argv[1];
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) return 4;
-  llama::AdapterOptions ao;
-  ao.ns = "prefix-test";
-  ao.model_id = "random-llama-tiny";
-  ao.session_id = "engine-" + mode;
+  const llama::AdapterOptions ao = testing::TestAdapterOptions("prefix-test", "engine-" + mode);
   absl::StatusOr<std::unique_ptr<llama::KvAdapter>> adapter =
       llama::KvAdapter::Open(ctx.get(), p, client->get(), ao);
   if (!adapter.ok()) {

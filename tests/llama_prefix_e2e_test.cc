@@ -12,27 +12,13 @@
 
 #include "client/llama/kv_adapter.h"
 #include "client/llama/random_model.h"
-#include "tests/e2e_fixture.h"
-#include "tests/llama_test_util.h"
+#include "tests/llama_fixture.h"
 
 namespace evoke::testing {
 namespace {
 
-class LlamaPrefixTest : public E2eTest {
+class LlamaPrefixTest : public LlamaTest {
  protected:
-  static void SetUpTestSuite() {
-    llama_log_set(QuietLlamaLog, nullptr);
-    llama_backend_init();
-    absl::StatusOr<llama::ModelPtr> m = llama::MakeRandomLlamaModel(llama::TinyLlamaShape());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
-  }
-  static void TearDownTestSuite() {
-    llama_model_free(model_);
-    model_ = nullptr;
-  }
-  void SetUp() override { StartDaemon(); }
-
   // Runs an engine process; returns {tokens it did not prefill, logits}.
   std::pair<int32_t, std::vector<float>> Engine(const std::string& mode,
                                                 const std::vector<llama_token>& prompt,
@@ -64,17 +50,13 @@ class LlamaPrefixTest : public E2eTest {
     llama::ContextPtr ctx(llama_init_from_model(model_, p));
     EXPECT_NE(ctx, nullptr);
     EXPECT_TRUE(llama::DecodeTokens(ctx.get(), prompt, 0));
-    const float* l = llama_get_logits_ith(ctx.get(), -1);
-    return std::vector<float>(l, l + llama_vocab_n_tokens(llama_model_get_vocab(model_)));
+    return Logits(ctx.get());
   }
 
   static bool Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
-
-  static llama_model* model_;
 };
-llama_model* LlamaPrefixTest::model_ = nullptr;
 
 TEST_F(LlamaPrefixTest, SecondProcessLoadsTheLongestStoredPrefixInsteadOfPrefilling) {
   // 3 full blocks of 64 and 8 more tokens.
@@ -117,12 +99,8 @@ TEST_F(LlamaPrefixTest, SavingTwiceSavesOnlyTheMissingBlocks) {
   llama_context_params p = PrefixContextParams();
   llama::ContextPtr ctx(llama_init_from_model(model_, p));
   ASSERT_NE(ctx, nullptr);
-  llama::AdapterOptions ao;
-  ao.ns = "prefix-test";
-  ao.model_id = "random-llama-tiny";
-  ao.session_id = "twice";
   absl::StatusOr<std::unique_ptr<llama::KvAdapter>> adapter =
-      llama::KvAdapter::Open(ctx.get(), p, client_.get(), ao);
+      llama::KvAdapter::Open(ctx.get(), p, client_.get(), TestAdapterOptions("prefix-test", "twice"));
   ASSERT_TRUE(adapter.ok()) << adapter.status();
   // Two blocks first (the prompt's first 130 tokens), then all three.
   ASSERT_TRUE(llama::DecodeTokens(ctx.get(), prompt, 0));

@@ -7,9 +7,13 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/llama/kv_adapter.h"
+#include "client/llama/random_model.h"
 #include "client/llama/seq_state.h"
 #include "common/block_validation.h"
 #include "common/half.h"
@@ -43,6 +47,11 @@ inline LayerBytes LayerOf(absl::string_view payload, size_t n_tokens,
   return {payload.substr(off, n_tokens * k_row), payload.substr(off + n_tokens * k_row, n_tokens * v_row)};
 }
 
+inline LayerBytes LayerOf(const llama::CanonicalRange& r, const v1::LayoutFingerprint& fp,
+                          uint32_t layer) {
+  return LayerOf(r.payload, r.positions.size(), fp, layer);
+}
+
 inline std::vector<float> WidenBytes(absl::string_view bytes, v1::DType dtype) {
   std::vector<float> out;
   if (dtype == v1::DTYPE_F32) {
@@ -74,23 +83,48 @@ inline double WorstHeadRelError(const std::vector<float>& a, const std::vector<f
   return worst;
 }
 
+// The tests' context: sequence 0 plus a scratch sequence in one unified
+// cache, n_batch = n_ubatch, a cache of `type` for K and V.
+inline llama_context_params TestContextParams(uint32_t n_ctx, uint32_t n_batch, ggml_type type,
+                                              bool flash_attn, int32_t n_threads = 2) {
+  llama_context_params p = llama_context_default_params();
+  p.n_ctx = n_ctx;
+  p.n_batch = n_batch;
+  p.n_ubatch = n_batch;
+  p.n_seq_max = 2;
+  p.kv_unified = true;
+  p.n_threads = n_threads;
+  p.n_threads_batch = n_threads;
+  p.type_k = type;
+  p.type_v = type;
+  p.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  return p;
+}
+
 // The context of the shared-prefix tests, in the test and in its engine
 // processes alike: prompts are decoded in chunks of 64 tokens (n_batch), the
 // prefix block size, so that a loaded prefix and a prefill compute the
 // tokens after it in the same chunks.
 inline llama_context_params PrefixContextParams() {
-  llama_context_params p = llama_context_default_params();
-  p.n_ctx = 512;
-  p.n_batch = 64;
-  p.n_ubatch = 64;
-  p.n_seq_max = 2;
-  p.kv_unified = true;
-  p.n_threads = 2;
-  p.n_threads_batch = 2;
-  p.type_k = GGML_TYPE_F16;
-  p.type_v = GGML_TYPE_F16;
-  p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-  return p;
+  return TestContextParams(512, 64, GGML_TYPE_F16, /*flash_attn=*/true);
+}
+
+// Quiets llama.cpp's logging and initialises its backend; then builds the
+// tests' random-weight Llama of `shape`.
+inline absl::StatusOr<llama::ModelPtr> InitRandomModel(
+    const llama::RandomLlamaShape& shape = llama::TinyLlamaShape()) {
+  llama_log_set(QuietLlamaLog, nullptr);
+  llama_backend_init();
+  return llama::MakeRandomLlamaModel(shape);
+}
+
+// Adapter options of the tests' model.
+inline llama::AdapterOptions TestAdapterOptions(const std::string& ns, const std::string& session) {
+  llama::AdapterOptions o;
+  o.ns = ns;
+  o.model_id = "random-llama-tiny";
+  o.session_id = session;
+  return o;
 }
 
 }  // namespace evoke::testing

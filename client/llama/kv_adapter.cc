@@ -482,19 +482,29 @@ std::vector<v1::BlockMeta> KvAdapter::PrefixChain(absl::Span<const llama_token> 
   return chain;
 }
 
-absl::StatusOr<PrefixResult> KvAdapter::SavePrefix(absl::Span<const llama_token> tokens,
-                                                   uint32_t block_tokens) {
+absl::StatusOr<KvAdapter::StoredPrefix> KvAdapter::LookupPrefix(
+    absl::Span<const llama_token> tokens, uint32_t block_tokens) {
   if (block_tokens == 0) return absl::InvalidArgumentError("block_tokens: 0");
-  const std::vector<v1::BlockMeta> chain = PrefixChain(tokens, block_tokens);
-  PrefixResult out;
-  if (chain.empty()) return out;
-  std::vector<BlockId> ids;
-  for (const v1::BlockMeta& m : chain) ids.push_back(BlockIdOf(m));
-  EVOKE_ASSIGN_OR_RETURN(std::vector<v1::Tier> present, client_->Lookup(ids));
-  // Breadcrumbs (bytes dropped) are saved again.
+  StoredPrefix out;
+  out.chain = PrefixChain(tokens, block_tokens);
+  if (out.chain.empty()) return out;
+  for (const v1::BlockMeta& m : out.chain) out.ids.push_back(BlockIdOf(m));
+  EVOKE_ASSIGN_OR_RETURN(std::vector<v1::Tier> present, client_->Lookup(out.ids));
+  // A breadcrumb (bytes dropped) ends the stored prefix.
   while (out.present < present.size() && present[out.present] != v1::TIER_BREADCRUMB) {
     ++out.present;
   }
+  return out;
+}
+
+absl::StatusOr<PrefixResult> KvAdapter::SavePrefix(absl::Span<const llama_token> tokens,
+                                                   uint32_t block_tokens) {
+  EVOKE_ASSIGN_OR_RETURN(StoredPrefix stored, LookupPrefix(tokens, block_tokens));
+  const std::vector<v1::BlockMeta>& chain = stored.chain;
+  PrefixResult out;
+  if (chain.empty()) return out;
+  // Breadcrumbs (bytes dropped) are saved again.
+  out.present = static_cast<uint32_t>(stored.present);
   std::vector<std::string> payloads;
   std::vector<BlockToSave> batch;
   payloads.reserve(chain.size() - out.present);
@@ -523,16 +533,11 @@ absl::StatusOr<PrefixResult> KvAdapter::SavePrefix(absl::Span<const llama_token>
 
 absl::StatusOr<PrefixResult> KvAdapter::LoadLongestPrefix(absl::Span<const llama_token> tokens,
                                                           uint32_t block_tokens) {
-  if (block_tokens == 0) return absl::InvalidArgumentError("block_tokens: 0");
-  const std::vector<v1::BlockMeta> chain = PrefixChain(tokens, block_tokens);
+  EVOKE_ASSIGN_OR_RETURN(StoredPrefix stored, LookupPrefix(tokens, block_tokens));
   PrefixResult out;
-  if (chain.empty()) return out;
-  std::vector<BlockId> ids;
-  for (const v1::BlockMeta& m : chain) ids.push_back(BlockIdOf(m));
-  EVOKE_ASSIGN_OR_RETURN(std::vector<v1::Tier> present, client_->Lookup(ids));
-  size_t n = 0;
-  while (n < present.size() && present[n] != v1::TIER_BREADCRUMB) ++n;
+  const size_t n = stored.present;
   if (n == 0) return out;
+  std::vector<BlockId>& ids = stored.ids;
   ids.resize(n);
   EVOKE_ASSIGN_OR_RETURN(std::vector<LoadedBlock> loaded, client_->Load(ids, fingerprint_));
   stats_.inline_transfers += loaded.size();

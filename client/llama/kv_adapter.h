@@ -198,6 +198,16 @@ class KvAdapter {
   // The prefix-block chain of tokens' full blocks (metas without payload).
   std::vector<v1::BlockMeta> PrefixChain(absl::Span<const llama_token> tokens,
                                          uint32_t block_tokens) const;
+  // A prefix chain and how much of it evoked holds.
+  struct StoredPrefix {
+    std::vector<v1::BlockMeta> chain;
+    std::vector<BlockId> ids;  // Of chain.
+    size_t present = 0;        // Leading blocks stored with their bytes.
+  };
+  // Validates block_tokens, builds the chain of tokens' full blocks and
+  // looks it up (no lookup for an empty chain).
+  absl::StatusOr<StoredPrefix> LookupPrefix(absl::Span<const llama_token> tokens,
+                                            uint32_t block_tokens);
   // Writes a canonical payload into the scratch sequence, shifts it by
   // `shift` positions and moves it into seq().
   absl::StatusOr<SplicedBlock> Write(const v1::BlockMeta& meta, absl::string_view payload,

@@ -1,0 +1,51 @@
+// Setup shared by the llama.cpp benchmarks (evoke-llama-bench,
+// evoke-llama-prefix-bench, evoke-llama-fidelity).
+#ifndef EVOKE_BENCH_LLAMA_BENCH_UTIL_H_
+#define EVOKE_BENCH_LLAMA_BENCH_UTIL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+
+#include "ggml.h"
+#include "llama.h"
+
+namespace evoke::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Quiets llama.cpp's informational logging (warnings and errors print) and
+// initialises its backend.
+inline void StartLlama() {
+  llama_log_set(
+      [](ggml_log_level level, const char* text, void*) {
+        if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
+      },
+      nullptr);
+  llama_backend_init();
+}
+
+// The benchmarks' context: sequence 0 plus a scratch sequence in one unified
+// f16 cache, batches of 512, `threads` threads; flash attention as llama.cpp
+// chooses.
+inline llama_context_params BenchContextParams(uint32_t n_ctx, int threads) {
+  llama_context_params p = llama_context_default_params();
+  p.n_ctx = n_ctx;
+  p.n_batch = 512;
+  p.n_ubatch = 512;
+  p.n_seq_max = 2;
+  p.kv_unified = true;
+  p.n_threads = threads;
+  p.n_threads_batch = threads;
+  p.type_k = GGML_TYPE_F16;
+  p.type_v = GGML_TYPE_F16;
+  return p;
+}
+
+}  // namespace evoke::bench
+
+#endif  // EVOKE_BENCH_LLAMA_BENCH_UTIL_H_
