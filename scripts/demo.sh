@@ -81,7 +81,7 @@ if [ -x "$BIN/sim/evoke-sim" ]; then
   echo "== evoke-sim: multi-fact, budget 1024 tokens, 3 seeds (synthetic: no language model)"
   "$BIN/sim/evoke-sim" --tasks multifact --policies streaming_llm,evoke --budgets 1024 \
     --seeds 3 --threads 2 --out-dir sim >/dev/null
-  sed -n '/pass rate/,/^$/p' sim/results.md | sed 's/^/   /'
+  grep -A5 "pass rate" sim/results.md | sed 's/^/   /'
   sed -n '/engine+evoked/,/^$/p' sim/timing.md 2>/dev/null | sed 's/^/   /' || true
 fi
 echo "== evokectl stat"
