@@ -42,7 +42,7 @@
 //
 // Decision cost: both calls are linear or n log n in the resident blocks; a
 // 128k-token context (2,048 blocks of 64) decides in well under a millisecond
-// (policy/policy_bench.cc).
+// (bench/policy_bench.cc).
 #ifndef EVOKE_POLICY_POLICY_H_
 #define EVOKE_POLICY_POLICY_H_
 
