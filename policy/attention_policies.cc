@@ -29,7 +29,7 @@ class HeavyHitterPolicy final : public Policy {
 
   absl::StatusOr<std::vector<BlockHandle>> ChooseEvictions(const CacheView& view,
                                                            uint64_t incoming_tokens) override {
-    if (HeldTokens(view) + incoming_tokens <= view.budget_tokens) return std::vector<BlockHandle>();
+    if (Fits(view, incoming_tokens)) return std::vector<BlockHandle>();
     const size_t n = view.resident.size();
     // Newest first; the first `guard` are protected.
     order_.resize(n);

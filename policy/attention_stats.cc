@@ -85,6 +85,15 @@ absl::Status AttentionStats::Observe(uint32_t layer, uint32_t head,
     return absl::InvalidArgumentError(absl::StrCat("token_in_block: has ", token_in_block.size(),
                                                    " entries, weights ", n));
   }
+  if (layer == options_.token_layer) {
+    for (size_t i = 0; i < token_in_block.size(); ++i) {
+      if (token_in_block[i] >= kMaxBlockTokens) {
+        return absl::InvalidArgumentError(absl::StrCat("token_in_block[", i, "]: ",
+                                                       token_in_block[i], " is not below ",
+                                                       kMaxBlockTokens));
+      }
+    }
+  }
   // Max-pool the row over neighbouring tokens (SnapKV's kernel).
   const float* pooled = weights.data();
   if (options_.pool_kernel > 1 && n > 0) {

@@ -33,6 +33,10 @@ class AttentionStats {
  public:
   // A key token that belongs to no block (pending tokens).
   static constexpr BlockHandle kNoBlock = ~0ull;
+  // Tokens per block at most (token_in_block must stay below it), and
+  // layers x heads at most.
+  static constexpr uint32_t kMaxBlockTokens = 1u << 16;
+  static constexpr uint64_t kMaxRows = 1u << 20;
 
   // The constructor takes a count of 0 as 1 and an even pool_kernel as the
   // next odd one. SnapKV's policy parameters (PolicyParams::snapkv_window,

@@ -52,6 +52,9 @@ TEST(AttentionStatsTest, RejectsBadRows) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_of_token")));
   EXPECT_THAT(stats.Observe(0, 0, of, std::vector<uint32_t>{0}, w),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token_in_block")));
+  // A token index no block can have (it would size the per-token table).
+  EXPECT_THAT(stats.Observe(0, 0, of, std::vector<uint32_t>{0, 0xFFFFFFF0u}, w),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token_in_block[1]")));
   EXPECT_EQ(stats.Cumulative(kA, kAll, kAll), 0.0);
 }
 

@@ -2,6 +2,7 @@
 // evoke::policy.
 #include "evoke/evoke_policy.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -211,6 +212,12 @@ evoke_status evoke_attention_stats_create(uint32_t n_layers, uint32_t n_heads, u
                                           uint32_t pool_kernel, uint32_t token_layer,
                                           evoke_attention_stats** out) {
   if (out == nullptr) return Invalid("out: NULL");
+  *out = nullptr;
+  if (uint64_t{std::max(1u, n_layers)} * std::max(1u, n_heads) >
+      policy::AttentionStats::kMaxRows) {
+    return Invalid(absl::StrCat("n_layers, n_heads: ", n_layers, " x ", n_heads,
+                                " rows is above ", policy::AttentionStats::kMaxRows));
+  }
   *out = new evoke_attention_stats(policy::AttentionStats::Options{
       .n_layers = n_layers, .n_heads = n_heads, .window = window, .pool_kernel = pool_kernel,
       .token_layer = token_layer});

@@ -22,10 +22,12 @@ absl::StatusOr<std::vector<BlockHandle>> EvictInOrder(const CacheView& view,
                                                       absl::Span<const uint32_t> order,
                                                       absl::string_view policy) {
   const uint64_t held = HeldTokens(view);
-  const uint64_t need = held + incoming_tokens;
   std::vector<BlockHandle> out;
-  if (need <= view.budget_tokens) return out;
-  const uint64_t excess = need - view.budget_tokens;
+  if (Fits(view, incoming_tokens)) return out;
+  // held + incoming - budget, saturating: more than any eviction can free.
+  const uint64_t excess = incoming_tokens > UINT64_MAX - held
+                              ? UINT64_MAX
+                              : held + incoming_tokens - view.budget_tokens;
   uint64_t freed = 0;
   for (uint32_t i : order) {
     const ResidentBlock& b = view.resident[i];

@@ -19,6 +19,13 @@ namespace evoke::policy::internal {
 // Tokens the view holds now: pending + every resident block.
 uint64_t HeldTokens(const CacheView& view);
 
+// Fits: whether what the view holds plus `incoming_tokens` fits its budget
+// (no wrap-around for huge incoming counts).
+inline bool Fits(const CacheView& view, uint64_t incoming_tokens) {
+  const uint64_t held = HeldTokens(view);
+  return held <= view.budget_tokens && incoming_tokens <= view.budget_tokens - held;
+}
+
 // EvictInOrder walks `order` (indices into view.resident, most evictable
 // first) and takes blocks until pending + incoming + kept tokens fit
 // view.budget_tokens. Empty when it fits already. RESOURCE_EXHAUSTED (naming
@@ -38,7 +45,7 @@ absl::StatusOr<std::vector<BlockHandle>> EvictPastSinks(const CacheView& view,
                                                         uint64_t sink_tokens, Before before,
                                                         absl::string_view policy,
                                                         std::vector<uint32_t>* order) {
-  if (HeldTokens(view) + incoming_tokens <= view.budget_tokens) return std::vector<BlockHandle>();
+  if (Fits(view, incoming_tokens)) return std::vector<BlockHandle>();
   order->clear();
   for (uint32_t i = 0; i < view.resident.size(); ++i) {
     if (view.resident[i].first_token >= sink_tokens) order->push_back(i);

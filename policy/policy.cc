@@ -245,18 +245,15 @@ absl::Status ValidateBudget(absl::string_view name, const PolicyParams& params,
 
 absl::StatusOr<uint64_t> MinBudget(absl::string_view name, const PolicyParams& params) {
   EVOKE_RETURN_IF_ERROR(MakePolicy(name, params).status());
-  // What a policy protects grows more slowly than the budget (a share below
-  // 1), so the accepted budgets are an upward-closed range: bisect for its
-  // first element.
-  uint64_t lo = 0, hi = uint64_t{1} << 32;
-  if (!ValidateBudget(name, params, hi).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": no budget below 2^32 fits"));
+  // The accepted budgets need not be one upward-closed range (h2o's recent
+  // guard is rounded up to whole blocks, so with a recent share above 1/3
+  // some budgets above the least accepted one are refused): scan upwards.
+  constexpr uint64_t kLimit = uint64_t{1} << 24;
+  for (uint64_t budget = 1; budget <= kLimit; ++budget) {
+    if (ValidateBudget(name, params, budget).ok()) return budget;
   }
-  while (hi - lo > 1) {
-    const uint64_t mid = lo + (hi - lo) / 2;
-    (ValidateBudget(name, params, mid).ok() ? hi : lo) = mid;
-  }
-  return hi;
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": no budget up to ", kLimit, " tokens fits its parameters"));
 }
 
 }  // namespace evoke::policy

@@ -59,8 +59,9 @@
 namespace evoke::policy {
 
 // An engine-local name of a block, unique within one session (the engine
-// picks it: a counter, a position...). A block keeps its handle when it is
-// evicted and recovered.
+// picks it, e.g. a counter; not a cache position, which changes when the
+// block is recovered). A block keeps its handle when it is evicted and
+// recovered.
 using BlockHandle = uint64_t;
 
 class AttentionStats;  // policy/attention_stats.h
@@ -214,7 +215,10 @@ absl::Status ValidateBudget(absl::string_view name, const PolicyParams& params,
 
 // MinBudget returns the smallest budget_tokens that ValidateBudget accepts
 // for `name` with `params` (e.g. streaming_llm: sink_tokens + block_tokens;
-// h2o: two blocks). INVALID_ARGUMENT as MakePolicy.
+// h2o: two blocks). Larger budgets are not all accepted when a recent share
+// is above 1/3 (the guard rounds up to whole blocks): check them with
+// ValidateBudget. INVALID_ARGUMENT as MakePolicy, or when no budget up to
+// 2^24 tokens fits.
 absl::StatusOr<uint64_t> MinBudget(absl::string_view name, const PolicyParams& params = {});
 
 }  // namespace evoke::policy

@@ -196,6 +196,12 @@ TEST(ValidateBudgetTest, MinBudgetIsTheFirstAcceptedBudget) {
   EXPECT_FALSE(ValidateBudget("h2o", p, big - 1).ok());
   EXPECT_GT(big, 128u);
   EXPECT_THAT(MinBudget("nope", p), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A share of 0.5: 128 fits (one guard block + one), 129-191 do not (the
+  // guard rounds up to two blocks); the least is still 128.
+  p.h2o_recent_share = 0.5;
+  ASSERT_OK_AND_ASSIGN(uint64_t half, MinBudget("h2o", p));
+  EXPECT_EQ(half, 128u);
+  EXPECT_FALSE(ValidateBudget("h2o", p, 150).ok());
 }
 
 // ---------------------------------------------------------------- recency
@@ -216,6 +222,9 @@ TEST(RecencyTest, EvictsOldestFirstIncludingTheFirstBlock) {
   ASSERT_OK_AND_ASSIGN(auto all, p->ChooseEvictions(ViewOf(s, 1), 1));
   EXPECT_THAT(all, ElementsAre(0u, 1u, 2u, 3u, 4u));
   EXPECT_THAT(p->ChooseEvictions(ViewOf(s, 1, nullptr, 5), 1),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  // An incoming count that would wrap around when added is still too many.
+  EXPECT_THAT(p->ChooseEvictions(ViewOf(s, 1000), UINT64_MAX),
               StatusIs(absl::StatusCode::kResourceExhausted));
 }
 

@@ -41,7 +41,7 @@ class InfLLMPolicy final : public Policy {
 
   absl::StatusOr<std::vector<BlockHandle>> ChooseEvictions(const CacheView& view,
                                                            uint64_t incoming_tokens) override {
-    if (HeldTokens(view) + incoming_tokens <= view.budget_tokens) return std::vector<BlockHandle>();
+    if (Fits(view, incoming_tokens)) return std::vector<BlockHandle>();
     std::vector<uint32_t> left_set, old, in_set;
     for (uint32_t i = 0; i < view.resident.size(); ++i) {
       const ResidentBlock& b = view.resident[i];

@@ -41,6 +41,10 @@ CacheView SessionDriver::View() const {
 absl::Status SessionDriver::MakeRoom(uint64_t incoming) {
   EVOKE_ASSIGN_OR_RETURN(std::vector<BlockHandle> victims,
                          policy_->ChooseEvictions(View(), incoming));
+  return EvictBlocks(victims);
+}
+
+absl::Status SessionDriver::EvictBlocks(absl::Span<const BlockHandle> victims) {
   for (BlockHandle handle : victims) {
     auto it = std::find_if(resident_.begin(), resident_.end(),
                            [&](const ResidentBlock& b) { return b.handle == handle; });
@@ -142,14 +146,20 @@ absl::Status SessionDriver::RecoveryPoint(const RecoveryQuery& query, int64_t* n
     if (resident || twice) continue;
     picks.push_back({c.handle, it->second});
   }
-  // Make room, dropping the weakest picks (first) while they cannot fit.
+  // Make room, dropping the weakest picks (first) while the policy says
+  // they cannot fit. An engine's error while evicting (evoked's
+  // RESOURCE_EXHAUSTED for a tier full of pinned blocks among them) is
+  // returned as it is.
   size_t first = 0;
   while (first < picks.size()) {
     uint64_t incoming = 0;
     for (size_t i = first; i < picks.size(); ++i) incoming += picks[i].stored.n_tokens;
-    absl::Status room = MakeRoom(incoming);
-    if (room.ok()) break;
-    if (room.code() != absl::StatusCode::kResourceExhausted) return room;
+    absl::StatusOr<std::vector<BlockHandle>> victims = policy_->ChooseEvictions(View(), incoming);
+    if (victims.ok()) {
+      EVOKE_RETURN_IF_ERROR(EvictBlocks(*victims));
+      break;
+    }
+    if (victims.status().code() != absl::StatusCode::kResourceExhausted) return victims.status();
     ++first;
   }
   for (size_t i = first; i < picks.size(); ++i) {

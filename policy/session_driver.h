@@ -128,6 +128,9 @@ class SessionDriver {
   CacheView View() const;
 
  private:
+  // Evicts `victims` through the engine and keeps the books.
+  absl::Status EvictBlocks(absl::Span<const BlockHandle> victims);
+
   Policy* policy_;
   BlockEngine* engine_;
   RecoverySource* source_;

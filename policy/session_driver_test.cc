@@ -295,6 +295,24 @@ TEST_F(SessionDriverTest, BringFailureDegrades) {
   for (const ResidentBlock& b : driver_->resident()) EXPECT_NE(b.handle, 1u);
 }
 
+TEST_F(SessionDriverTest, AnEngineResourceExhaustedWhileMakingRoomIsReturned) {
+  // evoked answers RESOURCE_EXHAUSTED for a tier 1 full of pinned blocks:
+  // that is the engine's error, not the policy saying the picks cannot fit,
+  // so it comes back as it is and nothing is brought.
+  PolicyParams params;
+  params.evoke_resident_gate = false;
+  Make("evoke", 4 + 2 * 8, params);
+  Decode(28);
+  source_.AddWithScore(1, 8, 1.0f);
+  source_.AddWithScore(2, 8, 2.0f);
+  engine_.evict_error = absl::ResourceExhaustedError("tier 1 is full of pinned blocks");
+  int64_t next = position_;
+  EXPECT_THAT(driver_->RecoveryPoint({std::vector<float>{1, 0}, 1}, &next),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("pinned")));
+  EXPECT_EQ(next, position_);
+  EXPECT_TRUE(engine_.brings.empty());
+}
+
 TEST_F(SessionDriverTest, RecoveryLessPoliciesNeverAskTheSource) {
   Make("streaming_llm", 4 + 2 * 8);
   Decode(28);

@@ -61,7 +61,10 @@ typedef struct evoke_resident_block {
   size_t summary_len;
 } evoke_resident_block;
 
-/* One cache at a decision point. Zero-initialize, then fill. */
+/* One cache at a decision point. Zero-initialize, then fill every field:
+ * layer and head in particular, since 0 means layer 0 and KV head 0, not
+ * EVOKE_POLICY_ALL (a cache shared by all layers and heads sets both to
+ * EVOKE_POLICY_ALL). */
 typedef struct evoke_cache_view {
   int32_t layer;             /* EVOKE_POLICY_ALL or a layer */
   int32_t head;              /* EVOKE_POLICY_ALL or a KV head */
@@ -80,9 +83,9 @@ typedef struct evoke_candidate {
   uint32_t n_tokens;
 } evoke_candidate;
 
-/* The message of this thread's last failed evoke_policy / evoke_attention /
- * evoke_recovery_source call ("" if none). Valid until this thread's next
- * such call. */
+/* The message of this thread's last evoke_policy / evoke_attention /
+ * evoke_recovery_source call: its error, or "" when it succeeded. Valid
+ * until this thread's next such call. */
 const char* evoke_policy_last_error(void);
 
 /* ---------------------------------------------------------------- policies */
@@ -139,7 +142,9 @@ evoke_status evoke_policy_choose_recoveries(evoke_policy* policy, const evoke_ca
 /* Creates the attention statistics of a cache: n_layers x n_heads (KV
  * heads) rows per decode step; SnapKV's observation window of `window`
  * steps, each row max-pooled over `pool_kernel` tokens (odd; 1: none);
- * per-token mass kept for `token_layer`. Counts of 0 are taken as 1.
+ * per-token mass kept for `token_layer`. Counts of 0 are taken as 1, an
+ * even kernel as the next odd one. EVOKE_INVALID_ARGUMENT when n_layers x
+ * n_heads is above 2^20 rows.
  * Configure window and pool_kernel as the snapkv policy's snapkv_window and
  * snapkv_pool_kernel (defaults 32 and 5). */
 evoke_status evoke_attention_stats_create(uint32_t n_layers, uint32_t n_heads, uint32_t window,
@@ -153,7 +158,8 @@ void evoke_attention_stats_destroy(evoke_attention_stats* stats);
  * KV head's group), which belongs to block block_of_token[i]
  * (EVOKE_POLICY_NO_BLOCK for pending tokens) as its token token_in_block[i]
  * (token_in_block may be NULL when per-token mass is not wanted).
- * EVOKE_INVALID_ARGUMENT for a layer or head out of range. */
+ * EVOKE_INVALID_ARGUMENT for a layer or head out of range, or a
+ * token_in_block of 65536 or more. */
 evoke_status evoke_attention_stats_observe(evoke_attention_stats* stats, uint32_t layer,
                                            uint32_t head, const uint64_t* block_of_token,
                                            const uint32_t* token_in_block, const float* weights,
