@@ -223,6 +223,15 @@ TEST_F(LlamaPolicyTest, RefusesBudgetsAndPoliciesItCannotRun) {
            .status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_THAT(st.message(), ::testing::HasSubstr("AttentionCapture"));
+  // A recovering policy whose capture records no query of the summary layer
+  // would never recover: refused.
+  so.policy = "evoke";
+  so.summary_layer = 0;
+  st = llama::LlamaPolicySession::Create(ctx.get(), &capture, adapter->get(), client_.get(),
+                                         "policy-test", "r", so)
+           .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("query_layer"));
 }
 
 }  // namespace

@@ -360,10 +360,17 @@ absl::Status ObserveStep(const AttentionCapture& capture, const CellPositions& c
         return absl::FailedPreconditionError(
             absl::StrCat("cell ", c, " is visible but has no known position"));
       }
+      cell_of.push_back(c);
+    }
+    // In position order, not cell order: after evictions and splices
+    // llama.cpp fills freed cells, so cell neighbours need not be position
+    // neighbours, and SnapKV's max-pool must see position neighbours.
+    std::sort(cell_of.begin(), cell_of.end(),
+              [&](uint32_t a, uint32_t b) { return pos[a] < pos[b]; });
+    for (uint32_t c : cell_of) {
       const auto [block, index] = block_of(pos[c]);
       blocks.push_back(block);
       in_block.push_back(index);
-      cell_of.push_back(c);
     }
     const uint32_t group = la->n_head / n_head_kv;
     for (uint32_t g = 0; g < n_head_kv; ++g) {

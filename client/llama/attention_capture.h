@@ -96,6 +96,8 @@ class AttentionCapture {
   // callback). The capture must outlive the context.
   void Install(llama_context_params& cparams);
 
+  const AttentionCaptureOptions& options() const { return options_; }
+
   // BeginStep marks the start of a llama_decode: layer() then returns only
   // what that decode wrote. Optional (without it, the latest values stay).
   void BeginStep() { ++steps_; }

@@ -535,7 +535,10 @@ absl::StatusOr<PrefixResult> KvAdapter::LoadLongestPrefix(absl::Span<const llama
                                                           uint32_t block_tokens) {
   EVOKE_ASSIGN_OR_RETURN(StoredPrefix stored, LookupPrefix(tokens, block_tokens));
   PrefixResult out;
-  const size_t n = stored.present;
+  // At least the prompt's last token is left to decode: its logits are the
+  // next token's.
+  const size_t whole = tokens.empty() ? 0 : (tokens.size() - 1) / block_tokens;
+  const size_t n = std::min<size_t>(stored.present, whole);
   if (n == 0) return out;
   std::vector<BlockId>& ids = stored.ids;
   ids.resize(n);

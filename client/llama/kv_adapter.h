@@ -169,8 +169,10 @@ class KvAdapter {
   // LoadLongestPrefix finds the longest chain of stored prefix blocks that
   // begins `tokens` (Lookup; breadcrumbs end it) and writes them into the
   // engine sequence at positions [0, n), replacing what it held there; the
-  // caller then decodes tokens[n...] only. Returns n in `tokens` (0 when no
-  // block is stored: then nothing changed). INVALID_ARGUMENT for
+  // caller then decodes tokens[n...] only, which holds at least the last
+  // token (whose logits are the next token's: a prompt of whole blocks loads
+  // all but its last block). Returns n in `tokens` (0 when no block is
+  // stored: then nothing changed). INVALID_ARGUMENT for
   // block_tokens 0; errors of Lookup and Load; RESOURCE_EXHAUSTED when the
   // cache cannot take the blocks (blocks written before stay).
   absl::StatusOr<PrefixResult> LoadLongestPrefix(absl::Span<const llama_token> tokens,

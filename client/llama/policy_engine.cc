@@ -183,6 +183,24 @@ absl::StatusOr<std::unique_ptr<LlamaPolicySession>> LlamaPolicySession::Create(
   const llama_model* model = llama_get_model(ctx);
   s->n_head_kv_ = static_cast<uint32_t>(llama_model_n_head_kv(model));
   const bool repr_keys = info.name == "infllm" && o.infllm_repr_keys;
+  // What the capture must record: the recovery query of the summary layer
+  // (recovering policies), and that layer's attention (representative keys).
+  if (capture != nullptr) {
+    const AttentionCaptureOptions& co = capture->options();
+    const int32_t summary = static_cast<int32_t>(o.summary_layer);
+    if (info.recovers && co.query_layer != summary) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "capture: query_layer is ", co.query_layer, ", but policy ", info.name,
+          " recovers with the query of summary_layer ", summary));
+    }
+    const bool all_layers = co.layers.empty();
+    if (repr_keys && !all_layers &&
+        std::find(co.layers.begin(), co.layers.end(), summary) == co.layers.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "capture: layers leave out summary_layer ", summary,
+          ", whose attention infllm's representative keys need"));
+    }
+  }
   if (info.needs_attention || repr_keys) {
     policy::AttentionStats::Options ao;
     ao.n_layers = static_cast<uint32_t>(llama_model_n_layer(model));
@@ -233,6 +251,11 @@ uint64_t LlamaPolicySession::cells_used() const {
 }
 
 absl::Status LlamaPolicySession::Decode(llama_token token) {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the session's books no longer match llama.cpp's cache after an earlier error (",
+        broken_.message(), "); start a new session"));
+  }
   const policy::PolicyInfo& info = policy_->info();
   const uint32_t every =
       options_.recovery_every_tokens > 0 ? options_.recovery_every_tokens
@@ -260,6 +283,15 @@ absl::Status LlamaPolicySession::Decode(llama_token token) {
   }
   ++next_position_;
   ++since_recovery_;
+  // The token is in the cache now: an error while accounting for it leaves
+  // the books behind the cache, so the session refuses further decoding.
+  absl::Status accounted = AccountDecoded(pos);
+  if (!accounted.ok()) broken_ = accounted;
+  return accounted;
+}
+
+absl::Status LlamaPolicySession::AccountDecoded(llama_pos pos) {
+  const policy::PolicyInfo& info = policy_->info();
   max_cells_ = std::max(max_cells_, cells_used());
   if (stats_ != nullptr) {
     EVOKE_RETURN_IF_ERROR(cells_->Update(capture_->visible(), 1, pos));

@@ -167,6 +167,9 @@ class LlamaPolicySession {
   // books, the attention statistics and, for each completed block, its mean
   // keys. Errors: RESOURCE_EXHAUSTED when the policy cannot make room,
   // INTERNAL when llama_decode fails, engine errors of evictions.
+  // An error after llama_decode succeeded (keeping the books, the
+  // statistics, the summaries) leaves the session's books behind the cache:
+  // later calls return FAILED_PRECONDITION.
   absl::Status Decode(llama_token token);
 
   int64_t next_position() const { return next_position_; }
@@ -181,6 +184,8 @@ class LlamaPolicySession {
 
  private:
   LlamaPolicySession() = default;
+  // Books, statistics and summaries for the token just decoded at `pos`.
+  absl::Status AccountDecoded(llama_pos pos);
 
   llama_context* ctx_ = nullptr;
   AttentionCapture* capture_ = nullptr;
@@ -197,6 +202,7 @@ class LlamaPolicySession {
   uint64_t seen_changes_ = 0;
   uint64_t max_cells_ = 0;
   uint32_t n_head_kv_ = 0;
+  absl::Status broken_;  // Set by an error after a decode; see Decode.
   bool repr_keys_ = false;  // InfLLM with REPR_KEYS summaries.
   // Summary-layer mass per pending position, per KV head.
   absl::flat_hash_map<int32_t, std::vector<float>> pending_mass_;
