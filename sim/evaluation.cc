@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "policy/layer_budgets.h"
 #include "sim/evoked_process.h"
 #include "sim/runner.h"
@@ -43,6 +45,24 @@ struct SessionKey {
 absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProcess* evoked) {
   const SimParams& p = spec.params;
   if (absl::Status s = p.Validate(); !s.ok()) return s;
+  // Each task, policy, budget and budget scheme once: a repeated one would
+  // run the same evoked session twice at the same time and count it twice.
+  auto once = [](const auto& values, auto name_of, absl::string_view what) -> absl::Status {
+    absl::flat_hash_set<std::string> seen;
+    for (const auto& v : values) {
+      if (!seen.insert(name_of(v)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": \"", name_of(v), "\" is given twice"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  EVOKE_RETURN_IF_ERROR(once(spec.tasks, [](Task t) { return TaskName(t); }, "tasks"));
+  EVOKE_RETURN_IF_ERROR(once(spec.policies, [](const std::string& n) { return n; }, "policies"));
+  EVOKE_RETURN_IF_ERROR(
+      once(spec.budgets, [](uint32_t b) { return absl::StrCat(b); }, "budgets"));
+  EVOKE_RETURN_IF_ERROR(
+      once(spec.schemes, [](const LayerBudgetScheme& l) { return l.name; }, "layer budgets"));
   std::vector<Config> configs;
   bool any_recovering = false;
   for (size_t si = 0; si < spec.schemes.size(); ++si) {

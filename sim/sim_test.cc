@@ -147,6 +147,20 @@ TEST(Grid, BudgetBelowWhatThePolicyAcceptsIsRefused) {
   EXPECT_EQ(RunGrid(spec, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Grid, RepeatedTasksPoliciesOrBudgetsAreRefused) {
+  GridSpec spec = SmallGrid();
+  spec.tasks = {Task::kMultifact, Task::kMultifact};
+  EXPECT_EQ(RunGrid(spec, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  spec = SmallGrid();
+  spec.policies = {"h2o", "h2o"};
+  EXPECT_EQ(RunGrid(spec, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  spec = SmallGrid();
+  spec.budgets = {512, 512};
+  absl::StatusOr<std::vector<Cell>> cells = RunGrid(spec, nullptr);
+  EXPECT_EQ(cells.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cells.status().message()), ::testing::HasSubstr("budgets"));
+}
+
 TEST(Grid, RecoveringPolicyWithoutEvokedIsRefused) {
   GridSpec spec = SmallGrid();
   spec.policies = {"evoke"};
