@@ -133,10 +133,12 @@ bool LeaderExited(pid_t pid) {
   return info.si_pid == pid;
 }
 
+// Reap: the command's wait status, or -1 when it cannot be had (ECHILD:
+// the process ignores SIGCHLD, or another waiter reaped the child).
 int Reap(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return 0;
+    if (errno != EINTR) return -1;
   }
   return status;
 }
@@ -149,9 +151,11 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
     return absl::InvalidArgumentError("fitness command: empty command");
   }
   const std::string who = absl::StrCat("fitness command `", options.command, "`");
-  if (!std::isfinite(options.timeout_s) || options.timeout_s <= 0) {
+  // Above a million seconds (11 days) the deadline's conversion to clock
+  // ticks would overflow.
+  if (!std::isfinite(options.timeout_s) || options.timeout_s <= 0 || options.timeout_s > 1e6) {
     return absl::InvalidArgumentError(
-        absl::StrCat(who, ": timeout_s must be > 0, got ", options.timeout_s));
+        absl::StrCat(who, ": timeout_s must be in (0, 1e6], got ", options.timeout_s));
   }
   const std::string json = policy::BudgetsToJson(budgets, "evolkv-candidate");
 
@@ -313,6 +317,11 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
     return absl::DeadlineExceededError(absl::StrCat(
         who, ": did not finish within ", options.timeout_s,
         " s (the timeout); its process group was killed", stderr_note));
+  }
+  if (status == -1) {
+    return absl::InternalError(absl::StrCat(
+        who, ": its exit status could not be had (is SIGCHLD ignored, or the child reaped "
+        "elsewhere?)", stderr_note));
   }
   if (WIFSIGNALED(status)) {
     return absl::AbortedError(absl::StrCat(who, ": killed by signal ", WTERMSIG(status), " (",

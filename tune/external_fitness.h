@@ -45,13 +45,15 @@ struct ExternalFitnessOptions {
 // times out; thread-compatible (no global state is changed: SIGPIPE is not
 // raised by writing to a command that does not read its stdin).
 // Errors (each message names the command):
-//   INVALID_ARGUMENT  empty command, timeout_s <= 0, or the output's last
-//                     non-empty line is missing or not a finite number
+//   INVALID_ARGUMENT  empty command, timeout_s outside (0, 1e6], or the
+//                     output's last non-empty line is missing or not a finite number
 //                     (quoted in the message);
 //   DEADLINE_EXCEEDED the command did not exit within timeout_s (killed);
 //   ABORTED           it exited with a non-zero status or was killed by a
 //                     signal (the stderr tail is quoted);
-//   INTERNAL          the temp file, pipes or fork failed.
+//   INTERNAL          the temp file, pipes or fork failed, or the command's
+//                     exit status could not be had (SIGCHLD ignored by the
+//                     process, or the child reaped by another waiter).
 absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
                                          absl::Span<const uint32_t> budgets);
 

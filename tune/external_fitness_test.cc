@@ -185,6 +185,10 @@ TEST(RunFitnessCommand, RefusesBadOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty command")));
   EXPECT_THAT(RunFitnessCommand(Command("echo 1", 0), kBudgets),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("timeout_s")));
+  // A timeout whose deadline would overflow the clock is refused, not
+  // taken for an immediate deadline.
+  EXPECT_THAT(RunFitnessCommand(Command("echo 1", 1e12), kBudgets),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("timeout_s")));
   ExternalFitnessOptions o = Command("echo 1");
   o.temp_dir = "/nonexistent-evoke-dir";
   EXPECT_THAT(RunFitnessCommand(o, kBudgets),

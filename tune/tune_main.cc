@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
     std::cerr << "evoke-tune: " << s.message() << "\n";
     return 2;
   }
-  if (!(fitness_options.timeout_s > 0)) {
-    std::cerr << "evoke-tune: --timeout-s must be > 0\n";
+  if (!(fitness_options.timeout_s > 0 && fitness_options.timeout_s <= 1e6)) {
+    std::cerr << "evoke-tune: --timeout-s must be in (0, 1e6]\n";
     return 2;
   }
 
