@@ -51,7 +51,7 @@ struct RunResult {
 
 // Where recovering policies keep their blocks: a connected client (with a
 // lease, or RunSession opens one), the namespace and a session id unique to
-// this run. RunSession drops the session from evoked at the end.
+// this run. RunSession drops the session from evoked when it succeeds.
 struct EvokedLink {
   Client* client = nullptr;
   std::string session_id;

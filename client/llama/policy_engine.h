@@ -6,6 +6,7 @@
 //   llama_context* ctx = llama_init_from_model(model, cparams);
 //   auto adapter = KvAdapter::Open(ctx, cparams, client, {...});
 //   auto session = LlamaPolicySession::Create(ctx, &capture, adapter->get(), client,
+//                                             "default", "chat-42",
 //                                             {.policy = "evoke", .budget_tokens = 256});
 //   for (...) {
 //     (*session)->Decode(token);                    // room, decode, books, recovery
