@@ -69,15 +69,28 @@ absl::StatusOr<std::vector<Candidate>> EvokedRecoverySource::Rank(const Recovery
   request.set_aggregation(v1::AGGREGATION_MEAN);
   request.set_require_bytes(options_.require_bytes);
   EVOKE_ASSIGN_OR_RETURN(v1::RecoverResponse response, client_->Recover(request));
-  for (const v1::RecoveredBlock& block : response.blocks()) {
-    absl::StatusOr<BlockId> id = BlockId::FromBytes(block.id());
-    if (!id.ok()) continue;
-    auto h = handles_.find(*id);
-    if (h == handles_.end()) continue;
-    const Entry& entry = blocks_.at(h->second);
-    if (entry.resident) continue;
-    out.push_back(Candidate{h->second, block.score(), entry.n_tokens});
-    if (out.size() == k) break;
+  auto collect = [&](const v1::RecoverResponse& r) {
+    out.clear();
+    for (const v1::RecoveredBlock& block : r.blocks()) {
+      absl::StatusOr<BlockId> id = BlockId::FromBytes(block.id());
+      if (!id.ok()) continue;
+      auto h = handles_.find(*id);
+      if (h == handles_.end()) continue;
+      const Entry& entry = blocks_.at(h->second);
+      if (entry.resident) continue;
+      out.push_back(Candidate{h->second, block.score(), entry.n_tokens});
+      if (out.size() == k) break;
+    }
+  };
+  collect(response);
+  // Blocks of the session this source never registered (an earlier process
+  // of the same session id) can fill the answer: ask once more for as many
+  // as evoked returns.
+  if (out.size() < k && static_cast<uint32_t>(response.blocks_size()) == request.k() &&
+      request.k() < kMaxK) {
+    request.set_k(kMaxK);
+    EVOKE_ASSIGN_OR_RETURN(response, client_->Recover(request));
+    collect(response);
   }
   return out;
 }

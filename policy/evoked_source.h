@@ -64,11 +64,12 @@ class EvokedRecoverySource final : public RecoverySource {
   std::optional<BlockId> IdOf(BlockHandle handle) const;
   size_t registered() const { return blocks_.size(); }
 
-  // Rank (see RecoverySource) sends one Recover: session scope, options'
+  // Rank (see RecoverySource) sends a Recover: session scope, options'
   // kind and layer, aggregation MEAN, `k` (capped at evoked's 1024), the
   // resident registered blocks as exclude_ids. Returned blocks that are not
-  // registered here (or are resident) are skipped, so fewer than `k` may
-  // come back. With no registered block that is not resident, or k = 0,
+  // registered here (or are resident) are skipped; when that leaves fewer
+  // than `k` of a full answer, it asks once more for 1024, so fewer than `k`
+  // come back only when evoked has no more (or past 1024 unregistered ones). With no registered block that is not resident, or k = 0,
   // returns an empty list without asking evoked. Errors of the client come
   // back unchanged: UNAVAILABLE (daemon down), NOT_FOUND (evoked holds no
   // summary of this kind and layer for the session), INVALID_ARGUMENT (query

@@ -165,6 +165,20 @@ TEST_F(EvokedSourceTest, RanksLikeScoreSummaryExcludesResidentHonoursMinScore) {
   EXPECT_EQ(after[0].handle, all[3].handle);
 }
 
+TEST_F(EvokedSourceTest, BlocksItNeverRegisteredDoNotCrowdOutItsOwn) {
+  // An earlier process of the same session stored blocks this source does
+  // not know: even when they all score higher, Rank still finds its own.
+  EvokedRecoverySource source(client_.get(), {.ns = kNs, .session_id = kSession,
+                                              .layer = kSummaryLayer});
+  for (uint32_t i = 0; i < kBlocks; ++i) SaveAndRegister(&source, i);
+  const std::vector<BlockHandle> order = Expected({}, std::nullopt, kBlocks);
+  // Forget all but the weakest: the others are now "someone else's".
+  for (size_t j = 0; j + 1 < order.size(); ++j) source.Forget(order[j]);
+  ASSERT_OK_AND_ASSIGN(auto ranked, source.Rank(Query(), 1, std::nullopt));
+  ASSERT_EQ(ranked.size(), 1u);
+  EXPECT_EQ(ranked[0].handle, order.back());
+}
+
 TEST_F(EvokedSourceTest, StoppedDaemonIsUnavailable) {
   EvokedRecoverySource source(client_.get(), {.ns = kNs, .session_id = kSession,
                                               .layer = kSummaryLayer});
