@@ -106,21 +106,18 @@ int main(int argc, char** argv) {
   evoke::bench::StartLlama();
   const evoke::llama::RandomLlamaShape shape =
       shape_name == "1b" ? evoke::llama::OneBLlamaShape() : evoke::llama::TinyLlamaShape();
-  const auto t_model = Clock::now();
-  auto model = evoke::llama::MakeRandomLlamaModel(shape);
-  if (!model.ok()) {
-    std::fprintf(stderr, "evoke-llama-bench: %s\n", model.status().ToString().c_str());
-    return 1;
-  }
+  double build_s = 0;
+  evoke::llama::ModelPtr model = evoke::bench::BuildModel(shape, "evoke-llama-bench", &build_s);
+  if (model == nullptr) return 1;
   std::printf("model: random llama, %u layers, %u wide, %u heads, %u KV heads, FFN %u, vocab %u "
               "(built in %.1f s); %d threads; bytes %s\n",
               shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv, shape.n_ff,
-              shape.n_vocab, Ms(t_model, Clock::now()) / 1000, threads,
+              shape.n_vocab, build_s, threads,
               inline_bytes ? "inline in gRPC messages" : "through shared memory");
 
   const uint32_t max_range = *std::max_element(ranges.begin(), ranges.end());
   const llama_context_params cp = evoke::bench::BenchContextParams(max_range + 128, threads);
-  evoke::llama::ContextPtr ctx(llama_init_from_model(model->get(), cp));
+  evoke::llama::ContextPtr ctx(llama_init_from_model(model.get(), cp));
   if (ctx == nullptr) {
     std::fprintf(stderr, "evoke-llama-bench: llama_init_from_model failed\n");
     return 1;
@@ -228,8 +225,6 @@ int main(int argc, char** argv) {
   }
 
   if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (f == nullptr) return 1;
     std::vector<std::string> items;
     for (const Row& r : rows) {
       items.push_back(absl::StrFormat(
@@ -238,10 +233,13 @@ int main(int argc, char** argv) {
           r.tokens, r.block_bytes, r.memcpy_ms, r.evict_ms, r.read_ms, r.restore_ms,
           r.splice_ms, r.prefill_ms));
     }
-    std::fprintf(f, "{\"shape\":\"%s\",\"threads\":%d,\"shared_memory\":%s,\"rows\":[%s]}\n",
-                 shape_name.c_str(), threads, inline_bytes ? "false" : "true",
-                 absl::StrJoin(items, ",").c_str());
-    std::fclose(f);
+    if (!evoke::bench::WriteJsonRows(
+            json_path,
+            absl::StrFormat("\"shape\":\"%s\",\"threads\":%d,\"shared_memory\":%s",
+                            shape_name, threads, inline_bytes ? "false" : "true"),
+            items)) {
+      return 1;
+    }
   }
   return 0;
 }

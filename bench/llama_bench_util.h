@@ -6,7 +6,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_join.h"
+#include "client/llama/random_model.h"
 #include "ggml.h"
 #include "llama.h"
 
@@ -44,6 +48,31 @@ inline llama_context_params BenchContextParams(uint32_t n_ctx, int threads) {
   p.type_k = GGML_TYPE_F16;
   p.type_v = GGML_TYPE_F16;
   return p;
+}
+
+// BuildModel builds a random Llama of `shape` and says how long it took
+// (`*seconds`); null after printing the error, prefixed by `program`.
+inline llama::ModelPtr BuildModel(const llama::RandomLlamaShape& shape, const char* program,
+                                  double* seconds) {
+  const auto start = Clock::now();
+  absl::StatusOr<llama::ModelPtr> model = llama::MakeRandomLlamaModel(shape);
+  *seconds = Ms(start, Clock::now()) / 1000;
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program, model.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::move(model).value();
+}
+
+// WriteJsonRows writes one JSON object to `path`: `members` (JSON members
+// without braces, e.g. "\"shape\":\"1b\"") and "rows", the array of
+// `rows` (each a JSON object). False when the file cannot be written.
+inline bool WriteJsonRows(const std::string& path, const std::string& members,
+                          const std::vector<std::string>& rows) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  std::fprintf(f, "{%s,\"rows\":[%s]}\n", members.c_str(), absl::StrJoin(rows, ",").c_str());
+  return std::fclose(f) == 0;
 }
 
 }  // namespace evoke::bench

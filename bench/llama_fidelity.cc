@@ -130,12 +130,11 @@ int main(int argc, char** argv) {
     shape.n_vocab = 4096;
   }
   shape.weight_std = weight_std;
-  auto model = evoke::llama::MakeRandomLlamaModel(shape);
-  if (!model.ok()) {
-    std::fprintf(stderr, "evoke-llama-fidelity: %s\n", model.status().ToString().c_str());
-    return 1;
-  }
-  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model->get()));
+  double build_s = 0;
+  evoke::llama::ModelPtr model =
+      evoke::bench::BuildModel(shape, "evoke-llama-fidelity", &build_s);
+  if (model == nullptr) return 1;
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.get()));
   const uint32_t summary_layer = shape.n_layer / 2;
 
   evoke::testing::TempDir dir;
@@ -158,7 +157,7 @@ int main(int argc, char** argv) {
   std::vector<int> ref_top;
   {
     llama_context_params p = Params(total + 64, threads);
-    evoke::llama::ContextPtr ctx(llama_init_from_model(model->get(), p));
+    evoke::llama::ContextPtr ctx(llama_init_from_model(model.get(), p));
     if (ctx == nullptr) return 1;
     for (uint32_t i = 0; i < total; ++i) {
       if (!evoke::llama::DecodeTokens(ctx.get(), {tokens[i]}, static_cast<llama_pos>(i))) return 1;
@@ -193,7 +192,7 @@ int main(int argc, char** argv) {
                                                               static_cast<int32_t>(summary_layer)});
       llama_context_params p = Params(static_cast<uint32_t>(budget) + 256, threads);
       capture.Install(p);
-      evoke::llama::ContextPtr ctx(llama_init_from_model(model->get(), p));
+      evoke::llama::ContextPtr ctx(llama_init_from_model(model.get(), p));
       if (ctx == nullptr) return 1;
       evoke::llama::AdapterOptions ao;
       ao.ns = "fidelity";
@@ -271,8 +270,6 @@ int main(int argc, char** argv) {
   std::printf("\n%s\n", kDisclaimer);
 
   if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (f == nullptr) return 1;
     std::vector<std::string> items;
     for (const Row& r : rows) {
       items.push_back(absl::StrFormat(
@@ -282,12 +279,14 @@ int main(int argc, char** argv) {
           r.policy, r.budget, r.compared, r.top1, r.mean_kl, r.max_kl, r.max_cells, r.saved,
           r.dropped, r.recovered, r.recovery_failures, r.seconds, quote_safe(r.error)));
     }
-    std::fprintf(f,
-                 "{\"note\":\"%s\",\"shape\":\"%s\",\"weight_std\":%.3f,\"prompt\":%u,\"steps\":%u,\"block\":%u,"
-                 "\"rows\":[%s]}\n",
-                 kDisclaimer, shape_name.c_str(), weight_std, prompt_tokens, steps, block,
-                 absl::StrJoin(items, ",").c_str());
-    std::fclose(f);
+    if (!evoke::bench::WriteJsonRows(
+            json_path,
+            absl::StrFormat("\"note\":\"%s\",\"shape\":\"%s\",\"weight_std\":%.3f,"
+                            "\"prompt\":%u,\"steps\":%u,\"block\":%u",
+                            kDisclaimer, shape_name, weight_std, prompt_tokens, steps, block),
+            items)) {
+      return 1;
+    }
   }
   bool failed = false;
   for (const Row& r : rows) failed |= !r.error.empty() || r.max_cells > r.budget;

@@ -91,22 +91,20 @@ int main(int argc, char** argv) {
   evoke::bench::StartLlama();
   const evoke::llama::RandomLlamaShape shape =
       shape_name == "1b" ? evoke::llama::OneBLlamaShape() : evoke::llama::TinyLlamaShape();
-  const auto t_model = Clock::now();
-  auto model = evoke::llama::MakeRandomLlamaModel(shape);
-  if (!model.ok()) {
-    std::fprintf(stderr, "evoke-llama-prefix-bench: %s\n", model.status().ToString().c_str());
-    return 1;
-  }
+  double build_s = 0;
+  evoke::llama::ModelPtr model =
+      evoke::bench::BuildModel(shape, "evoke-llama-prefix-bench", &build_s);
+  if (model == nullptr) return 1;
   std::printf("model: random llama, %u layers, %u wide, %u heads, %u KV heads (built in %.1f s); "
               "%d threads; prefix blocks of %u tokens, %u-token question\n",
               shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv,
-              Ms(t_model, Clock::now()) / 1000, threads, kBlock, question);
+              build_s, threads, kBlock, question);
 
   const uint32_t max_len = *std::max_element(lengths.begin(), lengths.end());
   const llama_context_params cp =
       evoke::bench::BenchContextParams(max_len + question + 64, threads);
-  evoke::llama::ContextPtr a(llama_init_from_model(model->get(), cp));
-  evoke::llama::ContextPtr b(llama_init_from_model(model->get(), cp));
+  evoke::llama::ContextPtr a(llama_init_from_model(model.get(), cp));
+  evoke::llama::ContextPtr b(llama_init_from_model(model.get(), cp));
   if (a == nullptr || b == nullptr) return 1;
   evoke::llama::AdapterOptions options;
   options.ns = "prefix-bench";
@@ -175,12 +173,11 @@ int main(int argc, char** argv) {
         "\"seed_ms\":%.3f}",
         len, question, c, s, l, c / s, bytes, seed_ms));
   }
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (f == nullptr) return 1;
-    std::fprintf(f, "{\"shape\":\"%s\",\"threads\":%d,\"rows\":[%s]}\n", shape_name.c_str(),
-                 threads, absl::StrJoin(items, ",").c_str());
-    std::fclose(f);
+  if (!json_path.empty() &&
+      !evoke::bench::WriteJsonRows(
+          json_path, absl::StrFormat("\"shape\":\"%s\",\"threads\":%d", shape_name, threads),
+          items)) {
+    return 1;
   }
   return 0;
 }
