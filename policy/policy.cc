@@ -216,11 +216,11 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(absl::string_view name,
                                                  absl::StrJoin(PolicyNames(), ", ")));
 }
 
-absl::Status ValidateBudget(absl::string_view name, const PolicyParams& params,
-                            uint64_t budget_tokens) {
-  // MakePolicy names an unknown policy or a bad parameter.
-  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<Policy> unused, MakePolicy(name, params));
-  (void)unused;
+namespace {
+
+// What ValidateBudget checks once `name` and `params` are known good.
+absl::Status CheckBudget(absl::string_view name, const PolicyParams& params,
+                         uint64_t budget_tokens) {
   uint64_t protect = 0;
   std::string what;
   if (UsesSinks(name)) {
@@ -243,6 +243,15 @@ absl::Status ValidateBudget(absl::string_view name, const PolicyParams& params,
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status ValidateBudget(absl::string_view name, const PolicyParams& params,
+                            uint64_t budget_tokens) {
+  // MakePolicy names an unknown policy or a bad parameter.
+  EVOKE_RETURN_IF_ERROR(MakePolicy(name, params).status());
+  return CheckBudget(name, params, budget_tokens);
+}
+
 absl::StatusOr<uint64_t> MinBudget(absl::string_view name, const PolicyParams& params) {
   EVOKE_RETURN_IF_ERROR(MakePolicy(name, params).status());
   // The accepted budgets need not be one upward-closed range (h2o's recent
@@ -250,7 +259,7 @@ absl::StatusOr<uint64_t> MinBudget(absl::string_view name, const PolicyParams& p
   // some budgets above the least accepted one are refused): scan upwards.
   constexpr uint64_t kLimit = uint64_t{1} << 24;
   for (uint64_t budget = 1; budget <= kLimit; ++budget) {
-    if (ValidateBudget(name, params, budget).ok()) return budget;
+    if (CheckBudget(name, params, budget).ok()) return budget;
   }
   return absl::InvalidArgumentError(
       absl::StrCat(name, ": no budget up to ", kLimit, " tokens fits its parameters"));
