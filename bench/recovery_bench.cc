@@ -22,8 +22,8 @@
 
 #include "common/chain_hash.h"
 #include "common/fingerprint.h"
-#include "storage/copy_pool.h"
-#include "storage/recovery_index.h"
+#include "common/copy_pool.h"
+#include "recovery/recovery_index.h"
 
 namespace evoke {
 namespace {

@@ -28,9 +28,10 @@
 #include "daemon/payload_paths.h"
 #include "gpu/cuda_ipc.h"
 #include "gpu/device.h"
-#include "storage/copy_pool.h"
+#include "common/copy_pool.h"
 #include "storage/pinned_arena.h"
 #include "storage/spill_store.h"
+#include "recovery/recovery_index.h"
 #include "storage/tier_manager.h"
 
 #ifndef EVOKE_VERSION
@@ -39,6 +40,22 @@
 
 namespace evoke {
 namespace {
+
+// RecoveryFeed indexes the summaries of every block the TierManager holds
+// (breadcrumbs included) for Recover.
+class RecoveryFeed final : public BlockObserver {
+ public:
+  explicit RecoveryFeed(RecoveryIndex* index) : index_(index) {}
+  void Added(const BlockId& id, const v1::BlockMeta& meta) override {
+    index_->Add(id, meta);
+  }
+  void Removed(const BlockId& id, const v1::BlockMeta& meta) override {
+    index_->Remove(id, meta);
+  }
+
+ private:
+  RecoveryIndex* const index_;
+};
 
 constexpr char kServiceName[] = "evoke.v1.KvTier";
 
@@ -84,6 +101,7 @@ class Daemon::Impl {
   std::string socket_path;
   std::unique_ptr<CopyPool> scan_pool;      // Outlives the RecoveryIndex.
   std::unique_ptr<RecoveryIndex> recovery;  // Outlives the TierManager.
+  std::unique_ptr<RecoveryFeed> recovery_feed;
   std::unique_ptr<TierManager> tiers;
   std::unique_ptr<HostRegistration> registration;  // Of tier 1, with CUDA.
   std::unique_ptr<LeaseManager> leases;
@@ -130,8 +148,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     impl->scan_pool = std::make_unique<CopyPool>(static_cast<int>(options.copy_threads));
   }
   impl->recovery = std::make_unique<RecoveryIndex>(impl->scan_pool.get());
+  impl->recovery_feed = std::make_unique<RecoveryFeed>(impl->recovery.get());
   TierManagerOptions tier_options;
-  tier_options.recovery = impl->recovery.get();
+  tier_options.observer = impl->recovery_feed.get();
   // MEAN_KEYS for canonical blocks saved without one, so Recover can find
   // every block an engine evicts.
   tier_options.summarize = [layer_option = options.summary_layer](

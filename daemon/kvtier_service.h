@@ -15,6 +15,7 @@
 #include "daemon/payload_paths.h"
 #include "daemon/request_validation.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
+#include "recovery/recovery_index.h"
 #include "storage/tier_manager.h"
 
 namespace evoke {

@@ -19,7 +19,7 @@
 #include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "storage/copy_pool.h"
+#include "common/copy_pool.h"
 #include "storage/spill_record.pb.h"
 
 namespace evoke {
@@ -393,7 +393,7 @@ void TierManager::Impl::RemoveLocked(Entry* e) {
     if (owned->second.empty()) owner_pins_.erase(owned);
   }
   e->pin_owners.clear();
-  if (options_.recovery != nullptr) options_.recovery->Remove(e->id, e->meta);
+  if (options_.observer != nullptr) options_.observer->Removed(e->id, e->meta);
   const bool was_breadcrumb = !e->bytes_available();
   e->removed = true;
   SetOnDisk(e, false);
@@ -531,7 +531,7 @@ absl::Status TierManager::Impl::Rebuild() {
                                    raw->meta.session_id())]
                   .insert(id);
             }
-            if (options_.recovery != nullptr) options_.recovery->Add(id, raw->meta);
+            if (options_.observer != nullptr) options_.observer->Added(id, raw->meta);
             if (record.payload_present()) {
               by_access.emplace_back(raw->last_access_ms, raw);
             } else {
@@ -784,7 +784,7 @@ absl::StatusOr<std::vector<v1::SaveResult>> TierManager::Impl::Save(
                                e->meta.session_id())]
               .insert(e->id);
         }
-        if (options_.recovery != nullptr) options_.recovery->Add(e->id, e->meta);
+        if (options_.observer != nullptr) options_.observer->Added(e->id, e->meta);
         ++counters_.saves;
         r.set_checksum(checksums[i]);
         r.set_tier(v1::TIER_PINNED_HOST);

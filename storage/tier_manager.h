@@ -19,10 +19,19 @@
 #include "common/hash128.h"
 #include "evoke/v1/kvtier.pb.h"
 #include "storage/pinned_arena.h"
-#include "storage/recovery_index.h"
 #include "storage/spill_store.h"
 
 namespace evoke {
+
+// BlockObserver hears of blocks entering and leaving the index. Called with
+// the index lock held: implementations must be quick and must not call the
+// TierManager.
+class BlockObserver {
+ public:
+  virtual ~BlockObserver() = default;
+  virtual void Added(const BlockId& id, const v1::BlockMeta& meta) = 0;
+  virtual void Removed(const BlockId& id, const v1::BlockMeta& meta) = 0;
+};
 
 struct TierManagerOptions {
   // Tier 1 starts spilling when its used bytes pass high_watermark *
@@ -40,10 +49,10 @@ struct TierManagerOptions {
   // failing with RESOURCE_EXHAUSTED (the call's own deadline also applies).
   // Default: 10 s.
   absl::Duration max_wait_for_room = absl::Seconds(10);
-  // Where blocks' summaries are indexed for Recover (added on save and on
-  // restart, removed on delete; breadcrumbs keep theirs). May be null. Must
-  // outlive the TierManager.
-  RecoveryIndex* recovery = nullptr;
+  // Told about every block that enters the index (on save and on restart)
+  // and leaves it (on delete); breadcrumbs stay. The daemon feeds its
+  // RecoveryIndex from it. May be null. Must outlive the TierManager.
+  BlockObserver* observer = nullptr;
   // Called for every newly stored block with its verified tier-1 bytes; may
   // return a summary to store with it (the daemon computes MEAN_KEYS for
   // canonical blocks saved without one). Runs outside the index lock.

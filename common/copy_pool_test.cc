@@ -1,4 +1,4 @@
-#include "storage/copy_pool.h"
+#include "common/copy_pool.h"
 
 #include <random>
 #include <string>

@@ -1,6 +1,6 @@
 // CopyPool: copies (and checksums) large payloads on several threads.
-#ifndef EVOKE_STORAGE_COPY_POOL_H_
-#define EVOKE_STORAGE_COPY_POOL_H_
+#ifndef EVOKE_COMMON_COPY_POOL_H_
+#define EVOKE_COMMON_COPY_POOL_H_
 
 #include <atomic>
 #include <cstddef>
@@ -57,4 +57,4 @@ class CopyPool {
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_COPY_POOL_H_
+#endif  // EVOKE_COMMON_COPY_POOL_H_

@@ -1,4 +1,4 @@
-#include "storage/recovery_index.h"
+#include "recovery/recovery_index.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // RecoveryIndex: block summaries in RAM, scored against an engine's queries.
-#ifndef EVOKE_STORAGE_RECOVERY_INDEX_H_
-#define EVOKE_STORAGE_RECOVERY_INDEX_H_
+#ifndef EVOKE_RECOVERY_RECOVERY_INDEX_H_
+#define EVOKE_RECOVERY_RECOVERY_INDEX_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/hash128.h"
-#include "storage/copy_pool.h"
+#include "common/copy_pool.h"
 #include "evoke/v1/kvtier.pb.h"
 
 namespace evoke {
@@ -107,4 +107,4 @@ class RecoveryIndex {
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_RECOVERY_INDEX_H_
+#endif  // EVOKE_RECOVERY_RECOVERY_INDEX_H_
