@@ -160,7 +160,7 @@ class RocksSpillStore final : public SpillStore {
     return ToAbsl(it->status(), "scan");
   }
 
-  uint64_t ApproximateDiskBytes() override {
+  uint64_t UsedBytes() override {
     uint64_t total = 0;
     for (rocksdb::ColumnFamilyHandle* h : handles_) {
       uint64_t v = 0;

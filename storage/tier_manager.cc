@@ -76,7 +76,7 @@ v1::Tier TierOf(const Entry& e) {
 class TierManager::Impl {
  public:
   Impl(const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
-       std::unique_ptr<SpillStore> spill)
+       std::unique_ptr<Tier> spill)
       : options_(options),
         arena_(std::move(arena)),
         spill_(std::move(spill)),
@@ -211,7 +211,7 @@ class TierManager::Impl {
 
   const TierManagerOptions options_;
   const std::unique_ptr<PinnedArena> arena_;
-  const std::unique_ptr<SpillStore> spill_;
+  const std::unique_ptr<Tier> spill_;
   CopyPool copier_;
   const uint64_t high_bytes_;
   const uint64_t low_bytes_;
@@ -1461,7 +1461,7 @@ void TierManager::Impl::Stats(v1::StatResponse* out) {
   v1::TierStat* spill = out->mutable_spill();
   spill->set_blocks(disk_blocks_);
   spill->set_payload_bytes(disk_payload_bytes_);
-  spill->set_used_bytes(spill_->ApproximateDiskBytes());
+  spill->set_used_bytes(spill_->UsedBytes());
   spill->set_capacity_bytes(options_.spill_bytes);
   out->set_breadcrumb_blocks(breadcrumb_blocks_);
   out->set_pinned_blocks(pinned_blocks_);
@@ -1740,7 +1740,7 @@ bool TierManager::Impl::WaitForSpillerIdle(absl::Duration timeout) {
 
 absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Open(
     const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
-    std::unique_ptr<SpillStore> spill) {
+    std::unique_ptr<Tier> spill) {
   if (!(options.low_watermark > 0 && options.low_watermark < options.high_watermark &&
         options.high_watermark <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(

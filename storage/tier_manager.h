@@ -190,7 +190,7 @@ class TierManager {
   // INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<TierManager>> Open(
       const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
-      std::unique_ptr<SpillStore> spill);
+      std::unique_ptr<Tier> spill);
   // Stops the spiller. Does not flush: call Shutdown() for that.
   ~TierManager();
   TierManager(const TierManager&) = delete;

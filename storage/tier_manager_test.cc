@@ -96,7 +96,7 @@ class FlakySpillStore : public SpillStore {
       std::vector<std::string>* skipped) override {
     return real_->ForEachRecord(v, skipped);
   }
-  uint64_t ApproximateDiskBytes() override { return real_->ApproximateDiskBytes(); }
+  uint64_t UsedBytes() override { return real_->UsedBytes(); }
   absl::Status Persist() override { return real_->Persist(); }
 
  private:
