@@ -1,0 +1,2 @@
+// Filled in below (work in progress).
+#include "gtest/gtest.h"
