@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +11,9 @@
 namespace evoke {
 
 LeaseManager::LeaseManager(const LeaseManagerOptions& options, TierManager* tiers)
-    : options_(options), tiers_(tiers) {}
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      tiers_(tiers) {}
 
 absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name) {
   char bytes[16];
@@ -26,6 +29,8 @@ absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name) {
   LeaseState& state = leases_[id];
   state.owner = next_owner_++;
   state.client_name = std::string(client_name.substr(0, 128));
+  state.granted = clock_->Now();
+  state.last_used = state.granted;
   EVOKE_LOG_DEBUG("lease ", id.ToHex().substr(0, 8), " granted to '",
                   state.client_name, "'");
   return Lease{id, state.owner};
@@ -41,6 +46,10 @@ void LeaseManager::End(const BlockId& id) {
     leases_.erase(it);
     ++expired_;
   }
+  Release(std::move(state));
+}
+
+void LeaseManager::Release(LeaseState state) {
   // Outside the lock: the TierManager takes its own.
   const uint64_t released = tiers_->ReleaseOwner(state.owner);
   {
@@ -63,19 +72,54 @@ absl::StatusOr<Lease> LeaseManager::Find(absl::string_view lease_id) const {
   if (!id.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("lease_id: ", id.status().message()));
   }
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(*id);
   if (it == leases_.end()) {
     return absl::NotFoundError("lease_id: unknown or ended lease");
   }
+  it->second.last_used = std::max(it->second.last_used, now);
   return Lease{*id, it->second.owner};
+}
+
+absl::StatusOr<LeaseInfo> LeaseManager::Describe(const BlockId& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  const LeaseState& state = it->second;
+  return LeaseInfo{state.client_name, state.granted, state.last_used, state.regions.size()};
+}
+
+size_t LeaseManager::ExpireIdle() {
+  if (options_.idle_timeout == absl::InfiniteDuration()) return 0;
+  const absl::Time now = clock_->Now();
+  std::vector<LeaseState> idle;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (now - it->second.last_used < options_.idle_timeout) {
+        ++it;
+        continue;
+      }
+      EVOKE_LOG_INFO("lease ", it->first.ToHex().substr(0, 8), " of '",
+                     it->second.client_name, "' unused for ",
+                     absl::FormatDuration(now - it->second.last_used), "; ending it");
+      idle.push_back(std::move(it->second));
+      leases_.erase(it++);
+      ++expired_;
+    }
+  }
+  for (LeaseState& state : idle) Release(std::move(state));
+  return idle.size();
 }
 
 absl::StatusOr<uint64_t> LeaseManager::AddRegion(const BlockId& lease,
                                                  std::shared_ptr<Region> region) {
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(lease);
   if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  it->second.last_used = std::max(it->second.last_used, now);
   if (it->second.regions.size() >= options_.max_regions_per_lease) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the lease already has ", options_.max_regions_per_lease,
@@ -88,9 +132,11 @@ absl::StatusOr<uint64_t> LeaseManager::AddRegion(const BlockId& lease,
 
 absl::StatusOr<std::shared_ptr<Region>> LeaseManager::GetRegion(
     const BlockId& lease, uint64_t region_id, const std::string& field) const {
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(lease);
   if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  it->second.last_used = std::max(it->second.last_used, now);
   auto r = it->second.regions.find(region_id);
   if (r == it->second.regions.end()) {
     return absl::NotFoundError(absl::StrCat(
@@ -101,9 +147,11 @@ absl::StatusOr<std::shared_ptr<Region>> LeaseManager::GetRegion(
 
 absl::Status LeaseManager::RemoveRegion(const BlockId& lease, uint64_t region_id) {
   std::shared_ptr<Region> dropped;  // Unmapped outside the lock.
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(lease);
   if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  it->second.last_used = std::max(it->second.last_used, now);
   auto r = it->second.regions.find(region_id);
   if (r == it->second.regions.end()) {
     return absl::NotFoundError(absl::StrCat(

@@ -12,6 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/hash128.h"
 #include "daemon/region.h"
 #include "evoke/v1/kvtier.pb.h"
@@ -26,11 +28,25 @@ struct LeaseManagerOptions {
   uint32_t max_regions_per_lease = 256;
   // Largest region. Default: 64 GiB.
   uint64_t max_region_bytes = 64ull << 30;
+  // A lease unused for this long (no request resolved it, see Find) is
+  // ended by ExpireIdle. Default: infinite (a lease ends with its stream).
+  absl::Duration idle_timeout = absl::InfiniteDuration();
+  // Where grant and last-use times are read. Never null; must outlive the
+  // LeaseManager. Default: the wall clock.
+  const Clock* clock = Clock::Real();
 };
 
 struct Lease {
   BlockId id;      // The capability (16 random bytes).
   PinOwner owner;  // Its pins in the TierManager.
+};
+
+// What LeaseManager::Describe reports of one open lease.
+struct LeaseInfo {
+  std::string client_name;
+  absl::Time granted;    // By options.clock.
+  absl::Time last_used;  // Grant, or the last Find / region call naming it.
+  size_t regions = 0;
 };
 
 // LeaseManager hands out leases and tracks their regions; pins are counted
@@ -46,12 +62,20 @@ class LeaseManager {
   absl::StatusOr<Lease> Grant(absl::string_view client_name);
   // End closes a lease (idempotent).
   void End(const BlockId& id);
-  // Find resolves the `lease_id` field of a request. INVALID_ARGUMENT when
-  // malformed or empty, NOT_FOUND when unknown or ended.
+  // Find resolves the `lease_id` field of a request and marks the lease
+  // used (now, by options.clock). INVALID_ARGUMENT when malformed or empty,
+  // NOT_FOUND when unknown or ended.
   absl::StatusOr<Lease> Find(absl::string_view lease_id) const;
+  // Describe reports an open lease. NOT_FOUND when unknown or ended.
+  absl::StatusOr<LeaseInfo> Describe(const BlockId& id) const;
+  // ExpireIdle ends (as End does) every lease whose last use is
+  // options.idle_timeout or more before now, by options.clock, and returns
+  // how many. Does nothing under an infinite idle_timeout.
+  size_t ExpireIdle();
 
   // AddRegion registers a region under a lease and returns its id.
-  // NOT_FOUND (lease), RESOURCE_EXHAUSTED (max_regions_per_lease).
+  // NOT_FOUND (lease), RESOURCE_EXHAUSTED (max_regions_per_lease). Region
+  // calls mark the lease used, as Find does.
   absl::StatusOr<uint64_t> AddRegion(const BlockId& lease, std::shared_ptr<Region> region);
   // GetRegion returns a region of the lease (the reference keeps it mapped).
   // NOT_FOUND naming `field` when the region is unknown or not the lease's.
@@ -68,10 +92,18 @@ class LeaseManager {
   struct LeaseState {
     PinOwner owner;
     std::string client_name;
+    absl::Time granted;
+    // Mutable: const lookups (Find, GetRegion) mark the lease used.
+    mutable absl::Time last_used;
     absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions;
   };
 
+  // Release releases the pins and regions of an ended lease; call without
+  // mu_ held.
+  void Release(LeaseState state);
+
   const LeaseManagerOptions options_;
+  const Clock* const clock_;
   TierManager* const tiers_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<BlockId, LeaseState> leases_ ABSL_GUARDED_BY(mu_);

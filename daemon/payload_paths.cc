@@ -13,12 +13,12 @@
 
 namespace evoke {
 
-absl::StatusOr<DeviceCopier*> DeviceCopiers::Get(int device) {
+absl::StatusOr<DeviceOps*> DeviceCopiers::Get(int device) {
   absl::MutexLock lock(&mu_);
   auto it = copiers_.find(device);
   if (it != copiers_.end()) return it->second.get();
-  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<DeviceCopier> copier, DeviceCopier::Create(device));
-  DeviceCopier* raw = copier.get();
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOps> copier, factory_->Open(device));
+  DeviceOps* raw = copier.get();
   copiers_.emplace(device, std::move(copier));
   return raw;
 }
@@ -66,7 +66,7 @@ struct DevicePayload {
 // payload: its 1 MiB chunks hashed on the GPU, one launch per device for all
 // the payloads, the short final chunks on the host, then combined.
 absl::StatusOr<std::vector<uint64_t>> PayloadChecksumsOnDevice(
-    absl::Span<const DevicePayload> payloads) {
+    DeviceCopiers& copiers, absl::Span<const DevicePayload> payloads) {
   std::vector<std::vector<uint64_t>> sums(payloads.size());
   std::vector<std::vector<bool>> have(payloads.size());
   absl::flat_hash_map<int, std::vector<DeviceRange>> ranges;
@@ -85,7 +85,8 @@ absl::StatusOr<std::vector<uint64_t>> PayloadChecksumsOnDevice(
   }
   for (auto& [device, list] : ranges) {
     std::vector<uint64_t> out(list.size());
-    EVOKE_RETURN_IF_ERROR(DeviceChunkChecksums(device, list, absl::MakeSpan(out)));
+    EVOKE_ASSIGN_OR_RETURN(DeviceOps* ops, copiers.Get(device));
+    EVOKE_RETURN_IF_ERROR(ops->ChunkChecksums(list, absl::MakeSpan(out)));
     const auto& who = owners[device];
     for (size_t j = 0; j < out.size(); ++j) {
       sums[who[j].first][who[j].second] = out[j];
@@ -126,12 +127,12 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
   }
   const absl::Time t0 = absl::Now();
   for (auto& [device, ops] : by_device) {
-    EVOKE_ASSIGN_OR_RETURN(DeviceCopier* copier, copiers_->Get(device));
+    EVOKE_ASSIGN_OR_RETURN(DeviceOps* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->DeviceToHost(ops));
   }
   const absl::Time t1 = absl::Now();
   EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> sums,
-                         PayloadChecksumsOnDevice(session_payloads));
+                         PayloadChecksumsOnDevice(*copiers_, session_payloads));
   for (size_t j = 0; j < sums.size(); ++j) checksums[session_items[j]] = sums[j];
   EVOKE_LOG_DEBUG("save from GPU: ", items.size(), " blocks, device to host ",
                   absl::FormatDuration(t1 - t0), ", checksums on device ",
@@ -291,7 +292,7 @@ absl::Status LoadResponseSink::Deliver(size_t i, const uint8_t* bytes, uint64_t 
 absl::Status LoadResponseSink::Finish() {
   const absl::Time t0 = absl::Now();
   for (auto& [device, ops] : device_ops_) {
-    EVOKE_ASSIGN_OR_RETURN(DeviceCopier* copier, copiers_->Get(device));
+    EVOKE_ASSIGN_OR_RETURN(DeviceOps* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->HostToDevice(ops));
   }
   const absl::Time t1 = absl::Now();
@@ -303,7 +304,8 @@ absl::Status LoadResponseSink::Finish() {
     landed.push_back(
         DevicePayload{regions_[d.index]->device(), DestinationOnDevice(d.index), d.host, d.bytes});
   }
-  EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> got, PayloadChecksumsOnDevice(landed));
+  EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> got,
+                         PayloadChecksumsOnDevice(*copiers_, landed));
   for (size_t k = 0; k < delivered_.size(); ++k) {
     const Delivered& d = delivered_[k];
     if (got[k] != d.checksum) {
@@ -322,7 +324,8 @@ absl::Status LoadResponseSink::Finish() {
         &r.plan, &r.meta, DestinationOnDevice(i), r.meta.payload_bytes(), r.delta});
   }
   for (auto& [device, list] : jobs) {
-    EVOKE_RETURN_IF_ERROR(ReanchorCanonicalBlocksOnDevice(list, device));
+    EVOKE_ASSIGN_OR_RETURN(DeviceOps* ops, copiers_->Get(device));
+    EVOKE_RETURN_IF_ERROR(ops->ReanchorCanonicalBlocks(list));
   }
   if (!delivered_.empty()) {
     EVOKE_LOG_DEBUG("load to GPU: ", delivered_.size(), " blocks, host to device ",

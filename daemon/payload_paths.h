@@ -17,20 +17,29 @@
 #include "daemon/region.h"
 #include "evoke/v1/kvtier.pb.h"
 #include "gpu/cuda_ipc.h"
+#include "gpu/device_ops.h"
 #include "storage/tier_manager.h"
 
 namespace evoke {
 
-// DeviceCopiers: one DeviceCopier per CUDA device, created on first use.
-// Thread-safe.
+// DeviceCopiers: one DeviceOps (gpu/device_ops.h) per device, opened on
+// first use. Thread-safe.
 class DeviceCopiers {
  public:
-  // Get errors: UNAVAILABLE (no CUDA, no such device).
-  absl::StatusOr<DeviceCopier*> Get(int device);
+  // The process's CUDA devices (CudaDeviceOps).
+  DeviceCopiers() : DeviceCopiers(CudaDeviceOps()) {}
+  // Devices opened through `factory` (not null; must outlive this), e.g.
+  // host-memory fakes in tests.
+  explicit DeviceCopiers(DeviceOpsFactory* factory) : factory_(factory) {}
+
+  // Get errors: UNAVAILABLE (no CUDA, no such device); a failed open is
+  // retried on the next Get.
+  absl::StatusOr<DeviceOps*> Get(int device);
 
  private:
+  DeviceOpsFactory* const factory_;
   absl::Mutex mu_;
-  absl::flat_hash_map<int, std::unique_ptr<DeviceCopier>> copiers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::unique_ptr<DeviceOps>> copiers_ ABSL_GUARDED_BY(mu_);
 };
 
 // SaveRequestSource serves the payloads of a validated SaveRequest. Host

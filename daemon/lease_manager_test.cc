@@ -1,0 +1,151 @@
+#include "daemon/lease_manager.h"
+
+#include <memory>
+#include <string>
+
+#include "common/chain_hash.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/pinned_arena.h"
+#include "testing/fake_clock.h"
+#include "testing/memory_tier.h"
+#include "testing/status_matchers.h"
+
+namespace evoke {
+namespace {
+
+using ::evoke::testing::FakeClock;
+using ::evoke::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// A region that only counts as registered memory.
+class FakeRegion final : public Region {
+ public:
+  Kind kind() const override { return Kind::kSharedMemory; }
+  uint64_t size() const override { return 4096; }
+};
+
+class LeaseManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PinnedArenaOptions arena_options;
+    arena_options.capacity_bytes = 1 << 20;
+    arena_options.lock_memory = false;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PinnedArena> arena,
+                         PinnedArena::Create(arena_options));
+    ASSERT_OK_AND_ASSIGN(tiers_, TierManager::Open(TierManagerOptions(), std::move(arena),
+                                                   std::make_unique<testing::MemoryTier>()));
+  }
+
+  // SavePinned saves one small block pinned by `owner`.
+  void SavePinned(uint64_t seq, PinOwner owner) {
+    v1::BlockMeta meta;
+    v1::LayoutFingerprint* fp = meta.mutable_fingerprint();
+    fp->set_namespace_("ns");
+    fp->set_model_id("m");
+    fp->set_k_dtype(v1::DTYPE_OPAQUE);
+    fp->set_v_dtype(v1::DTYPE_OPAQUE);
+    fp->set_n_layers(1);
+    fp->set_n_kv_heads(1);
+    fp->set_head_dim(1);
+    fp->set_layout(v1::LAYOUT_OPAQUE);
+    meta.set_kind(v1::BLOCK_KIND_SESSION);
+    meta.set_session_id("s");
+    meta.set_sequence(seq);
+    meta.set_id(SessionBlockId("ns", "s", seq).ToBytes());
+    meta.set_n_tokens(1);
+    meta.set_layer_end(1);
+    const std::string payload(1024, static_cast<char>('a' + seq));
+    const SaveItem item{&meta, payload.size(), /*pin=*/true};
+    HostSaveSource source({payload});
+    ASSERT_OK(tiers_->Save({&item, 1}, source, false, absl::InfiniteFuture(), owner));
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<TierManager> tiers_;
+};
+
+TEST_F(LeaseManagerTest, IdleLeasesExpireByTheClock) {
+  LeaseManagerOptions options;
+  options.idle_timeout = absl::Minutes(1);
+  options.clock = &clock_;
+  LeaseManager leases(options, tiers_.get());
+  const absl::Time t0 = clock_.Now();
+  ASSERT_OK_AND_ASSIGN(Lease busy, leases.Grant("busy"));
+  ASSERT_OK_AND_ASSIGN(Lease idle, leases.Grant("idle"));
+  auto region = std::make_shared<FakeRegion>();
+  std::weak_ptr<Region> region_alive = region;
+  ASSERT_OK(leases.AddRegion(idle.id, std::move(region)));
+  SavePinned(0, idle.owner);
+  SavePinned(1, busy.owner);
+
+  // Nothing is idle for a minute yet.
+  clock_.Advance(absl::Seconds(59));
+  EXPECT_EQ(leases.ExpireIdle(), 0u);
+  ASSERT_OK(leases.Find(busy.id.ToBytes()));  // Uses `busy` at t0 + 59 s.
+  clock_.Advance(absl::Seconds(1));           // `idle`: exactly one minute.
+  EXPECT_EQ(leases.ExpireIdle(), 1u);
+
+  EXPECT_THAT(leases.Find(idle.id.ToBytes()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("lease_id")));
+  ASSERT_OK_AND_ASSIGN(LeaseInfo info, leases.Describe(busy.id));
+  EXPECT_EQ(info.client_name, "busy");
+  EXPECT_EQ(info.granted, t0);
+  EXPECT_EQ(info.last_used, t0 + absl::Seconds(59));
+  // Its regions went, and its pins; the other lease's pin stays.
+  EXPECT_TRUE(region_alive.expired());
+  ASSERT_OK_AND_ASSIGN(BlockInfo unpinned, tiers_->Describe(SessionBlockId("ns", "s", 0)));
+  EXPECT_EQ(unpinned.pin_count, 0u);
+  ASSERT_OK_AND_ASSIGN(BlockInfo pinned, tiers_->Describe(SessionBlockId("ns", "s", 1)));
+  EXPECT_EQ(pinned.pin_count, 1u);
+  const v1::LeaseStat stat = leases.Stats();
+  EXPECT_EQ(stat.leases(), 1u);
+  EXPECT_EQ(stat.leases_expired(), 1u);
+  EXPECT_EQ(stat.pins_released_on_expiry(), 1u);
+
+  // Region calls count as use too.
+  clock_.Advance(absl::Seconds(50));
+  ASSERT_OK_AND_ASSIGN(uint64_t rid, leases.AddRegion(busy.id, std::make_shared<FakeRegion>()));
+  clock_.Advance(absl::Seconds(50));
+  EXPECT_EQ(leases.ExpireIdle(), 0u);
+  ASSERT_OK(leases.GetRegion(busy.id, rid, "region"));
+  clock_.Advance(absl::Seconds(59));
+  EXPECT_EQ(leases.ExpireIdle(), 0u);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(leases.ExpireIdle(), 1u);
+  EXPECT_EQ(leases.Stats().leases(), 0u);
+  // Ending an expired lease again is harmless.
+  leases.End(busy.id);
+  EXPECT_EQ(leases.Stats().leases_expired(), 2u);
+}
+
+TEST_F(LeaseManagerTest, ByDefaultLeasesNeverExpireByTime) {
+  LeaseManagerOptions options;
+  options.clock = &clock_;
+  LeaseManager leases(options, tiers_.get());
+  ASSERT_OK_AND_ASSIGN(Lease lease, leases.Grant("engine"));
+  clock_.Advance(absl::Hours(24 * 365));
+  EXPECT_EQ(leases.ExpireIdle(), 0u);
+  EXPECT_OK(leases.Find(lease.id.ToBytes()));
+}
+
+TEST_F(LeaseManagerTest, AClockGoingBackwardsDoesNotExpireOrRejuvenate) {
+  LeaseManagerOptions options;
+  options.idle_timeout = absl::Minutes(1);
+  options.clock = &clock_;
+  LeaseManager leases(options, tiers_.get());
+  ASSERT_OK_AND_ASSIGN(Lease lease, leases.Grant("engine"));
+  const absl::Time t0 = clock_.Now();
+  clock_.Advance(absl::Seconds(-3600));
+  ASSERT_OK(leases.Find(lease.id.ToBytes()));
+  EXPECT_EQ(leases.ExpireIdle(), 0u);
+  // The use recorded while the clock was behind does not move last_used
+  // back: the lease expires a minute after t0, not after t0 - 1 h.
+  ASSERT_OK_AND_ASSIGN(LeaseInfo info, leases.Describe(lease.id));
+  EXPECT_EQ(info.last_used, t0);
+  clock_.Set(t0 + absl::Minutes(1));
+  EXPECT_EQ(leases.ExpireIdle(), 1u);
+}
+
+}  // namespace
+}  // namespace evoke
