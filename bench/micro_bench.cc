@@ -12,7 +12,9 @@
 #include "common/checksum.h"
 #include "common/fingerprint.h"
 #include "storage/pinned_arena.h"
+#include "storage/spill_store.h"
 #include "storage/tier_manager.h"
+#include "testing/blocks.h"
 #include "testing/temp_dir.h"
 
 namespace evoke {
@@ -87,14 +89,8 @@ void BM_ArenaAllocateFree(benchmark::State& state) {
 }
 BENCHMARK(BM_ArenaAllocateFree);
 
-v1::LayoutFingerprint BenchFp() {
-  return MakeFingerprint("bench", "bench",
-                         {.k_dtype = v1::DTYPE_OPAQUE, .v_dtype = v1::DTYPE_OPAQUE,
-                          .layout = v1::LAYOUT_OPAQUE});
-}
-
 void BM_DigestFingerprint(benchmark::State& state) {
-  const v1::LayoutFingerprint fp = BenchFp();
+  const v1::LayoutFingerprint fp = testing::OpaqueFingerprint("bench", "bench");
   for (auto _ : state) benchmark::DoNotOptimize(DigestFingerprint(fp));
 }
 BENCHMARK(BM_DigestFingerprint);
@@ -113,7 +109,7 @@ void BM_TierManagerBatch(benchmark::State& state) {
   auto tm = TierManager::Open(TierManagerOptions(), PinnedArena::Create(arena).value(),
                               SpillStore::Open(spill).value())
                 .value();
-  const v1::LayoutFingerprint fp = BenchFp();
+  const v1::LayoutFingerprint fp = testing::OpaqueFingerprint("bench", "bench");
   std::vector<v1::BlockMeta> metas(n);
   std::vector<SaveItem> items(n);
   std::vector<BlockId> ids(n);
@@ -121,15 +117,9 @@ void BM_TierManagerBatch(benchmark::State& state) {
   std::vector<absl::string_view> views;
   for (int i = 0; i < n; ++i) {
     v1::BlockMeta& m = metas[i];
-    *m.mutable_fingerprint() = fp;
-    m.set_kind(v1::BLOCK_KIND_SESSION);
-    m.set_session_id("s");
-    m.set_sequence(i);
-    m.set_id(SessionBlockId("bench", "s", i).ToBytes());
-    m.set_n_tokens(1);
-    m.set_layer_end(1);
+    m = testing::SessionMeta(fp, "s", i, /*n_tokens=*/1, 0, 1, 0);
     items[i] = SaveItem{&m, kBlock, false};
-    ids[i] = SessionBlockId("bench", "s", i);
+    ids[i] = testing::IdOf(m);
     views.push_back(absl::string_view(payload.data() + i * kBlock, kBlock));
   }
   for (auto _ : state) {

@@ -261,16 +261,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   impl->server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   impl->server->GetHealthCheckService()->SetServingStatus("", true);
 
-  v1::StatResponse stat;
-  impl->tiers->Stats(&stat);
+  const TierStats stat = impl->tiers->Stats();
   EVOKE_LOG_INFO(
       "evoked ", EVOKE_VERSION, " serving on unix:", impl->socket_path,
-      "; tier 1: ", FormatByteSize(stat.pinned().capacity_bytes()),
-      stat.pinned_memory_locked() ? " (locked)" : " (not locked)",
+      "; tier 1: ", FormatByteSize(stat.host.capacity_bytes),
+      stat.host_locked ? " (locked)" : " (not locked)",
       "; tier 2: ", data_dir, " (budget ", FormatByteSize(options.spill_bytes),
-      "); recovered ", stat.spill().blocks(), " blocks (",
-      FormatByteSize(stat.spill().payload_bytes()), ") and ",
-      stat.breadcrumb_blocks(), " breadcrumbs in ",
+      "); recovered ", stat.disk.blocks, " blocks (",
+      FormatByteSize(stat.disk.payload_bytes), ") and ",
+      stat.breadcrumb_blocks, " breadcrumbs in ",
       absl::FormatDuration(absl::Now() - start));
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
@@ -298,11 +297,9 @@ absl::Status Daemon::Shutdown() {
   impl_->server->Shutdown(std::chrono::system_clock::now() +
                           std::chrono::milliseconds(impl_->options.shutdown_grace_ms));
   impl_->executor.reset();  // Drains queued work.
-  v1::StatResponse before;
-  impl_->tiers->Stats(&before);
+  const uint64_t spills_before = impl_->tiers->Stats().counters.spills;
   absl::Status s = impl_->tiers->Shutdown();
-  v1::StatResponse after;
-  impl_->tiers->Stats(&after);
+  const uint64_t spills_after = impl_->tiers->Stats().counters.spills;
   impl_->server.reset();
   impl_->fd_channel.reset();
   impl_->service.reset();
@@ -313,7 +310,7 @@ absl::Status Daemon::Shutdown() {
   unlink(impl_->socket_path.c_str());
   if (s.ok()) {
     EVOKE_LOG_INFO("shut down: flushed ",
-                   after.counters().spills() - before.counters().spills(),
+                   spills_after - spills_before,
                    " tier-1 blocks to disk in ",
                    absl::FormatDuration(absl::Now() - start));
   } else {

@@ -13,6 +13,7 @@
 #include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "daemon/storage_mapping.h"
 
 namespace evoke {
 namespace {
@@ -203,15 +204,15 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
       response->Clear();
       response->set_candidates(candidates);
       for (const RecoveryHit& hit : hits) {
-        absl::StatusOr<v1::BlockInfo> info = tiers_->Describe(hit.id);
+        absl::StatusOr<BlockInfo> info = tiers_->Describe(hit.id);
         if (!info.ok()) continue;  // Deleted since it was scored.
-        if (request->require_bytes() && !info->bytes_available()) continue;
+        if (request->require_bytes() && !info->bytes_available) continue;
         v1::RecoveredBlock* out = response->add_blocks();
         out->set_id(hit.id.ToBytes());
         out->set_score(hit.score);
-        out->set_tier(info->tier());
-        out->set_bytes_available(info->bytes_available());
-        *out->mutable_meta() = std::move(*info->mutable_meta());
+        out->set_tier(ToProto(info->location));
+        out->set_bytes_available(info->bytes_available);
+        *out->mutable_meta() = std::move(info->meta);
         out->mutable_meta()->clear_summaries();
         if (static_cast<uint32_t>(response->blocks_size()) == request->k()) break;
       }
@@ -323,13 +324,12 @@ grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* conte
       items.push_back(SaveItem{&block.meta(), size, block.pin()});
     }
     const absl::Time start = absl::Now();
-    EVOKE_ASSIGN_OR_RETURN(
-        std::vector<v1::SaveResult> results,
-        tiers_->Save(items, *source, request->durable(), deadline,
-                     lease ? lease->owner : PinOwner{0}));
+    absl::StatusOr<std::vector<SavedBlock>> results = tiers_->Save(
+        items, *source, request->durable(), deadline, lease ? lease->owner : PinOwner{0});
+    if (!results.ok()) return WithFieldPath(results.status(), ItemsField::kSaveBlocks);
     EVOKE_LOG_DEBUG("Save: ", items.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
-    response->mutable_results()->Reserve(results.size());
-    for (v1::SaveResult& r : results) *response->add_results() = std::move(r);
+    response->mutable_results()->Reserve(results->size());
+    for (const SavedBlock& r : *results) ToProto(r, response->add_results());
     return absl::OkStatus();
   });
 }
@@ -354,14 +354,14 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
     EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
     if (!s.ok()) {
       response->Clear();
-      return s;
+      return WithFieldPath(s, ItemsField::kIds);
     }
     sink->ApplyNewPositions(&metas);
     for (size_t i = 0; i < ids.size(); ++i) {
       v1::LoadedBlock* block = response->mutable_blocks(i);
       *block->mutable_meta() = std::move(metas[i]);
       block->mutable_meta()->clear_summaries();
-      block->set_served_from(infos[i].served_from);
+      block->set_served_from(ToProto(infos[i].served_from));
     }
     return absl::OkStatus();
   });
@@ -374,9 +374,9 @@ grpc::ServerUnaryReactor* KvTierService::Lookup(grpc::CallbackServerContext* con
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, false));
-    const std::vector<v1::Tier> tiers = tiers_->Lookup(ids);
-    response->set_n_present(tiers.size());
-    for (v1::Tier t : tiers) response->add_tiers(t);
+    const std::vector<BlockLocation> found = tiers_->Lookup(ids);
+    response->set_n_present(found.size());
+    for (BlockLocation where : found) response->add_tiers(ToProto(where));
     return absl::OkStatus();
   });
 }
@@ -388,7 +388,7 @@ grpc::ServerUnaryReactor* KvTierService::Delete(grpc::CallbackServerContext* con
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    EVOKE_RETURN_IF_ERROR(tiers_->Delete(ids));
+    EVOKE_RETURN_IF_ERROR(WithFieldPath(tiers_->Delete(ids), ItemsField::kIds));
     response->set_n_deleted(ids.size());
     return absl::OkStatus();
   });
@@ -420,7 +420,7 @@ grpc::ServerUnaryReactor* KvTierService::Pin(grpc::CallbackServerContext* contex
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
     EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
-    return tiers_->Pin(ids, lease.owner, deadline);
+    return WithFieldPath(tiers_->Pin(ids, lease.owner, deadline), ItemsField::kIds);
   });
 }
 
@@ -432,7 +432,7 @@ grpc::ServerUnaryReactor* KvTierService::Unpin(grpc::CallbackServerContext* cont
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
     EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
-    return tiers_->Unpin(ids, lease.owner);
+    return WithFieldPath(tiers_->Unpin(ids, lease.owner), ItemsField::kIds);
   });
 }
 
@@ -467,11 +467,11 @@ grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* conte
     ListFilter filter;
     filter.ns = request->namespace_();
     filter.session_id = request->session_id();
-    filter.tier = request->tier();
+    filter.location = LocationFromProto(request->tier());
     bool more = false;
-    std::vector<v1::BlockInfo> blocks =
-        tiers_->List(filter, after, has_after, page_size, &more);
-    for (v1::BlockInfo& b : blocks) *response->add_blocks() = std::move(b);
+    const std::vector<BlockInfo> blocks =
+        tiers_->List(filter, has_after ? &after : nullptr, page_size, &more);
+    for (const BlockInfo& b : blocks) ToProto(b, response->add_blocks());
     if (more && response->blocks_size() > 0) {
       response->set_next_page_token(
           BlockId::FromBytes(response->blocks().rbegin()->meta().id())->ToHex());
@@ -488,7 +488,9 @@ grpc::ServerUnaryReactor* KvTierService::Describe(grpc::CallbackServerContext* c
     if (!id.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("id: ", id.status().message()));
     }
-    EVOKE_ASSIGN_OR_RETURN(*response, tiers_->Describe(*id));
+    absl::StatusOr<BlockInfo> info = tiers_->Describe(*id);
+    if (!info.ok()) return WithFieldPath(info.status(), ItemsField::kId);
+    ToProto(*info, response);
     return absl::OkStatus();
   });
 }
@@ -497,7 +499,7 @@ grpc::ServerUnaryReactor* KvTierService::Stat(grpc::CallbackServerContext* conte
                                               const v1::StatRequest*,
                                               v1::StatResponse* response) {
   return FinishInline(context, [&]() -> absl::Status {
-    tiers_->Stats(response);
+    ToProto(tiers_->Stats(), response);
     response->set_version(options_.version);
     response->set_data_dir(options_.data_dir);
     response->set_pid(static_cast<uint32_t>(getpid()));
@@ -516,7 +518,8 @@ grpc::ServerUnaryReactor* KvTierService::Verify(grpc::CallbackServerContext* con
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 0, options_.limits.max_ids, true));
-    EVOKE_ASSIGN_OR_RETURN(*response, tiers_->Verify(ids));
+    EVOKE_ASSIGN_OR_RETURN(const VerifyReport report, tiers_->Verify(ids));
+    ToProto(report, response);
     return absl::OkStatus();
   });
 }
@@ -525,7 +528,8 @@ grpc::ServerUnaryReactor* KvTierService::Flush(grpc::CallbackServerContext* cont
                                                const v1::FlushRequest* request,
                                                v1::FlushResponse* response) {
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
-    EVOKE_ASSIGN_OR_RETURN(*response, tiers_->Flush(request->evict()));
+    EVOKE_ASSIGN_OR_RETURN(const FlushResult flushed, tiers_->Flush(request->evict()));
+    ToProto(flushed, response);
     return absl::OkStatus();
   });
 }

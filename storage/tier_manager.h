@@ -1,5 +1,5 @@
-// TierManager: the block index and the policy that moves blocks between
-// tier 1 (PinnedArena) and tier 2 (SpillStore).
+// TierManager: the storage engine's interface. Save, Load, Pin, Verify and
+// Flush over tier 1 (the pinned arena) and the tiers below it.
 #ifndef EVOKE_STORAGE_TIER_MANAGER_H_
 #define EVOKE_STORAGE_TIER_MANAGER_H_
 
@@ -17,9 +17,11 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash128.h"
-#include "evoke/v1/kvtier.pb.h"
+#include "common/clock.h"
+#include "evoke/v1/block.pb.h"
 #include "storage/pinned_arena.h"
-#include "storage/spill_store.h"
+#include "storage/tier.h"
+#include "storage/tier_types.h"
 
 namespace evoke {
 
@@ -63,6 +65,8 @@ struct TierManagerOptions {
   // parallel (1 MiB pieces). 0: every copy on the calling thread.
   // Default: 2.
   int copy_threads = 2;
+  // Where timestamps come from (last access, uptime). Null: the wall clock.
+  const Clock* clock = nullptr;
 };
 
 // One block to store. `meta` must have passed ValidateBlockForSave with a
@@ -155,19 +159,6 @@ class StringLoadSink final : public LoadSink {
   std::vector<std::string> payloads_;
 };
 
-struct LoadedInfo {
-  v1::Tier served_from = v1::TIER_UNSPECIFIED;
-};
-
-// Who holds a pin (a lease). Pins are counted per owner.
-using PinOwner = uint64_t;
-
-struct ListFilter {
-  std::string ns;          // Empty: any.
-  std::string session_id;  // Empty: any.
-  v1::Tier tier = v1::TIER_UNSPECIFIED;
-};
-
 // TierManager owns the block index (id -> metadata, tier, pins, LRU position)
 // and both tiers. Saves land in tier 1; a background spiller thread writes
 // least recently used blocks to tier 2 once tier 1 passes its high
@@ -186,15 +177,13 @@ struct ListFilter {
 // Stats never touch disk.
 class TierManager {
  public:
-  // Open rebuilds the index from `spill` and starts the spiller.
+  // Open rebuilds the index from `spill` (tier 2) and starts the spiller.
   // INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<TierManager>> Open(
       const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
       std::unique_ptr<Tier> spill);
   // Stops the spiller. Does not flush: call Shutdown() for that.
-  ~TierManager();
-  TierManager(const TierManager&) = delete;
-  TierManager& operator=(const TierManager&) = delete;
+  virtual ~TierManager() = default;
 
   // Save stores `items` (unique ids, payloads from `source`) all-or-nothing
   // and returns one result per item. An id already stored with the same
@@ -203,91 +192,89 @@ class TierManager {
   // ALREADY_EXISTS. Items with `pin` are pinned for `owner`. Blocks of one
   // Save land in one contiguous range of tier 1 when one is free. With
   // `durable`, returns after the blocks are fsync'd to the spill store.
-  // Errors: RESOURCE_EXHAUSTED (a block larger than tier 1, tier 1 full of
-  // pinned blocks, or no room by `deadline` / max_wait_for_room),
+  // Errors name the item (ErrorItem): RESOURCE_EXHAUSTED (a block larger
+  // than tier 1, tier 1 full of pinned blocks, or no room by `deadline` /
+  // max_wait_for_room; ErrorLimit says when the tier-1 size is the cause),
   // ALREADY_EXISTS, DATA_LOSS (payload does not match meta.checksum),
   // UNAVAILABLE (durable write failed; the blocks stay in tier 1).
-  absl::StatusOr<std::vector<v1::SaveResult>> Save(absl::Span<const SaveItem> items,
-                                                   SaveSource& source, bool durable,
-                                                   absl::Time deadline,
-                                                   PinOwner owner = 0);
+  virtual absl::StatusOr<std::vector<SavedBlock>> Save(absl::Span<const SaveItem> items,
+                                                       SaveSource& source, bool durable,
+                                                       absl::Time deadline,
+                                                       PinOwner owner = 0) = 0;
 
   // Load hands the payloads of `ids` (unique) to `sink`, each verified
-  // against its checksum as it is read (a tier-1 copy or a RocksDB read,
+  // against its checksum as it is read (a tier-1 copy or a tier-2 read,
   // never the sink's memory), and returns the metadata of each (with
   // payload_bytes and checksum) in `metas`. All-or-nothing: on error,
   // nothing useful reached the sink. A spilled block is promoted to tier 1
   // when there is room under the high watermark.
-  // Errors: NOT_FOUND (absent or breadcrumb), FAILED_PRECONDITION (stored
-  // fingerprint differs from `fingerprint`), DATA_LOSS (no copy passed
-  // verification), UNAVAILABLE (disk), or the sink's error.
-  absl::Status Load(absl::Span<const BlockId> ids,
-                    const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
-                    std::vector<v1::BlockMeta>* metas,
-                    std::vector<LoadedInfo>* infos);
+  // Errors (naming the item): NOT_FOUND (absent or breadcrumb),
+  // FAILED_PRECONDITION (stored fingerprint differs from `fingerprint`),
+  // DATA_LOSS (no copy passed verification), UNAVAILABLE (disk), or the
+  // sink's error.
+  virtual absl::Status Load(absl::Span<const BlockId> ids,
+                            const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
+                            std::vector<v1::BlockMeta>* metas,
+                            std::vector<LoadedInfo>* infos) = 0;
 
-  // Lookup returns the tiers of the longest run of leading `ids` whose bytes
-  // are held. Never fails.
-  std::vector<v1::Tier> Lookup(absl::Span<const BlockId> ids);
+  // Lookup returns where the longest run of leading `ids` whose bytes are
+  // held is. Never fails.
+  virtual std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids) = 0;
 
   // Delete removes `ids` (unique) from every tier, all-or-nothing.
   // Errors: NOT_FOUND (then nothing is deleted), UNAVAILABLE (disk).
-  absl::Status Delete(absl::Span<const BlockId> ids);
+  virtual absl::Status Delete(absl::Span<const BlockId> ids) = 0;
 
   // DropSession deletes every session block of (ns, session_id) and returns
   // how many. Errors: UNAVAILABLE.
-  absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
-                                       absl::string_view session_id);
+  virtual absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
+                                               absl::string_view session_id) = 0;
 
   // Pin adds one pin of `owner` to each of `ids` (unique), promoting
   // spilled blocks to tier 1 first. All-or-nothing.
   // Errors: NOT_FOUND, RESOURCE_EXHAUSTED, DATA_LOSS, UNAVAILABLE.
-  absl::Status Pin(absl::Span<const BlockId> ids, PinOwner owner,
-                   absl::Time deadline);
+  virtual absl::Status Pin(absl::Span<const BlockId> ids, PinOwner owner,
+                           absl::Time deadline) = 0;
 
   // Unpin removes one pin of `owner` from each of `ids`. All-or-nothing.
   // Errors: NOT_FOUND, FAILED_PRECONDITION (not pinned by `owner`).
-  absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner);
+  virtual absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner) = 0;
 
   // ReleaseOwner removes every pin `owner` holds (its lease ended) and
   // returns how many. Never fails.
-  uint64_t ReleaseOwner(PinOwner owner);
+  virtual uint64_t ReleaseOwner(PinOwner owner) = 0;
 
   // Describe returns one block's metadata and state. Errors: NOT_FOUND.
-  absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);
+  virtual absl::StatusOr<BlockInfo> Describe(const BlockId& id) = 0;
 
-  // List returns up to `limit` blocks with id > `after` that pass `filter`,
-  // in id order, and whether more may follow.
-  std::vector<v1::BlockInfo> List(const ListFilter& filter, const BlockId& after,
-                                  bool has_after, size_t limit, bool* more);
+  // List returns up to `limit` blocks with id > `after` (when given) that
+  // pass `filter`, in id order, and whether more may follow. Walks the
+  // namespace or session index when the filter names one, and releases the
+  // index lock every few thousand entries it visits.
+  virtual std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after,
+                                      size_t limit, bool* more) = 0;
 
-  // Stats fills the occupancy and counter fields of a StatResponse.
-  void Stats(v1::StatResponse* out);
+  // Stats returns occupancy and counters.
+  virtual TierStats Stats() = 0;
 
   // Verify re-reads `ids` (all blocks when empty) from every tier holding
   // them and checks checksums; corrupt copies are dropped and counted.
-  absl::StatusOr<v1::VerifyResponse> Verify(absl::Span<const BlockId> ids);
+  virtual absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids) = 0;
 
   // Flush writes every tier-1 block without a disk copy to the spill store
   // and fsyncs; with `evict`, unpinned blocks then leave tier 1.
   // Errors: UNAVAILABLE, RESOURCE_EXHAUSTED (disk full).
-  absl::StatusOr<v1::FlushResponse> Flush(bool evict);
+  virtual absl::StatusOr<FlushResult> Flush(bool evict) = 0;
 
   // Shutdown stops the spiller and flushes tier 1 to disk (pinned blocks
   // included), so that a restart loses nothing. Later calls fail with
   // UNAVAILABLE. Returns the flush's error, if any.
-  absl::Status Shutdown();
+  virtual absl::Status Shutdown() = 0;
 
   // WaitForSpillerIdle blocks until tier 1 is under its high watermark and the
   // spiller has nothing queued, or `timeout` passes (returns false). For
   // tests and the demo.
-  bool WaitForSpillerIdle(absl::Duration timeout);
-
-  class Impl;
-
- private:
-  explicit TierManager(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  virtual bool WaitForSpillerIdle(absl::Duration timeout) = 0;
 };
 
 }  // namespace evoke

@@ -1,0 +1,155 @@
+#include "daemon/storage_mapping.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace evoke {
+
+v1::Tier ToProto(BlockLocation location) {
+  switch (location) {
+    case BlockLocation::kHost:
+      return v1::TIER_PINNED_HOST;
+    case BlockLocation::kDisk:
+      return v1::TIER_SPILL;
+    case BlockLocation::kBreadcrumb:
+      return v1::TIER_BREADCRUMB;
+  }
+  return v1::TIER_UNSPECIFIED;
+}
+
+std::optional<BlockLocation> LocationFromProto(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_PINNED_HOST:
+      return BlockLocation::kHost;
+    case v1::TIER_SPILL:
+      return BlockLocation::kDisk;
+    case v1::TIER_BREADCRUMB:
+      return BlockLocation::kBreadcrumb;
+    default:
+      return std::nullopt;
+  }
+}
+
+void ToProto(const BlockInfo& in, v1::BlockInfo* out) {
+  *out->mutable_meta() = in.meta;
+  out->set_tier(ToProto(in.location));
+  out->set_bytes_available(in.bytes_available);
+  out->set_on_disk(in.on_disk);
+  out->set_pin_count(in.pin_count);
+  out->set_last_access_unix_ms(in.last_access_unix_ms);
+}
+
+void ToProto(const SavedBlock& in, v1::SaveResult* out) {
+  out->set_id(in.id.ToBytes());
+  out->set_checksum(in.checksum);
+  out->set_deduplicated(in.deduplicated);
+  out->set_tier(ToProto(in.location));
+}
+
+namespace {
+
+void ToProto(const TierOccupancy& in, v1::TierStat* out) {
+  out->set_blocks(in.blocks);
+  out->set_payload_bytes(in.payload_bytes);
+  out->set_used_bytes(in.used_bytes);
+  out->set_capacity_bytes(in.capacity_bytes);
+}
+
+}  // namespace
+
+void ToProto(const TierStats& in, v1::StatResponse* out) {
+  ToProto(in.host, out->mutable_pinned());
+  ToProto(in.disk, out->mutable_spill());
+  out->set_breadcrumb_blocks(in.breadcrumb_blocks);
+  out->set_pinned_blocks(in.pinned_blocks);
+  out->mutable_leases()->set_lease_pins(in.pins);
+  const StorageCounters& c = in.counters;
+  v1::Counters* o = out->mutable_counters();
+  o->set_saves(c.saves);
+  o->set_dedups(c.dedups);
+  o->set_loads(c.loads);
+  o->set_hits_tier1(c.hits_tier1);
+  o->set_hits_tier2(c.hits_tier2);
+  o->set_misses(c.misses);
+  o->set_spills(c.spills);
+  o->set_spilled_bytes(c.spilled_bytes);
+  o->set_evictions(c.evictions);
+  o->set_promotions(c.promotions);
+  o->set_breadcrumbs(c.breadcrumbs);
+  o->set_checksum_failures(c.checksum_failures);
+  o->set_deletes(c.deletes);
+  o->set_spill_errors(c.spill_errors);
+  out->set_pinned_memory_locked(in.host_locked);
+  out->set_pinned_memory_lock_error(in.host_lock_error);
+  out->set_pinned_largest_free_bytes(in.host_largest_free_bytes);
+  out->set_high_watermark(in.high_watermark);
+  out->set_low_watermark(in.low_watermark);
+  out->set_uptime_seconds(static_cast<uint64_t>(absl::ToInt64Seconds(in.uptime)));
+}
+
+void ToProto(const VerifyReport& in, v1::VerifyResponse* out) {
+  out->set_blocks_checked(in.blocks_checked);
+  out->set_copies_checked(in.copies_checked);
+  out->set_copies_ok(in.copies_ok);
+  out->set_missing(in.missing);
+  for (const CorruptCopy& c : in.corrupt) {
+    v1::CorruptCopy* bad = out->add_corrupt();
+    bad->set_id(c.id.ToBytes());
+    bad->set_tier(ToProto(c.tier));
+    bad->set_detail(c.detail);
+  }
+}
+
+void ToProto(const FlushResult& in, v1::FlushResponse* out) {
+  out->set_blocks_written(in.blocks_written);
+  out->set_bytes_written(in.bytes_written);
+  out->set_blocks_evicted(in.blocks_evicted);
+}
+
+namespace {
+
+std::string PathOf(const ItemRef& item, ItemsField field) {
+  switch (field) {
+    case ItemsField::kSaveBlocks: {
+      const std::string block = absl::StrCat("blocks[", item.index, "]");
+      switch (item.part) {
+        case ItemPart::kId:
+          return absl::StrCat(block, ".meta.id");
+        case ItemPart::kChecksum:
+          return absl::StrCat(block, ".meta.checksum");
+        case ItemPart::kFingerprint:
+          return absl::StrCat(block, ".meta.fingerprint");
+        case ItemPart::kBlock:
+          return block;
+      }
+      return block;
+    }
+    case ItemsField::kIds: {
+      const std::string id = absl::StrCat("ids[", item.index, "]");
+      return item.part == ItemPart::kFingerprint ? absl::StrCat("fingerprint (", id, ")")
+                                                 : id;
+    }
+    case ItemsField::kId:
+      return item.part == ItemPart::kFingerprint ? "fingerprint (id)" : "id";
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status WithFieldPath(const absl::Status& status, ItemsField field) {
+  if (status.ok()) return status;
+  const std::optional<ItemRef> item = ErrorItem(status);
+  const std::optional<StorageLimit> limit = ErrorLimit(status);
+  if (!item && !limit) return status;
+  std::string message(status.message());
+  if (item) message = absl::StrCat(PathOf(*item, field), ": ", message);
+  if (limit == StorageLimit::kTier1Capacity) {
+    absl::StrAppend(&message, " (tier 1 is sized by --pinned-bytes)");
+  }
+  return absl::Status(status.code(), message);
+}
+
+}  // namespace evoke

@@ -1,0 +1,143 @@
+// The storage engine's vocabulary: what it returns (plain structs, not wire
+// messages) and how its errors name the item and the limit they are about.
+// The daemon maps these to evoke.v1 messages, wire field paths and flags.
+#ifndef EVOKE_STORAGE_TIER_TYPES_H_
+#define EVOKE_STORAGE_TIER_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/hash128.h"
+#include "evoke/v1/block.pb.h"
+
+namespace evoke {
+
+// Who holds a pin (a lease). Pins are counted per owner.
+using PinOwner = uint64_t;
+
+// Where a block's bytes are, seen from outside: the fastest copy.
+enum class BlockLocation : uint8_t {
+  kHost = 1,        // Tier 1 (maybe with a tier-2 copy too).
+  kDisk = 2,        // Tier 2 only.
+  kBreadcrumb = 3,  // No bytes: metadata only.
+};
+
+struct ListFilter {
+  std::string ns;          // Empty: any.
+  std::string session_id;  // Empty: any.
+  std::optional<BlockLocation> location;  // Empty: any.
+};
+
+// One block as Describe and List show it.
+struct BlockInfo {
+  v1::BlockMeta meta;
+  BlockLocation location = BlockLocation::kBreadcrumb;
+  bool bytes_available = false;
+  bool on_disk = false;  // Has a tier-2 payload (also when in tier 1).
+  uint32_t pin_count = 0;
+  int64_t last_access_unix_ms = 0;
+};
+
+// One result of Save, per item.
+struct SavedBlock {
+  BlockId id;
+  uint64_t checksum = 0;
+  bool deduplicated = false;
+  BlockLocation location = BlockLocation::kHost;
+};
+
+// Where Load found a block.
+struct LoadedInfo {
+  BlockLocation served_from = BlockLocation::kHost;
+};
+
+struct TierOccupancy {
+  uint64_t blocks = 0;
+  uint64_t payload_bytes = 0;  // Sum of payload sizes.
+  uint64_t used_bytes = 0;     // What the tier occupies (extents, files).
+  uint64_t capacity_bytes = 0;
+};
+
+struct StorageCounters {
+  uint64_t saves = 0, dedups = 0, loads = 0, hits_tier1 = 0, hits_tier2 = 0,
+           misses = 0, spills = 0, spilled_bytes = 0, evictions = 0,
+           promotions = 0, breadcrumbs = 0, checksum_failures = 0, deletes = 0,
+           spill_errors = 0;
+};
+
+struct TierStats {
+  TierOccupancy host;  // Tier 1.
+  TierOccupancy disk;  // Tier 2 (capacity: the spill budget).
+  uint64_t breadcrumb_blocks = 0;
+  uint64_t pinned_blocks = 0;
+  uint64_t pins = 0;  // Sum of pin counts over every owner.
+  StorageCounters counters;
+  bool host_locked = false;  // mlock of tier 1 succeeded.
+  std::string host_lock_error;
+  uint64_t host_largest_free_bytes = 0;
+  double high_watermark = 0;
+  double low_watermark = 0;
+  absl::Duration uptime;
+};
+
+struct FlushResult {
+  uint64_t blocks_written = 0;
+  uint64_t bytes_written = 0;
+  uint64_t blocks_evicted = 0;
+};
+
+struct CorruptCopy {
+  BlockId id;
+  BlockLocation tier = BlockLocation::kHost;  // kHost or kDisk.
+  std::string detail;
+};
+
+struct VerifyReport {
+  uint64_t blocks_checked = 0;
+  uint64_t copies_checked = 0;
+  uint64_t copies_ok = 0;
+  uint64_t missing = 0;
+  std::vector<CorruptCopy> corrupt;
+};
+
+// --- errors ---------------------------------------------------------------
+// An error about one item of a batch carries the item's index and which part
+// of it is wrong, as a status payload; its message names the block, not the
+// request field. The daemon turns (item, part) into a wire path such as
+// "blocks[3].meta.checksum" or "ids[3]".
+enum class ItemPart : uint8_t {
+  kBlock = 0,        // The item as a whole.
+  kId = 1,           // Its id.
+  kChecksum = 2,     // Its checksum.
+  kFingerprint = 3,  // The layout fingerprint it was asked with.
+};
+
+struct ItemRef {
+  size_t index = 0;
+  ItemPart part = ItemPart::kBlock;
+};
+
+absl::Status ItemError(absl::StatusCode code, size_t index, ItemPart part,
+                       absl::string_view message);
+// WithItem attaches (index, part) to an existing error (keeps its code and
+// message). OK stays OK.
+absl::Status WithItem(absl::Status status, size_t index, ItemPart part);
+std::optional<ItemRef> ErrorItem(const absl::Status& status);
+
+// A configured limit an error ran into, so that the daemon can name the
+// setting that raises it.
+enum class StorageLimit : uint8_t {
+  kTier1Capacity = 1,  // The pinned arena's size.
+};
+absl::Status WithLimit(absl::Status status, StorageLimit limit);
+std::optional<StorageLimit> ErrorLimit(const absl::Status& status);
+
+}  // namespace evoke
+
+#endif  // EVOKE_STORAGE_TIER_TYPES_H_
