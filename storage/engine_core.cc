@@ -107,4 +107,27 @@ IndexEntry* EngineCore::CommitPromotion(const BlockId& id, uint64_t gen,
   return e;
 }
 
+TierStats EngineCore::Stats() {
+  TierStats out;
+  const PinnedArena::Stats arena = host.arena_stats();
+  out.disk.used_bytes = disk->UsedBytes();  // I/O: outside the lock.
+  absl::MutexLock lock(&mu);
+  out.host = TierOccupancy{index.ram_blocks(), index.ram_payload_bytes(), arena.used_bytes,
+                           arena.capacity_bytes};
+  out.disk.blocks = index.disk_blocks();
+  out.disk.payload_bytes = index.disk_payload_bytes();
+  out.disk.capacity_bytes = options.spill_bytes;
+  out.breadcrumb_blocks = index.count(BlockState::kBreadcrumb);
+  out.pinned_blocks = index.pinned_blocks();
+  out.pins = index.pin_count();
+  out.counters = counters;
+  out.host_locked = arena.locked;
+  out.host_lock_error = arena.lock_error;
+  out.host_largest_free_bytes = arena.largest_free_bytes;
+  out.high_watermark = options.high_watermark;
+  out.low_watermark = options.low_watermark;
+  out.uptime = clock->Now() - start;
+  return out;
+}
+
 }  // namespace evoke

@@ -53,6 +53,9 @@ struct EngineCore {
   IndexEntry* CommitPromotion(const BlockId& id, uint64_t gen, ArenaReservation ram,
                               bool hold);
 
+  // Stats reads occupancy and counters (tier 2's size outside `mu`).
+  TierStats Stats();
+
   const TierManagerOptions options;
   const Clock* const clock;
   absl::Mutex disk_mu ABSL_ACQUIRED_BEFORE(mu);

@@ -19,8 +19,7 @@
 #include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "storage/engine_core.h"
-#include "storage/spiller.h"
+#include "storage/tier_manager_impl.h"
 #include "storage/verifier.h"
 
 namespace evoke {
@@ -32,93 +31,7 @@ std::string Name(const BlockId& id) { return absl::StrCat("block ", id.ToHex());
 // filtered listing of a large index never stalls saves.
 constexpr size_t kListVisitsPerLock = 4096;
 
-// One item of a Save, from reservation to commit.
-struct SavePlan {
-  BlockId id;
-  FingerprintDigest digest;
-  bool fresh = false;    // New bytes (a new id, or a breadcrumb revived).
-  bool revived = false;  // Fresh bytes for a breadcrumb.
-  uint64_t existing_gen = 0;
-  uint64_t existing_checksum = 0;
-  IndexEntry* entry = nullptr;  // Fresh: the placeholder.
-  ArenaReservation ram;         // Fresh: where the bytes go.
-  uint64_t checksum = 0;        // Of the bytes received.
-  std::optional<v1::Summary> summary;
-};
-
 }  // namespace
-
-class TierManagerImpl final : public TierManager {
- public:
-  TierManagerImpl(const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
-                  std::unique_ptr<Tier> disk)
-      : core_(options, std::move(arena), std::move(disk)), spiller_(&core_) {}
-  ~TierManagerImpl() override { spiller_.Stop(); }
-
-  absl::Status Rebuild();
-  void Start() { spiller_.Start(); }
-
-  absl::StatusOr<std::vector<SavedBlock>> Save(absl::Span<const SaveItem> items,
-                                               SaveSource& source, bool durable,
-                                               absl::Time deadline, PinOwner owner) override;
-  absl::Status Load(absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
-                    LoadSink& sink, std::vector<v1::BlockMeta>* metas,
-                    std::vector<LoadedInfo>* infos) override;
-  std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids) override;
-  absl::Status Delete(absl::Span<const BlockId> ids) override;
-  absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
-                                       absl::string_view session_id) override;
-  absl::Status Pin(absl::Span<const BlockId> ids, PinOwner owner,
-                   absl::Time deadline) override;
-  absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner) override;
-  uint64_t ReleaseOwner(PinOwner owner) override;
-  absl::StatusOr<BlockInfo> Describe(const BlockId& id) override;
-  std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after, size_t limit,
-                              bool* more) override;
-  TierStats Stats() override;
-  absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids) override;
-  absl::StatusOr<FlushResult> Flush(bool evict) override;
-  absl::Status Shutdown() override;
-  bool WaitForSpillerIdle(absl::Duration timeout) override {
-    return spiller_.WaitForIdle(timeout);
-  }
-
- private:
-  // Save, in three phases.
-  absl::Status ReserveForSave(absl::Span<const SaveItem> items, absl::Time deadline,
-                              std::vector<SavePlan>* plans);
-  absl::Status CopyIn(absl::Span<const SaveItem> items, SaveSource& source,
-                      std::vector<SavePlan>* plans);
-  absl::Status CommitSave(absl::Span<const SaveItem> items, PinOwner owner,
-                          absl::Status failure, std::vector<SavePlan>* plans,
-                          std::vector<SavedBlock>* results, std::vector<BlockId>* pin_later);
-  absl::Status WriteDurably(std::vector<SavePlan>& plans, std::vector<SavedBlock>* results);
-
-  absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);
-  // Unpinned wakes saves and the spiller when `e` became evictable.
-  void Unpinned(const IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) {
-    if (e->pins == 0 && e->in_ram()) {
-      core_.room_cv.SignalAll();
-      spiller_.Wake();
-    }
-  }
-  absl::Status CheckFits(uint64_t size) const {
-    if (size <= core_.host.capacity_bytes()) return absl::OkStatus();
-    return WithLimit(absl::ResourceExhaustedError(absl::StrCat(
-                         "payload of ", FormatByteSize(size), " is larger than tier 1 (",
-                         FormatByteSize(core_.host.capacity_bytes()), ")")),
-                     StorageLimit::kTier1Capacity);
-  }
-  absl::Status CheckOpen() const {
-    if (shut_down_.load()) return absl::UnavailableError("evoked is shutting down");
-    return absl::OkStatus();
-  }
-  BlockObserver* observer() const { return core_.options.observer; }
-
-  EngineCore core_;
-  Spiller spiller_;
-  std::atomic<bool> shut_down_{false};
-};
 
 // ------------------------------------------------------------ Open
 
@@ -769,30 +682,6 @@ std::vector<BlockInfo> TierManagerImpl::List(const ListFilter& filter, const Blo
   }
   *more = out.size() > limit;
   if (*more) out.resize(limit);
-  return out;
-}
-
-TierStats TierManagerImpl::Stats() {
-  TierStats out;
-  const PinnedArena::Stats arena = core_.host.arena_stats();
-  out.disk.used_bytes = core_.disk->UsedBytes();  // I/O: outside the lock.
-  absl::MutexLock lock(&core_.mu);
-  const BlockIndex& index = core_.index;
-  out.host = TierOccupancy{index.ram_blocks(), index.ram_payload_bytes(), arena.used_bytes,
-                           arena.capacity_bytes};
-  out.disk.blocks = index.disk_blocks();
-  out.disk.payload_bytes = index.disk_payload_bytes();
-  out.disk.capacity_bytes = core_.options.spill_bytes;
-  out.breadcrumb_blocks = index.count(BlockState::kBreadcrumb);
-  out.pinned_blocks = index.pinned_blocks();
-  out.pins = index.pin_count();
-  out.counters = core_.counters;
-  out.host_locked = arena.locked;
-  out.host_lock_error = arena.lock_error;
-  out.host_largest_free_bytes = arena.largest_free_bytes;
-  out.high_watermark = core_.options.high_watermark;
-  out.low_watermark = core_.options.low_watermark;
-  out.uptime = core_.clock->Now() - core_.start;
   return out;
 }
 
