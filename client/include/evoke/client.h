@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,9 +22,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/chain_hash.h"
-#include "common/fingerprint.h"
-#include "common/hash128.h"
+#include "evoke/chain_hash.h"   // PrefixBlockId, PrefixChain, SessionBlockId
+#include "evoke/fingerprint.h"  // MakeFingerprint, DigestFingerprint, ...
+#include "evoke/hash128.h"      // BlockId
 #include "evoke/v1/kvtier.pb.h"
 
 namespace evoke {
