@@ -3,6 +3,7 @@
 //   EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound));
 //   EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
 //                           HasSubstr("n_tokens")));
+//   EXPECT_THAT(statusor, IsOkAndHolds(42));
 //   ASSERT_OK_AND_ASSIGN(auto v, FunctionReturningStatusOr());
 #ifndef EVOKE_TESTING_STATUS_MATCHERS_H_
 #define EVOKE_TESTING_STATUS_MATCHERS_H_
@@ -42,6 +43,15 @@ MATCHER_P2(StatusIs, code, message_matcher,
   *result_listener << "status is " << s;
   return s.code() == code &&
          ::testing::Matches(message_matcher)(std::string(s.message()));
+}
+
+// IsOkAndHolds(m): a StatusOr<T> that is OK and whose value matches `m`.
+MATCHER_P(IsOkAndHolds, value_matcher, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
 }
 
 }  // namespace evoke::testing
