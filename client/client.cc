@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/fd_passing.h"
 #include "common/status_macros.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -360,59 +361,11 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> Client::CreateSharedRegion(uint64_
     }
   } pending{data, size, fd};
 
-  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  struct SockCloser {
-    int fd;
-    ~SockCloser() { close(fd); }
-  } closer{sock};
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, fd_socket.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(absl::StrCat("connect ", fd_socket, ": ",
-                                               std::strerror(errno)));
-  }
-  std::string body("EVKFD001", 8);
-  body += lease;
-  for (int i = 0; i < 8; ++i) body.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
-  iovec iov{body.data(), body.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(body.size())) {
-    return absl::UnavailableError(absl::StrCat("sendmsg: ", std::strerror(errno)));
-  }
-  char head[16];
-  size_t got = 0;
-  while (got < sizeof(head)) {
-    const ssize_t n = recv(sock, head + got, sizeof(head) - got, 0);
-    if (n <= 0) return absl::UnavailableError("fd socket closed before replying");
-    got += n;
-  }
-  auto le = [&](int at, int n) {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(head[at + i]);
-    return v;
-  };
-  const auto code = static_cast<absl::StatusCode>(le(0, 4));
-  const uint64_t region_id = le(4, 8);
-  std::string message(le(12, 4), '\0');
-  got = 0;
-  while (got < message.size()) {
-    const ssize_t n = recv(sock, message.data() + got, message.size() - got, 0);
-    if (n <= 0) break;
-    got += n;
-  }
-  if (code != absl::StatusCode::kOk) return absl::Status(code, message);
+  EVOKE_ASSIGN_OR_RETURN(
+      const FdChannelReply reply,
+      SendFdChannelRequest(fd_socket, EncodeFdChannelRequest(lease, size), {fd}));
+  if (!reply.status.ok()) return reply.status;
+  const uint64_t region_id = reply.region_id;
   pending.data = nullptr;  // The SharedRegion owns them now.
   return std::make_unique<SharedRegion>(region_id, static_cast<uint8_t*>(data), size, fd);
 }

@@ -9,40 +9,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/fd_passing.h"
 #include "common/log.h"
 
 namespace evoke {
-namespace {
-
-void PutLE(std::string* out, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint64_t GetLE(const char* p, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
-
-void Reply(int conn, const absl::Status& status, uint64_t region_id) {
-  std::string out;
-  PutLE(&out, static_cast<uint32_t>(status.code()), 4);
-  PutLE(&out, region_id, 8);
-  const std::string msg(status.message());
-  PutLE(&out, msg.size(), 4);
-  out += msg;
-  size_t sent = 0;
-  while (sent < out.size()) {
-    const ssize_t n = send(conn, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    sent += n;
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<FdChannel>> FdChannel::Start(const std::string& path,
                                                             LeaseManager* leases) {
@@ -106,68 +78,19 @@ void FdChannel::Handle(int conn) {
   timeval timeout{2, 0};
   setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  char request[kFdChannelRequestBytes];
-  std::vector<int> fds;
-  size_t got = 0;
-  bool truncated = false;
-  // The fd rides on the first bytes; later reads carry only data.
-  while (got < sizeof(request)) {
-    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
-    iovec iov{request + got, sizeof(request) - got};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
-    if (n <= 0) break;
-    if ((msg.msg_flags & MSG_CTRUNC) != 0) truncated = true;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int received;
-          std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds.push_back(received);
-        }
-      }
-    }
-    got += n;
-  }
-  auto close_all = [&]() {
-    for (int f : fds) close(f);
-    fds.clear();
-  };
-  if (got < sizeof(request)) {
-    close_all();
-    return Reply(conn, absl::InvalidArgumentError("request: short or timed out"), 0);
-  }
-  if (std::memcmp(request, kFdChannelMagic, sizeof(kFdChannelMagic)) != 0) {
-    close_all();
-    return Reply(conn, absl::InvalidArgumentError("request: bad magic (want EVKFD001)"), 0);
-  }
-  if (truncated || fds.size() != 1) {
-    const size_t received = fds.size();
-    close_all();
-    return Reply(conn, absl::InvalidArgumentError(absl::StrCat(
-                           "fd: exactly one file descriptor must come with the "
-                           "request (SCM_RIGHTS), got ", received,
-                           truncated ? " or more" : "")), 0);
-  }
-  const int fd = fds[0];
-  fds.clear();
-  absl::StatusOr<Lease> lease = leases_->Find(absl::string_view(request + 8, 16));
-  if (!lease.ok()) {
-    close(fd);
-    return Reply(conn, lease.status(), 0);
-  }
-  const uint64_t size = GetLE(request + 24, 8);
-  absl::StatusOr<std::unique_ptr<ShmRegion>> region =
-      ShmRegion::Map(fd, size, leases_->options().max_region_bytes);
-  if (!region.ok()) return Reply(conn, region.status(), 0);
+  // The received fd closes with `request` on every path, unless handed to
+  // the region below.
+  absl::StatusOr<FdChannelRequest> request = ReceiveFdChannelRequest(conn);
+  if (!request.ok()) return SendFdChannelReply(conn, request.status(), 0);
+  absl::StatusOr<Lease> lease = leases_->Find(request->lease_id);
+  if (!lease.ok()) return SendFdChannelReply(conn, lease.status(), 0);
+  // ShmRegion::Map owns the fd from here, on failure too.
+  absl::StatusOr<std::unique_ptr<ShmRegion>> region = ShmRegion::Map(
+      request->fd.Release(), request->size, leases_->options().max_region_bytes);
+  if (!region.ok()) return SendFdChannelReply(conn, region.status(), 0);
   absl::StatusOr<uint64_t> id = leases_->AddRegion(lease->id, std::move(region).value());
-  if (!id.ok()) return Reply(conn, id.status(), 0);
-  Reply(conn, absl::OkStatus(), *id);
+  if (!id.ok()) return SendFdChannelReply(conn, id.status(), 0);
+  SendFdChannelReply(conn, absl::OkStatus(), *id);
 }
 
 }  // namespace evoke

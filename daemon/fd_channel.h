@@ -10,13 +10,10 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/fd_passing.h"  // The protocol's codec and wire constants.
 #include "daemon/lease_manager.h"
 
 namespace evoke {
-
-// Wire constants of the protocol.
-inline constexpr char kFdChannelMagic[8] = {'E', 'V', 'K', 'F', 'D', '0', '0', '1'};
-inline constexpr size_t kFdChannelRequestBytes = 8 + 16 + 8;
 
 // FdChannel listens on `path` (mode 0660) and serves one registration per
 // connection on its own thread: it receives the fd, maps it (ShmRegion::Map),
