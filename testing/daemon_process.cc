@@ -1,20 +1,16 @@
 #include "testing/daemon_process.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-extern char** environ;
-
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "testing/blocks.h"
 
 namespace evoke::testing {
 namespace {
@@ -28,42 +24,6 @@ std::string ReadFile(const std::string& path) {
 
 std::atomic<int> g_counter{0};
 
-// Spawn forks and execs argv with stdout/stderr redirected to files.
-pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-            const std::string& out_path, const std::string& err_path) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  // Build the environment before fork: between fork and exec the child of a
-  // multi-threaded process may only call async-signal-safe functions.
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (out >= 0) dup2(out, STDOUT_FILENO);
-    if (err >= 0) dup2(err, STDERR_FILENO);
-    const int null_in = open("/dev/null", O_RDONLY);
-    if (null_in >= 0) dup2(null_in, STDIN_FILENO);
-    // Tests block no signals, but be explicit: the child starts clean.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(args[0], args.data(), envp.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int DecodeStatus(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return -WTERMSIG(status);
-  return -1000;
-}
-
 }  // namespace
 
 CommandResult RunCommand(const std::vector<std::string>& argv,
@@ -71,17 +31,23 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
   const char* tmp = std::getenv("TMPDIR");
   const std::string base = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
                                         "/evoke-cmd-", getpid(), "-", g_counter++);
-  const std::string out_path = base + ".out", err_path = base + ".err";
-  const pid_t pid = Spawn(argv, env, out_path, err_path);
+  SpawnOptions options{.argv = argv, .env = env};
+  options.stdin_path = "/dev/null";
+  options.stdout_path = base + ".out";
+  options.stderr_path = base + ".err";
   CommandResult result;
-  int status = 0;
-  if (pid > 0 && waitpid(pid, &status, 0) == pid) {
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  absl::StatusOr<Subprocess> process = Subprocess::Spawn(options);
+  if (!process.ok()) {
+    result.exit_code = 127;  // What a shell reports for a command it cannot run.
+    result.err = process.status().ToString();
+    return result;
   }
-  result.out = ReadFile(out_path);
-  result.err = ReadFile(err_path);
-  unlink(out_path.c_str());
-  unlink(err_path.c_str());
+  absl::StatusOr<int> code = process->Wait();
+  if (code.ok()) result.exit_code = *code >= 0 ? *code : -1;
+  result.out = ReadFile(options.stdout_path);
+  result.err = ReadFile(options.stderr_path);
+  unlink(options.stdout_path.c_str());
+  unlink(options.stderr_path.c_str());
   return result;
 }
 
@@ -118,58 +84,59 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     std::ofstream(d->log_path_, std::ios::app)
         << "---- start: " << absl::FormatTime(absl::Now()) << "\n";
   }
-  d->pid_ = Spawn(argv, {}, "/dev/null", d->log_path_);
-  if (d->pid_ <= 0) return absl::UnavailableError("fork failed");
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    int status = 0;
-    if (waitpid(d->pid_, &status, WNOHANG) == d->pid_) {
-      d->reaped_ = true;
-      return absl::UnavailableError(absl::StrCat(
-          "evoked exited with ", DecodeStatus(status), " during start:\n", d->Log()));
-    }
-    if (access(d->socket_.c_str(), F_OK) == 0) {
-      ClientOptions options;
-      options.target = d->socket_;
-      options.connect_timeout = absl::Milliseconds(200);
-      absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options);
-      // Healthy, and it is our child answering (not another daemon that
-      // already serves this socket).
-      if (c.ok() && (*c)->HealthCheck().ok()) {
-        absl::StatusOr<v1::StatResponse> stat = (*c)->Stat();
-        if (stat.ok() && stat->pid() == static_cast<uint32_t>(d->pid_)) return d;
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(20));
+  SpawnOptions options{.argv = argv};
+  options.stdin_path = "/dev/null";
+  options.stdout_path = "/dev/null";
+  options.stderr_path = d->log_path_;
+  options.stderr_append = true;  // One log across restarts in the same dir.
+  absl::StatusOr<Subprocess> process = Subprocess::Spawn(options);
+  if (!process.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("evoked could not start: ", process.status().ToString()));
   }
+  d->process_ = std::move(process).value();
+  absl::Status exited;
+  const bool done = WaitUntil(
+      [&] {
+        int code = 0;
+        absl::StatusOr<bool> gone = d->process_.TryWait(&code);
+        if (!gone.ok() || *gone) {
+          const std::string how =
+              gone.ok() ? absl::StrCat(code) : gone.status().ToString();
+          exited = absl::UnavailableError(
+              absl::StrCat("evoked exited with ", how, " during start:\n", d->Log()));
+          return true;
+        }
+        if (access(d->socket_.c_str(), F_OK) != 0) return false;
+        ClientOptions client_options;
+        client_options.target = d->socket_;
+        client_options.connect_timeout = absl::Milliseconds(200);
+        absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(client_options);
+        // Healthy, and it is our child answering (not another daemon that
+        // already serves this socket).
+        if (!c.ok() || !(*c)->HealthCheck().ok()) return false;
+        absl::StatusOr<v1::StatResponse> stat = (*c)->Stat();
+        return stat.ok() && stat->pid() == static_cast<uint32_t>(d->pid());
+      },
+      timeout, absl::Milliseconds(20));
+  if (!exited.ok()) return exited;
+  if (done) return d;
   return absl::UnavailableError(
       absl::StrCat("evoked did not become healthy in time:\n", d->Log()));
 }
 
-DaemonProcess::~DaemonProcess() {
-  if (!reaped_ && pid_ > 0) KillHard();
-}
+DaemonProcess::~DaemonProcess() { KillHard(); }
 
-void DaemonProcess::Signal(int signal) {
-  if (!reaped_ && pid_ > 0) kill(pid_, signal);
-}
+void DaemonProcess::Signal(int signal) { process_.Signal(signal); }
 
 absl::StatusOr<int> DaemonProcess::Wait(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!reaped_) {
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      reaped_ = true;
-      return DecodeStatus(status);
-    }
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("evoked (pid ", pid_, ") did not exit:\n", Log()));
-    }
-    absl::SleepFor(absl::Milliseconds(10));
+  if (!process_.running()) return absl::FailedPreconditionError("already reaped");
+  absl::StatusOr<int> code = process_.Wait(timeout);
+  if (absl::IsDeadlineExceeded(code.status())) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("evoked (pid ", pid(), ") did not exit:\n", Log()));
   }
-  return absl::FailedPreconditionError("already reaped");
+  return code;
 }
 
 absl::StatusOr<int> DaemonProcess::Terminate() {
@@ -178,11 +145,7 @@ absl::StatusOr<int> DaemonProcess::Terminate() {
 }
 
 void DaemonProcess::KillHard() {
-  if (reaped_ || pid_ <= 0) return;
-  kill(pid_, SIGKILL);
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  reaped_ = true;
+  if (process_.running()) process_.Kill().IgnoreError();
 }
 
 std::unique_ptr<Client> DaemonProcess::Connect(uint64_t max_message_bytes) const {

@@ -12,17 +12,19 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 #include "evoke/client.h"
 
 namespace evoke::testing {
 
 struct CommandResult {
-  int exit_code = -1;  // -1 when killed by a signal.
+  int exit_code = -1;  // -1 when killed by a signal; 127 when it cannot start.
   std::string out;
-  std::string err;
+  std::string err;     // When it cannot start: why.
 };
 
-// RunCommand runs argv[0] with arguments, waits, and captures both streams.
+// RunCommand runs argv[0] with arguments (and `env` entries added to the
+// environment; stdin is /dev/null), waits, and captures both streams.
 CommandResult RunCommand(const std::vector<std::string>& argv,
                          const std::vector<std::string>& env = {});
 
@@ -65,14 +67,13 @@ class DaemonProcess {
 
   const std::string& socket() const { return socket_; }
   const std::string& data_dir() const { return data_dir_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
   // Log returns what the daemon wrote to stderr so far.
   std::string Log() const;
 
  private:
   DaemonProcess() = default;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  Subprocess process_;
   std::string socket_;
   std::string data_dir_;
   std::string log_path_;

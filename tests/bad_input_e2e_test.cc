@@ -218,7 +218,7 @@ TEST_F(BadInputTest, BlockLargerThanTier1) {
   v1::LayoutFingerprint fp = SmallFingerprint();
   fp.set_layout(v1::LAYOUT_OPAQUE);
   TestBlock b = SessionBlock("big", 0, 8, fp);
-  b.payload = Bytes(1, 40 << 20);
+  b.payload = Payload(1, 40 << 20);
   EXPECT_THAT(SaveBlocks(*client_, {b}),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("larger than tier 1")));
   ExpectStillServing();

@@ -40,11 +40,7 @@ class CudaE2eTest : public E2eTest {
   uint64_t MakePool(uint64_t bytes) {
     EXPECT_EQ(cudaMalloc(&pool_, bytes), cudaSuccess);
     host_.resize(bytes);
-    std::mt19937_64 rng(42);
-    for (size_t i = 0; i < bytes; i += 8) {
-      const uint64_t v = rng();
-      std::memcpy(&host_[i], &v, 8);
-    }
+    FillPayload(42, host_.data(), bytes);
     EXPECT_EQ(cudaMemcpy(pool_, host_.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
     cudaIpcMemHandle_t h;
     EXPECT_EQ(cudaIpcGetMemHandle(&h, pool_), cudaSuccess);
@@ -224,11 +220,12 @@ TEST_F(CudaE2eTest, LeaseEndClosesTheMapping) {
   EXPECT_EQ(Stat().leases().cuda_regions(), 1u);
   std::unique_ptr<Client> watcher = daemon_->Connect();
   client_.reset();  // Ends the lease.
-  for (int i = 0; i < 500; ++i) {
-    absl::StatusOr<v1::StatResponse> s = watcher->Stat();
-    if (s.ok() && s->leases().cuda_regions() == 0) break;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntil(
+      [&] {
+        absl::StatusOr<v1::StatResponse> s = watcher->Stat();
+        return s.ok() && s->leases().cuda_regions() == 0;
+      },
+      absl::Seconds(5));
   absl::StatusOr<v1::StatResponse> s = watcher->Stat();
   ASSERT_OK(s);
   EXPECT_EQ(s->leases().cuda_regions(), 0u);

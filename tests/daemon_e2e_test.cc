@@ -335,7 +335,7 @@ TEST_F(DaemonTest, PrefixBlocksAreSharedAndLookedUp) {
         fp, parent, absl::MakeConstSpan(tokens).subspan(b * 16, 16), 0, 4, b * 16);
     parent = BlockIdOf(meta);
     chain.push_back(parent);
-    payloads.push_back(Bytes(b, CanonicalPayloadBytes(fp, 16, 4).value()));
+    payloads.push_back(Payload(b, CanonicalPayloadBytes(fp, 16, 4).value()));
     batch.push_back(BlockToSave(meta, absl::string_view()));
   }
   for (int b = 0; b < 4; ++b) batch[b].payload = payloads[b];

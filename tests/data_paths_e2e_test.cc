@@ -14,6 +14,9 @@
 #include <random>
 #include <thread>
 
+#include "common/fd_passing.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
 #include "gmock/gmock.h"
 #include "tests/e2e_fixture.h"
 
@@ -41,62 +44,17 @@ int CountMappedRegions(pid_t pid) {
   return n;
 }
 
-// Sends one raw FdChannel request: `fds` ride as SCM_RIGHTS.
+// Sends one raw FdChannel request: `fds` ride as SCM_RIGHTS. Returns the
+// daemon's code and message, or -1 and what failed in the exchange.
 std::pair<int, std::string> SendFds(const std::string& path, const std::string& body,
                                     const std::vector<int>& fds) {
-  const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(sock);
-    return {-1, "connect"};
-  }
-  iovec iov{const_cast<char*>(body.data()), body.size()};
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(1, fds.size())));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  if (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) perror("sendmsg");
-  char head[16];
-  size_t got = 0;
-  while (got < sizeof(head)) {
-    const ssize_t n = recv(sock, head + got, sizeof(head) - got, 0);
-    if (n <= 0) break;
-    got += n;
-  }
-  std::string message;
-  if (got == sizeof(head)) {
-    uint32_t len;
-    std::memcpy(&len, head + 12, 4);
-    message.resize(len);
-    size_t m = 0;
-    while (m < len) {
-      const ssize_t n = recv(sock, message.data() + m, len - m, 0);
-      if (n <= 0) break;
-      m += n;
-    }
-  }
-  close(sock);
-  uint32_t code = 0xffff;
-  if (got == sizeof(head)) std::memcpy(&code, head, 4);
-  return {static_cast<int>(code), message};
+  absl::StatusOr<FdChannelReply> reply = SendFdChannelRequest(path, body, fds);
+  if (!reply.ok()) return {-1, reply.status().ToString()};
+  return {static_cast<int>(reply->status.code()), std::string(reply->status.message())};
 }
 
 std::string Request(const std::string& lease, uint64_t size) {
-  std::string body("EVKFD001", 8);
-  body += lease;
-  for (int i = 0; i < 8; ++i) body.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
-  return body;
+  return EncodeFdChannelRequest(lease, size);
 }
 
 int SealedMemfd(uint64_t size, unsigned seals) {
@@ -322,16 +280,16 @@ TEST_F(DataPathTest, HostileFdChannelRequestsAreRefusedWithoutLeaks) {
   // The daemon keeps no fd of any request (a transient one, e.g. RocksDB's
   // or gRPC's own, may come and go: wait for the count to settle).
   int fds_after = CountFds(daemon_->pid());
-  for (int i = 0; i < 100 && fds_after > fds_before; ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-    fds_after = CountFds(daemon_->pid());
-  }
+  WaitUntil(
+      [&] {
+        fds_after = CountFds(daemon_->pid());
+        return fds_after <= fds_before;
+      },
+      absl::Seconds(2), absl::Milliseconds(20));
   EXPECT_LE(fds_after, fds_before);
   lease_context.TryCancel();
   reader->Finish();
-  for (int i = 0; i < 200 && Stat().leases().leases() > 1; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntil([&] { return Stat().leases().leases() <= 1; }, absl::Seconds(2));
   EXPECT_EQ(Stat().leases().shm_regions(), 0u);
   EXPECT_EQ(CountMappedRegions(daemon_->pid()), 0);
   EXPECT_OK(client_->HealthCheck());
@@ -351,44 +309,51 @@ TEST_F(DataPathTest, RegionLimitPerLease) {
   EXPECT_EQ(Stat().leases().shm_regions(), 4u);
 }
 
-// Runs lease_client in `mode`, waits for "ready", returns its pid.
-pid_t StartLeaseClient(const std::string& socket, const std::string& mode, int* out_fd) {
+// A running lease_client; `out` is the read end of its stdout, held open
+// until it is killed (so that it never dies of SIGPIPE first).
+struct LeaseClient {
+  Subprocess process;
+  UniqueFd out;
+};
+
+// Runs lease_client in `mode` and waits until it prints "ready".
+absl::StatusOr<LeaseClient> StartLeaseClient(const std::string& socket,
+                                             const std::string& mode) {
   int pipefd[2];
-  if (pipe(pipefd) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(pipefd[1], 1);
-    close(pipefd[0]);
-    const std::string path = BinaryPath("EVOKE_LEASE_CLIENT", EVOKE_LEASE_CLIENT_PATH);
-    execl(path.c_str(), "lease_client", socket.c_str(), mode.c_str(), nullptr);
-    _exit(127);
-  }
-  close(pipefd[1]);
+  if (pipe2(pipefd, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
+  LeaseClient client;
+  client.out.Reset(pipefd[0]);
+  UniqueFd write_end(pipefd[1]);
+  SpawnOptions options{
+      .argv = {BinaryPath("EVOKE_LEASE_CLIENT", EVOKE_LEASE_CLIENT_PATH), socket, mode}};
+  options.stdout_fd = write_end.get();
+  EVOKE_ASSIGN_OR_RETURN(client.process, Subprocess::Spawn(options));
+  write_end.Reset();  // The child holds its own copy.
   char buf[16] = {0};
-  const ssize_t n = read(pipefd[0], buf, 6);
-  *out_fd = pipefd[0];
-  return n == 6 && std::string(buf, 5) == "ready" ? pid : -pid;
+  const ssize_t n = read(client.out.get(), buf, 6);
+  if (n != 6 || std::string(buf, 5) != "ready") {
+    return absl::UnavailableError(absl::StrCat("lease_client ", mode, " did not get ready"));
+  }
+  return client;
 }
 
 TEST_F(DataPathTest, KilledClientLosesItsLeaseRegionsAndPins) {
   const int maps_before = CountMappedRegions(daemon_->pid());
-  int out = -1;
-  const pid_t pid = StartLeaseClient(daemon_->socket(), "hold", &out);
-  ASSERT_GT(pid, 0) << "lease_client did not get ready";
+  ASSERT_OK_AND_ASSIGN(LeaseClient lease_client, StartLeaseClient(daemon_->socket(), "hold"));
   v1::StatResponse st = Stat();
   EXPECT_EQ(st.leases().leases(), 2u);  // Ours and the client's.
   EXPECT_EQ(st.leases().shm_regions(), 1u);
   EXPECT_EQ(st.pinned_blocks(), 8u);
   EXPECT_EQ(CountMappedRegions(daemon_->pid()), maps_before + 1);
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  close(out);
+  ASSERT_OK(lease_client.process.Kill());
+  lease_client.out.Reset();
   const absl::Time killed = absl::Now();
-  while (absl::Now() - killed < absl::Seconds(5)) {
-    st = Stat();
-    if (st.leases().leases() == 1 && st.pinned_blocks() == 0) break;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntil(
+      [&] {
+        st = Stat();
+        return st.leases().leases() == 1 && st.pinned_blocks() == 0;
+      },
+      absl::Seconds(5));
   EXPECT_EQ(st.leases().leases(), 1u);
   EXPECT_EQ(st.leases().shm_regions(), 0u);
   EXPECT_EQ(st.pinned_blocks(), 0u);
@@ -402,17 +367,12 @@ TEST_F(DataPathTest, KilledClientLosesItsLeaseRegionsAndPins) {
 
 TEST_F(DataPathTest, ClientKilledMidBatchLeavesTheDaemonConsistent) {
   for (int round = 0; round < 3; ++round) {
-    int out = -1;
-    const pid_t pid = StartLeaseClient(daemon_->socket(), "churn", &out);
-    ASSERT_GT(pid, 0);
-    absl::SleepFor(absl::Milliseconds(50 + 70 * round));
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    close(out);
+    ASSERT_OK_AND_ASSIGN(LeaseClient lease_client,
+                         StartLeaseClient(daemon_->socket(), "churn"));
+    absl::SleepFor(absl::Milliseconds(50 + 70 * round));  // Killed mid-batch.
+    ASSERT_OK(lease_client.process.Kill());
   }
-  for (int i = 0; i < 500 && Stat().leases().leases() > 1; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitUntil([&] { return Stat().leases().leases() <= 1; }, absl::Seconds(5));
   const v1::StatResponse st = Stat();
   EXPECT_EQ(st.leases().leases(), 1u);
   EXPECT_EQ(st.leases().shm_regions(), 0u);

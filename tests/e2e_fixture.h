@@ -14,60 +14,12 @@
 #include "evoke/client.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "testing/blocks.h"  // SmallFingerprint, TestBlock, SessionBlock, Payload.
 #include "testing/daemon_process.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
 
 namespace evoke::testing {
-
-// A small Llama-shaped layout: 4 layers, 2 KV heads, head_dim 64, f16.
-// One token over all layers is 4 * 2 * 64 * (2 + 2) = 2 KiB.
-inline v1::LayoutFingerprint SmallFingerprint(const std::string& ns = "test") {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_(ns);
-  fp.set_model_id("test/tiny-llama");
-  fp.set_model_revision("r1");
-  fp.set_k_dtype(v1::DTYPE_F16);
-  fp.set_v_dtype(v1::DTYPE_F16);
-  fp.set_n_layers(4);
-  fp.set_n_kv_heads(2);
-  fp.set_head_dim(64);
-  fp.set_layout(v1::LAYOUT_CANONICAL_V1);
-  fp.mutable_rope()->set_type(v1::ROPE_NEOX);
-  fp.mutable_rope()->set_freq_base(10000);
-  return fp;
-}
-
-// Deterministic bytes for (seed, size).
-inline std::string Bytes(uint64_t seed, uint64_t size) {
-  std::string s(size, '\0');
-  uint64_t x = 0x9e3779b97f4a7c15ULL ^ (seed * 0xbf58476d1ce4e5b9ULL) ^ size;
-  for (uint64_t i = 0; i < size; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(&s[i], &x, std::min<uint64_t>(8, size - i));
-  }
-  return s;
-}
-
-// A session block of `n_tokens` tokens over all layers, with its payload.
-struct TestBlock {
-  v1::BlockMeta meta;
-  std::string payload;
-  BlockId id() const { return BlockIdOf(meta); }
-};
-
-inline TestBlock SessionBlock(const std::string& session, uint64_t seq,
-                              uint32_t n_tokens,
-                              const v1::LayoutFingerprint& fp = SmallFingerprint()) {
-  TestBlock b;
-  b.meta = SessionBlockMeta(fp, session, seq, n_tokens, 0, fp.n_layers(),
-                            static_cast<int32_t>(seq * n_tokens));
-  const uint64_t size = CanonicalPayloadBytes(fp, n_tokens, fp.n_layers()).value();
-  b.payload = Bytes(seq * 7919 + std::hash<std::string>()(session), size);
-  return b;
-}
 
 inline absl::Status SaveBlocks(Client& client, const std::vector<TestBlock>& blocks,
                                bool durable = false, bool pin = false) {
@@ -112,14 +64,16 @@ class E2eTest : public ::testing::Test {
   void WaitForSpillToSettle() {
     uint64_t last = UINT64_MAX;
     int stable = 0;
-    for (int i = 0; i < 500 && stable < 5; ++i) {
-      const v1::StatResponse s = Stat();
-      const uint64_t used = s.pinned().used_bytes();
-      stable = (used == last && used <= s.pinned().capacity_bytes() * 95 / 100)
-                   ? stable + 1 : 0;
-      last = used;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    WaitUntil(
+        [&] {
+          const v1::StatResponse s = Stat();
+          const uint64_t used = s.pinned().used_bytes();
+          stable = (used == last && used <= s.pinned().capacity_bytes() * 95 / 100)
+                       ? stable + 1 : 0;
+          last = used;
+          return stable >= 5;
+        },
+        absl::Seconds(10), absl::Milliseconds(20));
   }
 
   TempDir dir_;
