@@ -17,7 +17,6 @@
 #include <CLI/CLI.hpp>
 #include <hiredis/hiredis.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,9 +40,10 @@
 #include "bench/cuda_bench.h"
 #include "common/block_validation.h"
 #include "common/byte_size.h"
-#include "common/fingerprint.h"
 #include "common/status_macros.h"
+#include "common/subprocess.h"
 #include "evoke/client.h"
+#include "testing/blocks.h"
 
 namespace evoke::bench {
 namespace {
@@ -52,33 +52,17 @@ using Clock = std::chrono::steady_clock;
 
 // ------------------------------------------------------------ processes
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(log.c_str(), "w");
-    if (f != nullptr) {
-      dup2(fileno(f), 1);
-      dup2(fileno(f), 2);
-    }
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
+// Start runs `argv` with stdout and stderr both in `log`.
+absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv, const std::string& log) {
+  SpawnOptions options{.argv = argv};
+  options.stdout_path = options.stderr_path = log;
+  return Subprocess::Spawn(options);
 }
 
-void Stop(pid_t pid) {
-  if (pid <= 0) return;
-  kill(pid, SIGTERM);
-  int status = 0;
-  for (int i = 0; i < 3000; ++i) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
+// Stop ends a child politely: SIGTERM, then SIGKILL if it is still there
+// after 30 s.
+void Stop(Subprocess& child) {
+  if (child.running()) child.Stop(absl::Seconds(30)).IgnoreError();
 }
 
 std::string FindBinary(const std::string& flag_value, const std::vector<std::string>& guesses) {
@@ -135,16 +119,6 @@ double Micros(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-void Fill(uint8_t* p, uint64_t n, uint64_t seed) {
-  uint64_t x = 0x9e3779b97f4a7c15ULL * (seed + 1);
-  for (uint64_t i = 0; i + 8 <= n; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(p + i, &x, 8);
-  }
-}
-
 // ------------------------------------------------------------ cases
 
 enum class Op { kSave, kLoad, kSaveLoad };
@@ -175,13 +149,6 @@ struct Result {
   bool have_cuda_base = false;
 };
 
-// Blocks of `bytes` as opaque payloads (so any size is valid).
-v1::LayoutFingerprint BenchFingerprint() {
-  return MakeFingerprint("bench", "bench",
-                         {.k_dtype = v1::DTYPE_OPAQUE, .v_dtype = v1::DTYPE_OPAQUE,
-                          .layout = v1::LAYOUT_OPAQUE});
-}
-
 class Bench {
  public:
   Bench(std::string socket, uint64_t case_bytes, ClientOptions client_options)
@@ -199,7 +166,8 @@ class Bench {
   absl::StatusOr<Sample> RunEvoke(const Case& c) {
     const int n = BlocksPerThread(c);
     const uint64_t size = c.block_bytes;
-    const v1::LayoutFingerprint fp = BenchFingerprint();
+    // Opaque blocks, so that any size is valid.
+    const v1::LayoutFingerprint fp = testing::OpaqueFingerprint("bench", "bench");
     struct ThreadState {
       std::unique_ptr<Client> client;
       std::unique_ptr<SharedRegion> region;  // shm: payloads then destinations.
@@ -225,13 +193,15 @@ class Bench {
       }
       if (c.path == Path::kShm) {
         EVOKE_ASSIGN_OR_RETURN(s.region, s.client->CreateSharedRegion(2 * n * size));
-        for (int i = 0; i < n; ++i) Fill(s.region->data() + i * size, size, i + 1000 * t);
+        for (int i = 0; i < n; ++i) {
+          testing::FillPayload(i + 1000 * t, s.region->data() + i * size, size);
+        }
         // Touch the destination half too, so page faults are not measured.
         std::memset(s.region->data() + n * size, 0, n * size);
       } else if (c.path == Path::kInline) {
         for (int i = 0; i < n; ++i) {
           s.payloads.emplace_back(size, '\0');
-          Fill(reinterpret_cast<uint8_t*>(s.payloads.back().data()), size, i + 1000 * t);
+          testing::FillPayload(i + 1000 * t, s.payloads.back().data(), size);
         }
       } else {
         EVOKE_ASSIGN_OR_RETURN(s.cuda, CudaPool::Create(2 * n * size, /*seed=*/t));
@@ -323,7 +293,7 @@ Sample RunMemcpy(const Case& c, int blocks_per_thread) {
   for (int t = 0; t < c.threads; ++t) {
     src[t].resize(blocks_per_thread * size);
     dst[t].resize(blocks_per_thread * size);
-    Fill(src[t].data(), src[t].size(), t);
+    testing::FillPayload(t, src[t].data(), src[t].size());
     std::memset(dst[t].data(), 1, dst[t].size());
   }
   const int copies = c.op == Op::kSaveLoad ? 2 : 1;
@@ -358,7 +328,7 @@ absl::StatusOr<Sample> RunRedis(const std::string& socket, const Case& c,
       return absl::UnavailableError("cannot connect to redis-server");
     }
     payload[t].resize(size);
-    Fill(reinterpret_cast<uint8_t*>(payload[t].data()), size, t);
+    testing::FillPayload(t, payload[t].data(), size);
   }
   auto key = [](int t, int i) { return absl::StrCat("b:", t, ":", i); };
   auto pipeline = [&](redisContext* r, int t, int first, int count, bool set) -> bool {
@@ -423,12 +393,10 @@ absl::StatusOr<Sample> RunRedis(const std::string& socket, const Case& c,
 // tokens.
 absl::Status Headline(const std::string& socket, int tokens, int runs, std::string* json) {
   constexpr int kBlockTokens = 128;
-  v1::LayoutFingerprint fp = MakeFingerprint(
-      "headline", "llama-3.1-8b-shape",
-      {.k_dtype = v1::DTYPE_BF16, .v_dtype = v1::DTYPE_BF16, .n_layers = 32, .n_kv_heads = 8,
-       .head_dim = 128});
-  fp.mutable_rope()->set_type(v1::ROPE_NEOX);
-  fp.mutable_rope()->set_freq_base(500000);
+  const v1::LayoutFingerprint fp = testing::WithRope(
+      testing::CanonicalFingerprint("headline", "llama-3.1-8b-shape", 32, 8, 128,
+                                    v1::DTYPE_BF16),
+      v1::ROPE_NEOX, 500000);
   const int n_blocks = tokens / kBlockTokens;
   EVOKE_ASSIGN_OR_RETURN(const uint64_t block_bytes,
                          CanonicalPayloadBytes(fp, kBlockTokens, 32));
@@ -550,22 +518,29 @@ int Run(int argc, char** argv) {
   const uint64_t pinned = std::max<uint64_t>(1ull << 30, 3 * case_bytes);
 
   const std::string evoked_log = evoked_log_flag.empty() ? dir + "/evoked.log" : evoked_log_flag;
-  const pid_t evoked_pid = !target.empty() ? -1 :
-      Spawn([&] {
-        std::vector<std::string> args = {
-            evoked, "--socket", socket, "--data-dir", dir + "/data", "--pinned-bytes",
-            absl::StrCat(pinned), "--spill-bytes", "8GiB", "--max-block-bytes", "64MiB",
-            "--log-level", "warning"};
-        args.insert(args.end(), evoked_args.begin(), evoked_args.end());
-        return args;
-      }(), evoked_log);
-  pid_t redis_pid = -1;
+  Subprocess evoked_process, redis_process;
+  if (target.empty()) {
+    std::vector<std::string> args = {
+        evoked, "--socket", socket, "--data-dir", dir + "/data", "--pinned-bytes",
+        absl::StrCat(pinned), "--spill-bytes", "8GiB", "--max-block-bytes", "64MiB",
+        "--log-level", "warning"};
+    args.insert(args.end(), evoked_args.begin(), evoked_args.end());
+    absl::StatusOr<Subprocess> started = Start(args, evoked_log);
+    if (!started.ok()) {
+      std::fprintf(stderr, "evoke-bench: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    evoked_process = std::move(started).value();
+  }
   const std::string redis_socket = dir + "/redis.sock";
   if (!redis.empty()) {
-    redis_pid = Spawn({redis, "--port", "0", "--unixsocket", redis_socket, "--save", "",
-                       "--appendonly", "no", "--daemonize", "no", "--maxmemory", "0",
-                       "--io-threads", "1"},
-                      dir + "/redis.log");
+    absl::StatusOr<Subprocess> started =
+        Start({redis, "--port", "0", "--unixsocket", redis_socket, "--save", "",
+               "--appendonly", "no", "--daemonize", "no", "--maxmemory", "0",
+               "--io-threads", "1"},
+              dir + "/redis.log");
+    // Without Redis the run goes on, without its baseline.
+    if (started.ok()) redis_process = std::move(started).value();
   }
   ClientOptions client_options;
   client_options.target = socket;
@@ -575,15 +550,14 @@ int Run(int argc, char** argv) {
   if (!probe.ok()) {
     std::fprintf(stderr, "evoke-bench: evoked did not start: %s\n",
                  probe.status().ToString().c_str());
-    Stop(evoked_pid);
-    Stop(redis_pid);
+    Stop(evoked_process);
+    Stop(redis_process);
     return 1;
   }
-  for (int i = 0; i < 500 && !redis.empty(); ++i) {
-    if (access(redis_socket.c_str(), F_OK) == 0) break;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  const bool have_redis = !redis.empty() && access(redis_socket.c_str(), F_OK) == 0;
+  const bool have_redis =
+      redis_process.running() &&
+      testing::WaitUntil([&] { return access(redis_socket.c_str(), F_OK) == 0; },
+                         absl::Seconds(5));
   const absl::StatusOr<v1::StatResponse> stat = (*probe)->Stat();
   const bool have_cuda = CudaBenchAvailable() && stat.ok() && stat->cuda_available();
 
@@ -622,8 +596,8 @@ int Run(int argc, char** argv) {
                                : absl::UnavailableError("the headline needs a CUDA device");
     if (!json_path.empty() && s.ok()) std::ofstream(json_path) << json << "\n";
     probe->reset();
-    Stop(evoked_pid);
-    Stop(redis_pid);
+    Stop(evoked_process);
+    Stop(redis_process);
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
     if (!s.ok()) std::fprintf(stderr, "evoke-bench: %s\n", s.ToString().c_str());
@@ -698,24 +672,28 @@ int Run(int argc, char** argv) {
     const std::string probe_dir = dir + "/probe";
     std::filesystem::create_directories(probe_dir);
     const absl::Time start = absl::Now();
-    const pid_t probe_pid = Spawn(
-        {evoked, "--socket", probe_dir + "/e.sock", "--data-dir", probe_dir + "/data",
-         "--pinned-bytes", register_probe, "--log-level", "warning"},
-        probe_dir + "/evoked.log");
+    absl::StatusOr<Subprocess> probe_process =
+        Start({evoked, "--socket", probe_dir + "/e.sock", "--data-dir", probe_dir + "/data",
+               "--pinned-bytes", register_probe, "--log-level", "warning"},
+              probe_dir + "/evoked.log");
     ClientOptions po = client_options;
     po.target = probe_dir + "/e.sock";
     po.connect_timeout = absl::Seconds(120);
-    absl::StatusOr<std::unique_ptr<Client>> pc = Client::Connect(po);
+    absl::StatusOr<std::unique_ptr<Client>> pc =
+        probe_process.ok() ? Client::Connect(po)
+                           : absl::StatusOr<std::unique_ptr<Client>>(probe_process.status());
     const double serving_s = absl::ToDoubleSeconds(absl::Now() - start);
     uint64_t ms = 0, registered = 0;
-    for (int i = 0; pc.ok() && i < 12000; ++i) {
-      absl::StatusOr<v1::StatResponse> ps = (*pc)->Stat();
-      if (ps.ok() && ps->pinned_cuda_registration_ms() > 0) {
-        ms = ps->pinned_cuda_registration_ms();
-        registered = ps->pinned_cuda_registered_bytes();
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
+    if (pc.ok()) {
+      testing::WaitUntil(
+          [&] {
+            absl::StatusOr<v1::StatResponse> ps = (*pc)->Stat();
+            if (!ps.ok() || ps->pinned_cuda_registration_ms() == 0) return false;
+            ms = ps->pinned_cuda_registration_ms();
+            registered = ps->pinned_cuda_registered_bytes();
+            return true;
+          },
+          absl::Seconds(120));
     }
     std::printf("cuda registration of a %s tier 1: serving after %.2f s, registered %s in "
                 "the background in %llu ms\n",
@@ -726,7 +704,7 @@ int Run(int argc, char** argv) {
         "\"registered_bytes\": %llu, \"registration_ms\": %llu}",
         register_probe, serving_s, static_cast<unsigned long long>(registered),
         static_cast<unsigned long long>(ms));
-    Stop(probe_pid);
+    if (probe_process.ok()) Stop(*probe_process);
   }
 
   if (!json_path.empty()) {
@@ -756,8 +734,8 @@ int Run(int argc, char** argv) {
     out << "  ]" << registration_json << "\n}\n";
   }
   probe->reset();
-  Stop(evoked_pid);
-  Stop(redis_pid);
+  Stop(evoked_process);
+  Stop(redis_process);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (failures > 0) {

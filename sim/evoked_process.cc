@@ -1,10 +1,7 @@
 #include "sim/evoked_process.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 
 namespace evoke::sim {
 namespace {
@@ -65,35 +63,31 @@ absl::StatusOr<std::unique_ptr<EvokedProcess>> EvokedProcess::Start(
                                    "--worker-threads", absl::StrCat(options.worker_threads),
                                    "--lock-memory=false",
                                    "--log-level", "warning"};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    // evoked goes when evoke-sim does, however it ends (kill -9 included).
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::close(fd);
-    }
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
+  SpawnOptions spawn{.argv = args};
+  spawn.stdout_path = spawn.stderr_path = log;
+  // evoked goes when evoke-sim does, however it ends (kill -9 included).
+  spawn.death_signal = SIGTERM;
+  absl::StatusOr<Subprocess> process = Subprocess::Spawn(spawn);
+  if (!process.ok()) {
+    return absl::Status(process.status().code(),
+                        absl::StrCat("evoked: ", process.status().message(),
+                                     " (build the evoked target or pass --evoked)"));
   }
-  p->pid_ = pid;
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (absl::Now() < deadline) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      p->pid_ = -1;
+    int code = 0;
+    absl::StatusOr<bool> exited = process->TryWait(&code);
+    if (!exited.ok() || *exited) {
       return absl::UnavailableError(
           absl::StrCat("evoked (", binary, ") exited at start: ", Tail(log)));
     }
     if (::access(p->socket_.c_str(), F_OK) == 0) {
       absl::StatusOr<std::unique_ptr<Client>> c = p->Connect();
-      if (c.ok() && (*c)->HealthCheck().ok()) return p;
+      if (c.ok() && (*c)->HealthCheck().ok()) {
+        // Ours to stop from here on (the destructor: SIGTERM, then SIGKILL).
+        p->pid_ = process->Release();
+        return p;
+      }
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

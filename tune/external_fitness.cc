@@ -24,9 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/subprocess.h"
 #include "policy/layer_budgets.h"
-
-extern char** environ;
 
 namespace evoke::tune {
 namespace {
@@ -76,14 +75,6 @@ absl::Status ErrnoError(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-// AboveStdio moves `fd` to a close-on-exec descriptor >= 3, so that the
-// child's dup2 onto 0, 1 and 2 never clobbers one of its other ends.
-absl::StatusOr<Fd> AboveStdio(Fd original) {
-  int moved = ::fcntl(original.get(), F_DUPFD_CLOEXEC, 3);
-  if (moved < 0) return ErrnoError("fcntl(F_DUPFD_CLOEXEC)");
-  return Fd(moved);
-}
-
 std::string Tail(absl::string_view s, size_t n) {
   if (s.size() <= n) return std::string(s);
   return absl::StrCat("...", s.substr(s.size() - n));
@@ -122,27 +113,6 @@ bool ReadAvailable(int fd, std::string* out, size_t cap, size_t keep) {
   }
 }
 
-// LeaderExited: whether `pid` has exited, without reaping it (so its pid,
-// and so its process group id, cannot be reused before we kill the group).
-bool LeaderExited(pid_t pid) {
-  siginfo_t info;
-  std::memset(&info, 0, sizeof(info));
-  while (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) < 0) {
-    if (errno != EINTR) return true;  // ECHILD: nothing left to wait for
-  }
-  return info.si_pid == pid;
-}
-
-// Reap: the command's wait status, or -1 when it cannot be had (ECHILD:
-// the process ignores SIGCHLD, or another waiter reaped the child).
-int Reap(pid_t pid) {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return -1;
-  }
-  return status;
-}
-
 }  // namespace
 
 absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
@@ -175,61 +145,39 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
   }
   file.Close();
 
-  // Everything the child needs is built before fork (after fork, only
-  // async-signal-safe calls).
-  const std::string env_entry = "EVOKE_BUDGETS_FILE=" + budgets_file.path();
-  std::vector<char*> envp;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (std::strncmp(*e, "EVOKE_BUDGETS_FILE=", 19) != 0) envp.push_back(*e);
-  }
-  envp.push_back(const_cast<char*>(env_entry.c_str()));
-  envp.push_back(nullptr);
-  std::string sh = "/bin/sh", dash_c = "-c", command = options.command;
-  char* argv[] = {sh.data(), dash_c.data(), command.data(), nullptr};
-
   // stdin is a socket pair, not a pipe: send(MSG_NOSIGNAL) to a command that
   // never reads it fails with EPIPE instead of raising SIGPIPE here.
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
     return ErrnoError(absl::StrCat(who, ": socketpair"));
   }
-  Fd in_parent(sv[0]), in_child_low(sv[1]);
+  Fd in_parent(sv[0]), in_child(sv[1]);
   int out_fds[2], err_fds[2];
   if (::pipe2(out_fds, O_CLOEXEC) < 0) return ErrnoError(absl::StrCat(who, ": pipe"));
-  Fd out_parent(out_fds[0]), out_child_low(out_fds[1]);
+  Fd out_parent(out_fds[0]), out_child(out_fds[1]);
   if (::pipe2(err_fds, O_CLOEXEC) < 0) return ErrnoError(absl::StrCat(who, ": pipe"));
-  Fd err_parent(err_fds[0]), err_child_low(err_fds[1]);
-  absl::StatusOr<Fd> in_child = AboveStdio(std::move(in_child_low));
-  absl::StatusOr<Fd> out_child = AboveStdio(std::move(out_child_low));
-  absl::StatusOr<Fd> err_child = AboveStdio(std::move(err_child_low));
-  if (!in_child.ok() || !out_child.ok() || !err_child.ok()) {
-    return absl::InternalError(absl::StrCat(who, ": could not set up its pipes"));
-  }
+  Fd err_parent(err_fds[0]), err_child(err_fds[1]);
 
   const auto start = std::chrono::steady_clock::now();
   const auto deadline =
       start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                   std::chrono::duration<double>(options.timeout_s));
 
-  pid_t pid = ::fork();
-  if (pid < 0) return ErrnoError(absl::StrCat(who, ": fork"));
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::signal(SIGPIPE, SIG_DFL);
-    if (::dup2(in_child->get(), 0) < 0 || ::dup2(out_child->get(), 1) < 0 ||
-        ::dup2(err_child->get(), 2) < 0) {
-      ::_exit(127);
-    }
-    ::execve(argv[0], argv, envp.data());
-    ::_exit(127);
+  // Its own process group, so that a timeout kills whatever it started too.
+  SpawnOptions spawn{.argv = {"/bin/sh", "-c", options.command},
+                     .env = {"EVOKE_BUDGETS_FILE=" + budgets_file.path()}};
+  spawn.stdin_fd = in_child.get();
+  spawn.stdout_fd = out_child.get();
+  spawn.stderr_fd = err_child.get();
+  spawn.new_process_group = true;
+  absl::StatusOr<Subprocess> spawned = Subprocess::Spawn(spawn);
+  if (!spawned.ok()) {
+    return absl::InternalError(absl::StrCat(who, ": ", spawned.status().message()));
   }
-  ::setpgid(pid, pid);  // also in the parent: no window where kill(-pid) misses
-  in_child->Close();
-  out_child->Close();
-  err_child->Close();
+  Subprocess& child = *spawned;
+  in_child.Close();
+  out_child.Close();
+  err_child.Close();
   // In practice stdin, stdout and stderr are always non-blocking here.
   for (int fd : {in_parent.get(), out_parent.get(), err_parent.get()}) {
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -242,7 +190,7 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
   for (;;) {
     if (to_send.empty() && in_parent.valid()) in_parent.Close();  // EOF for the command
     if (!out_parent.valid() && !err_parent.valid()) {
-      exited = LeaderExited(pid);
+      exited = child.Exited();
       if (exited) break;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -264,9 +212,10 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
         static_cast<int>(std::min<long long>(std::max<long long>(wait_ms, 1), cap_ms));
     int ready = ::poll(fds, n, timeout_ms);
     if (ready < 0 && errno != EINTR) {
-      ::kill(-pid, SIGKILL);
-      Reap(pid);
-      return ErrnoError(absl::StrCat(who, ": poll"));
+      const absl::Status error = ErrnoError(absl::StrCat(who, ": poll"));
+      child.KillGroup(SIGKILL);
+      child.Wait().IgnoreError();
+      return error;
     }
     for (nfds_t i = 0; ready > 0 && i < n; ++i) {
       if (fds[i].revents == 0) continue;
@@ -290,7 +239,7 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
       }
     }
     if (out_parent.valid() || err_parent.valid()) {
-      if (LeaderExited(pid)) {
+      if (child.Exited()) {
         // The shell is gone: take what its output holds now and stop.
         if (out_parent.valid()) ReadAvailable(out_parent.get(), &out, kMaxStdoutBytes,
                                               kStdoutTailBytes);
@@ -301,10 +250,10 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
       }
     }
   }
-  // The leader is exited-but-unreaped or still running: either way its
-  // process group id is still ours to kill.
-  ::kill(-pid, SIGKILL);
-  const int status = Reap(pid);
+  // The leader is exited-but-unreaped (Exited does not reap) or still
+  // running: either way its process group id is still ours to kill.
+  child.KillGroup(SIGKILL);
+  const absl::StatusOr<int> code = child.Wait();
   const double elapsed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -318,21 +267,21 @@ absl::StatusOr<double> RunFitnessCommand(const ExternalFitnessOptions& options,
         who, ": did not finish within ", options.timeout_s,
         " s (the timeout); its process group was killed", stderr_note));
   }
-  if (status == -1) {
+  if (!code.ok()) {
     return absl::InternalError(absl::StrCat(
         who, ": its exit status could not be had (is SIGCHLD ignored, or the child reaped "
         "elsewhere?)", stderr_note));
   }
-  if (WIFSIGNALED(status)) {
-    return absl::AbortedError(absl::StrCat(who, ": killed by signal ", WTERMSIG(status), " (",
-                                           strsignal(WTERMSIG(status)), ") after ", elapsed_s,
-                                           " s", stderr_note));
+  if (*code < 0) {
+    const int signal = -*code;
+    return absl::AbortedError(absl::StrCat(who, ": killed by signal ", signal, " (",
+                                           strsignal(signal), ") after ", elapsed_s, " s",
+                                           stderr_note));
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (*code != 0) {
     return absl::AbortedError(absl::StrCat(
-        who, ": exited with status ", code,
-        code == 127 ? " (command not found, or /bin/sh could not run)" : "", stderr_note));
+        who, ": exited with status ", *code,
+        *code == 127 ? " (command not found, or /bin/sh could not run)" : "", stderr_note));
   }
 
   absl::string_view last;
