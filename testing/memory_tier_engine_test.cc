@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "storage/pinned_arena.h"
 #include "storage/tier_manager.h"
+#include "testing/fake_clock.h"
 #include "testing/memory_tier.h"
 #include "testing/status_matchers.h"
 
@@ -74,6 +75,7 @@ class MemoryTierEngineTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<PinnedArena>> arena = PinnedArena::Create(arena_options);
     if (!arena.ok()) return arena.status();
     TierManagerOptions options;
+    options.clock = clock_;
     options.max_wait_for_room = wait;
     options.spill_batch_bytes = spill_batch_bytes;
     absl::StatusOr<std::unique_ptr<TierManager>> tm =
@@ -119,6 +121,7 @@ class MemoryTierEngineTest : public ::testing::Test {
   }
 
   MemoryTier disk_;
+  const Clock* clock_ = nullptr;  // Null: the wall clock.
   std::unique_ptr<TierManager> tm_;
 };
 
@@ -355,6 +358,27 @@ TEST_F(MemoryTierEngineTest, RestartSkipsUnreadableRecordsAndFailsOnAFailingScan
   tm_.reset();
   disk_.FailNext(TierOp::kForEachRecord, 1, absl::UnavailableError("injected: tier down"));
   EXPECT_THAT(Open(4 * kMiB), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(MemoryTierEngineTest, TimesComeFromTheInjectedClock) {
+  FakeClock clock;
+  clock_ = &clock;
+  const int64_t t0_ms = absl::ToUnixMillis(clock.Now());
+  ASSERT_OK(Open(4 * kMiB));
+  ASSERT_OK(Save(0));
+  ASSERT_OK_AND_ASSIGN(BlockInfo info, tm_->Describe(IdOf(0)));
+  EXPECT_EQ(info.last_access_unix_ms, t0_ms);
+  clock.Advance(absl::Hours(1));
+  ASSERT_OK(Load(0));
+  ASSERT_OK_AND_ASSIGN(info, tm_->Describe(IdOf(0)));
+  EXPECT_EQ(info.last_access_unix_ms, t0_ms + 3600 * 1000);
+  EXPECT_EQ(tm_->Stats().uptime, absl::Hours(1));
+  // The record written below carries the same time (it orders the disk LRU
+  // after a restart).
+  ASSERT_OK(tm_->Flush(false));
+  ASSERT_TRUE(disk_.Record(IdOf(0)).has_value());
+  EXPECT_EQ(disk_.Record(IdOf(0))->last_access_unix_ms(), t0_ms + 3600 * 1000);
+  tm_.reset();  // Before `clock` goes.
 }
 
 }  // namespace
