@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "storage/spill_record.pb.h"
 #include "storage/spill_store.h"
+#include "testing/blocks.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
 
@@ -28,43 +29,17 @@ using ::testing::HasSubstr;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
 
-v1::LayoutFingerprint Fingerprint() {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("ns");
-  fp.set_model_id("model");
-  fp.set_k_dtype(v1::DTYPE_OPAQUE);
-  fp.set_v_dtype(v1::DTYPE_OPAQUE);
-  fp.set_n_layers(1);
-  fp.set_n_kv_heads(1);
-  fp.set_head_dim(1);
-  fp.set_layout(v1::LAYOUT_OPAQUE);
-  return fp;
-}
+v1::LayoutFingerprint Fingerprint() { return evoke::testing::OpaqueFingerprint(); }
 
+// Block `seq` of `session`: 16 tokens over layer 0.
 v1::BlockMeta SessionMeta(const std::string& session, uint64_t seq) {
-  v1::BlockMeta m;
-  *m.mutable_fingerprint() = Fingerprint();
-  m.set_kind(v1::BLOCK_KIND_SESSION);
-  m.set_session_id(session);
-  m.set_sequence(seq);
-  m.set_id(SessionBlockId("ns", session, seq).ToBytes());
-  m.set_n_tokens(16);
-  m.set_layer_begin(0);
-  m.set_layer_end(1);
-  return m;
+  return evoke::testing::SessionMeta(Fingerprint(), session, seq, /*n_tokens=*/16,
+                                     /*layer_begin=*/0, /*layer_end=*/1,
+                                     /*first_position=*/0);
 }
 
-std::string Payload(uint64_t seed, uint64_t size) {
-  std::string s(size, '\0');
-  std::mt19937_64 rng(seed);
-  for (uint64_t i = 0; i < size; i += 8) {
-    const uint64_t v = rng();
-    std::memcpy(&s[i], &v, std::min<uint64_t>(8, size - i));
-  }
-  return s;
-}
-
-BlockId IdOf(const v1::BlockMeta& m) { return BlockId::FromBytes(m.id()).value(); }
+using evoke::testing::IdOf;
+using evoke::testing::Payload;
 
 constexpr PinOwner kOwner = 1;
 
