@@ -7,7 +7,7 @@
 //   disk.FailNext(evoke::testing::TierOp::kPut, 3,
 //                 absl::ResourceExhaustedError("injected: no space"));
 //   ...
-//   EXPECT_EQ(disk.counters().calls(TierOp::kPut), 5u);
+//   EXPECT_EQ(disk.counters().calls_of(TierOp::kPut), 5u);
 //
 // Semantics follow the Tier contract as SpillStore implements it: Put and
 // DropPayloads set payload_present from whether the payload is empty; Read
