@@ -9,12 +9,10 @@
 //                      session_id, u64 sequence)
 //
 // Public header of the client library (installed as <evoke/chain_hash.h>); it
-// stands alone. Inside evoke's own tree the same declarations are also
-// reachable as common/chain_hash.h: both files keep the same code and the same
-// include guard, so a translation unit that includes both sees one
-// definition. client/public_headers_test.cc checks that their code matches.
-#ifndef EVOKE_COMMON_CHAIN_HASH_H_
-#define EVOKE_COMMON_CHAIN_HASH_H_
+// stands alone. evoke's own code reaches it as common/chain_hash.h, which
+// includes this file.
+#ifndef EVOKE_PUBLIC_CHAIN_HASH_H_
+#define EVOKE_PUBLIC_CHAIN_HASH_H_
 
 #include <cstdint>
 #include <vector>
@@ -45,4 +43,4 @@ BlockId SessionBlockId(absl::string_view ns, absl::string_view session_id,
 
 }  // namespace evoke
 
-#endif  // EVOKE_COMMON_CHAIN_HASH_H_
+#endif  // EVOKE_PUBLIC_CHAIN_HASH_H_

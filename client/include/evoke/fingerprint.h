@@ -6,12 +6,10 @@
 // compare equal: comparison and digests work on the normalized form.
 //
 // Public header of the client library (installed as <evoke/fingerprint.h>); it
-// stands alone. Inside evoke's own tree the same declarations are also
-// reachable as common/fingerprint.h: both files keep the same code and the same
-// include guard, so a translation unit that includes both sees one
-// definition. client/public_headers_test.cc checks that their code matches.
-#ifndef EVOKE_COMMON_FINGERPRINT_H_
-#define EVOKE_COMMON_FINGERPRINT_H_
+// stands alone. evoke's own code reaches it as common/fingerprint.h, which
+// includes this file.
+#ifndef EVOKE_PUBLIC_FINGERPRINT_H_
+#define EVOKE_PUBLIC_FINGERPRINT_H_
 
 #include <string>
 
@@ -63,4 +61,4 @@ std::string DTypeName(int dtype);
 
 }  // namespace evoke
 
-#endif  // EVOKE_COMMON_FINGERPRINT_H_
+#endif  // EVOKE_PUBLIC_FINGERPRINT_H_

@@ -1,12 +1,10 @@
 // Hash128: a 128-bit identifier (block ids, fingerprint digests).
 //
 // Public header of the client library (installed as <evoke/hash128.h>); it
-// stands alone. Inside evoke's own tree the same declarations are also
-// reachable as common/hash128.h: both files keep the same code and the same
-// include guard, so a translation unit that includes both sees one
-// definition. client/public_headers_test.cc checks that their code matches.
-#ifndef EVOKE_COMMON_HASH128_H_
-#define EVOKE_COMMON_HASH128_H_
+// stands alone. evoke's own code reaches it as common/hash128.h, which
+// includes this file.
+#ifndef EVOKE_PUBLIC_HASH128_H_
+#define EVOKE_PUBLIC_HASH128_H_
 
 #include <compare>
 #include <cstdint>
@@ -59,4 +57,4 @@ using FingerprintDigest = Hash128;
 
 }  // namespace evoke
 
-#endif  // EVOKE_COMMON_HASH128_H_
+#endif  // EVOKE_PUBLIC_HASH128_H_
