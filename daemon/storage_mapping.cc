@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -145,9 +146,18 @@ absl::Status WithFieldPath(const absl::Status& status, ItemsField field) {
   const std::optional<StorageLimit> limit = ErrorLimit(status);
   if (!item && !limit) return status;
   std::string message(status.message());
-  if (item) message = absl::StrCat(PathOf(*item, field), ": ", message);
+  if (item && item->part == ItemPart::kFingerprint && field == ItemsField::kIds &&
+      absl::StartsWith(message, "block ")) {
+    // "fingerprint: block <id> (ids[i]) was saved with another layout: ...":
+    // the field at fault is the request's fingerprint; the block names it.
+    const size_t id_end = message.find(' ', 6);
+    message = absl::StrCat("fingerprint: ", message.substr(0, id_end), " (ids[", item->index,
+                           "])", id_end == std::string::npos ? "" : message.substr(id_end));
+  } else if (item) {
+    message = absl::StrCat(PathOf(*item, field), ": ", message);
+  }
   if (limit == StorageLimit::kTier1Capacity) {
-    absl::StrAppend(&message, " (tier 1 is sized by --pinned-bytes)");
+    absl::StrAppend(&message, "; tier 1 is sized by --pinned-bytes");
   }
   return absl::Status(status.code(), message);
 }

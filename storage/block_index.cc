@@ -98,7 +98,8 @@ void BlockIndex::Relink(IndexEntry* e) {
   }
 }
 
-void BlockIndex::IndexSecondary(const IndexEntry& e) {
+void BlockIndex::IndexSecondary(IndexEntry& e) {
+  e.indexed = true;
   const std::string& ns = e.meta.fingerprint().namespace_();
   by_namespace_[ns].insert(e.id);
   if (!e.meta.session_id().empty()) {
@@ -107,7 +108,9 @@ void BlockIndex::IndexSecondary(const IndexEntry& e) {
   }
 }
 
-void BlockIndex::UnindexSecondary(const IndexEntry& e) {
+void BlockIndex::UnindexSecondary(IndexEntry& e) {
+  if (!e.indexed) return;
+  e.indexed = false;
   const std::string& ns = e.meta.fingerprint().namespace_();
   if (auto it = by_namespace_.find(ns); it != by_namespace_.end()) {
     it->second.erase(e.id);
@@ -134,6 +137,9 @@ IndexEntry* BlockIndex::BeginWrite(const BlockId& id, bool* revived) {
   if (e != nullptr) {
     assert(e->state == BlockState::kBreadcrumb);
     *revived = true;
+    // A new generation: operations that looked the breadcrumb up before
+    // (a promotion reading tier 2) must not mistake the placeholder for it.
+    e->gen = next_gen_++;
     SetState(e, BlockState::kWriting);
     return e;
   }
@@ -171,7 +177,7 @@ void BlockIndex::CommitWrite(IndexEntry* e, ArenaReservation ram, int64_t now_ms
 
 void BlockIndex::ReplaceMetaForWrite(IndexEntry* e, v1::BlockMeta meta) {
   assert(e->state == BlockState::kWriting);
-  if (e->meta.has_fingerprint()) UnindexSecondary(*e);  // A revived breadcrumb.
+  UnindexSecondary(*e);  // A revived breadcrumb was indexed.
   e->meta = std::move(meta);
 }
 
@@ -331,7 +337,9 @@ uint64_t BlockIndex::ReleaseOwner(PinOwner owner) {
   const absl::flat_hash_map<BlockId, uint32_t> pins = it->second;
   uint64_t released = 0;
   for (const auto& [id, count] : pins) {
-    IndexEntry* e = FindVisible(id);
+    // Find, not FindVisible: a pinned breadcrumb being saved again keeps
+    // its pins, and they end with the lease like any other.
+    IndexEntry* e = Find(id);
     if (e == nullptr) continue;
     for (uint32_t k = 0; k < count && RemovePin(e, owner); ++k) ++released;
   }
@@ -404,7 +412,7 @@ std::optional<BlockId> BlockIndex::ListPage(const ListFilter& filter, const Bloc
     }
     return found < limit && visits < max_visits;
   };
-  if (limit == 0) return after == nullptr ? std::nullopt : std::optional<BlockId>(*after);
+  if (limit == 0) return std::nullopt;
   if (!filter.session_id.empty()) {
     // The session's ids in every namespace that has it (usually one),
     // merged in id order.

@@ -77,6 +77,7 @@ struct IndexEntry {
 
  private:
   friend class BlockIndex;
+  bool indexed = false;  // In the namespace and session indexes.
   bool in_ram_lru = false;
   std::list<IndexEntry*>::iterator ram_lru_it;
   bool in_disk_lru = false;
@@ -194,8 +195,8 @@ class BlockIndex {
   void SetState(IndexEntry* e, BlockState to);
   // Relink puts `e` on exactly the lists its state and pins call for.
   void Relink(IndexEntry* e);
-  void IndexSecondary(const IndexEntry& e);
-  void UnindexSecondary(const IndexEntry& e);
+  void IndexSecondary(IndexEntry& e);
+  void UnindexSecondary(IndexEntry& e);
 
   absl::btree_map<BlockId, std::unique_ptr<IndexEntry>> entries_;
   absl::flat_hash_map<IndexEntry*, std::unique_ptr<IndexEntry>> graveyard_;

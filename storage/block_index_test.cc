@@ -87,10 +87,14 @@ TEST_F(BlockIndexTest, LifecycleKeepsCountsAndListsInStep) {
   EXPECT_EQ(index_.count(BlockState::kBreadcrumb), 1u);
   EXPECT_FALSE(e->bytes_available());
 
-  // A breadcrumb is revived by a new save, or restored by an abort.
+  // A breadcrumb is revived by a new save, or restored by an abort. The
+  // placeholder is a new generation: a promotion that looked the breadcrumb
+  // up before cannot mistake it for the block it read.
   bool revived = false;
+  const uint64_t gen = e->gen;
   EXPECT_EQ(index_.BeginWrite(e->id, &revived), e);
   EXPECT_TRUE(revived);
+  EXPECT_EQ(index_.FindGen(e->id, gen), nullptr);
   EXPECT_EQ(index_.FindVisible(e->id), nullptr);  // Placeholders are hidden.
   EXPECT_EQ(index_.count(BlockState::kBreadcrumb), 0u);
   index_.AbortWrite(e, revived);
@@ -117,6 +121,19 @@ TEST_F(BlockIndexTest, PinsLeaveTheRamLruAndOwnersReleaseThem) {
   EXPECT_EQ(index_.pinned_blocks(), 0u);
   EXPECT_EQ(index_.pin_count(), 0u);
   EXPECT_EQ(index_.evictable_bytes(), 8 * kKiB);
+}
+
+TEST_F(BlockIndexTest, ReleaseOwnerReachesABreadcrumbBeingSavedAgain) {
+  IndexEntry* e = Add("ns", "s", 0);
+  index_.AddPin(e, 7);
+  index_.Quarantine(e);  // Its only copy failed: a pinned breadcrumb.
+  ASSERT_EQ(e->state, BlockState::kBreadcrumb);
+  bool revived = false;
+  ASSERT_EQ(index_.BeginWrite(e->id, &revived), e);
+  EXPECT_EQ(index_.ReleaseOwner(7), 1u);
+  EXPECT_EQ(e->pins, 0u);
+  EXPECT_EQ(index_.pin_count(), 0u);
+  EXPECT_EQ(index_.pinned_blocks(), 0u);
 }
 
 TEST_F(BlockIndexTest, TouchMovesToTheHotEnd) {

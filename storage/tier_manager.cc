@@ -89,9 +89,17 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
   EVOKE_RETURN_IF_ERROR(ReserveForSave(items, deadline, &plans));
   absl::Status copied = CopyIn(items, source, &plans);
   std::vector<SavedBlock> results;
-  std::vector<BlockId> pin_later;
+  std::vector<size_t> pin_later;  // Items deduplicated against spilled blocks.
   EVOKE_RETURN_IF_ERROR(CommitSave(items, owner, std::move(copied), &plans, &results, &pin_later));
-  if (!pin_later.empty()) EVOKE_RETURN_IF_ERROR(Pin(pin_later, owner, deadline));
+  if (!pin_later.empty()) {
+    std::vector<BlockId> ids;
+    for (size_t i : pin_later) ids.push_back(plans[i].id);
+    absl::Status pinned = Pin(ids, owner, deadline);
+    if (const std::optional<ItemRef> item = ErrorItem(pinned); item && item->index < ids.size()) {
+      pinned = WithItem(pinned, pin_later[item->index], ItemPart::kId);  // The Save's index.
+    }
+    EVOKE_RETURN_IF_ERROR(pinned);
+  }
   if (durable) EVOKE_RETURN_IF_ERROR(WriteDurably(plans, &results));
   return results;
 }
@@ -211,7 +219,7 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
 absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOwner owner,
                                          absl::Status failure, std::vector<SavePlan>* plans,
                                          std::vector<SavedBlock>* results,
-                                         std::vector<BlockId>* pin_later) {
+                                         std::vector<size_t>* pin_later) {
   absl::MutexLock lock(&core_.mu);
   for (size_t i = 0; i < items.size() && failure.ok(); ++i) {
     const SavePlan& p = (*plans)[i];
@@ -272,7 +280,7 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
       if (e->in_ram()) {
         core_.index.AddPin(e, owner);
       } else {
-        pin_later->push_back(p.id);
+        pin_later->push_back(i);
       }
     }
   }
@@ -284,23 +292,37 @@ absl::Status TierManagerImpl::WriteDurably(std::vector<SavePlan>& plans,
                                            std::vector<SavedBlock>* results) {
   absl::MutexLock disk(&core_.disk_mu);
   std::vector<IndexEntry*> dirty;
+  bool written_by_others = false;  // On disk already, maybe without an fsync.
   {
     absl::MutexLock lock(&core_.mu);
     for (const SavePlan& p : plans) {
       IndexEntry* e = core_.index.FindGen(p.id, p.existing_gen);
-      if (e != nullptr && e->state == BlockState::kDirty) dirty.push_back(e);
+      if (e == nullptr) continue;
+      if (e->state == BlockState::kDirty) dirty.push_back(e);
+      written_by_others |= e->on_disk();
     }
   }
   uint64_t blocks = 0, bytes = 0;
   absl::Status s = spiller_.WriteBack(dirty, /*sync=*/true, &blocks, &bytes);
+  // The spiller may have written some of these blocks without an fsync
+  // between the commit and now; make them durable too.
+  if (s.ok() && written_by_others) s = core_.disk->Persist();
   if (!s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("blocks are in tier 1 but the durable write failed: ", s.message()));
   }
   absl::MutexLock lock(&core_.mu);
-  for (SavedBlock& r : *results) {
-    const IndexEntry* e = core_.index.Find(r.id);
-    if (e != nullptr && e->state == BlockState::kSpilled) r.location = BlockLocation::kDisk;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const IndexEntry* e = core_.index.FindGen(plans[i].id, plans[i].existing_gen);
+    if (e != nullptr && e->state == BlockState::kDirty) {
+      // Write-back skipped it: its tier-1 copy failed verification meanwhile.
+      return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kBlock,
+                       absl::StrCat(Name(plans[i].id),
+                                    " failed its checksum in tier 1 before it reached disk"));
+    }
+    if (e != nullptr && e->state == BlockState::kSpilled) {
+      (*results)[i].location = BlockLocation::kDisk;
+    }
   }
   return absl::OkStatus();
 }
@@ -334,12 +356,19 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
   absl::Status s = core_.ReadFromDisk(id, checksum, bytes, ram->data());
   absl::MutexLock lock(&core_.mu);
   IndexEntry* e = core_.index.FindGen(id, gen);
-  if (!s.ok() || e == nullptr || e->in_ram()) {
+  const bool attachable = e != nullptr && (e->state == BlockState::kSpilled ||
+                                           e->state == BlockState::kBreadcrumb);
+  if (!s.ok() || !attachable) {
     ram->Release();
     if (s.code() == absl::StatusCode::kDataLoss) ++core_.counters.checksum_failures;
     if (!s.ok()) return s;
-    if (e == nullptr) return absl::NotFoundError(absl::StrCat(Name(id), " was deleted while being pinned"));
-    core_.index.AddPin(e, owner);
+    if (e == nullptr) {
+      return absl::NotFoundError(absl::StrCat(Name(id), " was deleted while being pinned"));
+    }
+    if (!e->in_ram()) {
+      return absl::AbortedError(absl::StrCat(Name(id), " changed while being pinned; retry"));
+    }
+    core_.index.AddPin(e, owner);  // Promoted by someone else meanwhile.
     return absl::OkStatus();
   }
   core_.index.AttachRam(e, std::move(*ram));
@@ -434,7 +463,10 @@ absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
     }
     // From tier 2: into the destination, or (Deliver path) into a promotion
     // reservation or a staging buffer that lives until Finish.
-    std::optional<ArenaReservation> promote = core_.host.ReserveBelow(p.bytes, core_.high_bytes);
+    // A block whose tier-1 copy just failed is still in tier 1 (we hold a
+    // reader): read it through a staging buffer, not a promotion.
+    std::optional<ArenaReservation> promote;
+    if (p.ram == nullptr) promote = core_.host.ReserveBelow(p.bytes, core_.high_bytes);
     uint8_t* target = dest;
     if (target == nullptr) {
       if (promote) {
@@ -671,6 +703,7 @@ std::vector<BlockInfo> TierManagerImpl::List(const ListFilter& filter, const Blo
                                              size_t limit, bool* more) {
   // One more than asked, to know whether more follow; the lock is given up
   // between pages of kListVisitsPerLock visited entries.
+  limit = std::min<size_t>(limit, 1u << 20);
   std::vector<BlockInfo> out;
   std::optional<BlockId> cursor;
   if (after != nullptr) cursor = *after;

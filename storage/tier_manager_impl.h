@@ -72,7 +72,7 @@ class TierManagerImpl final : public TierManager {
                       std::vector<SavePlan>* plans);
   absl::Status CommitSave(absl::Span<const SaveItem> items, PinOwner owner,
                           absl::Status failure, std::vector<SavePlan>* plans,
-                          std::vector<SavedBlock>* results, std::vector<BlockId>* pin_later);
+                          std::vector<SavedBlock>* results, std::vector<size_t>* pin_later);
   absl::Status WriteDurably(std::vector<SavePlan>& plans, std::vector<SavedBlock>* results);
 
   absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);

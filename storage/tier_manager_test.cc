@@ -401,6 +401,39 @@ TEST_F(TierManagerTest, CorruptTier1CopyIsNeverServed) {
   EXPECT_GE(Stat().counters.checksum_failures, 2u);
 }
 
+// A sink that takes every block through Deliver (as the device paths do),
+// keeping copies.
+class DeliverSink final : public LoadSink {
+ public:
+  absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) override {
+    got.resize(metas.size());
+    return absl::OkStatus();
+  }
+  uint8_t* HostDestination(size_t) override { return nullptr; }
+  absl::Status Deliver(size_t i, const uint8_t* bytes, uint64_t n, uint64_t) override {
+    got[i].assign(reinterpret_cast<const char*>(bytes), n);
+    return absl::OkStatus();
+  }
+  std::vector<std::string> got;
+};
+
+TEST_F(TierManagerTest, DeliverPathServesTheDiskCopyWhenTier1IsCorrupt) {
+  Open(1 * kMiB);
+  const v1::BlockMeta meta = SessionMeta("s", 0);
+  ASSERT_OK(Save(meta, Payload(0, 64 * kKiB), false, /*durable=*/true));  // Clean.
+  for (uint64_t i = 0; i < arena_->capacity_bytes(); i += 4096) arena_->base()[i] ^= 1;
+  const BlockId id = IdOf(meta);
+  DeliverSink sink;
+  std::vector<v1::BlockMeta> metas;
+  std::vector<LoadedInfo> infos;
+  ASSERT_OK(tm_->Load({&id, 1}, Fingerprint(), sink, &metas, &infos));
+  EXPECT_EQ(sink.got[0], Payload(0, 64 * kKiB));
+  EXPECT_EQ(infos[0].served_from, BlockLocation::kDisk);
+  EXPECT_EQ(Stat().counters.checksum_failures, 1u);
+  ASSERT_OK_AND_ASSIGN(BlockInfo info, tm_->Describe(id));
+  EXPECT_EQ(info.location, BlockLocation::kDisk);  // The bad tier-1 copy is gone.
+}
+
 TEST_F(TierManagerTest, CorruptTier1CopyDetectedOnLoad) {
   Open(1 * kMiB);
   const v1::BlockMeta meta = SessionMeta("s", 1);
