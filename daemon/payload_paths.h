@@ -55,9 +55,11 @@ class SaveRequestSource final : public SaveSource {
       const LeaseManager& leases, DeviceCopiers* copiers);
 
   absl::string_view HostBytes(size_t i) override;
-  // CUDA slices: session blocks are checksummed on the GPU before the copy
-  // (their bytes are private to their owner); prefix blocks, shared by every
-  // client, are checksummed from the daemon's own copy in tier 1.
+  // CUDA slices: copied device to host first, then session blocks are
+  // checksummed on the GPU from the client's device memory (their bytes are
+  // private to their owner: a client that changes them mid-save only fails
+  // its own save); prefix blocks, shared by every client, are checksummed
+  // from the daemon's own copy in tier 1.
   absl::Status Fetch(absl::Span<const size_t> items, absl::Span<uint8_t* const> dsts,
                      absl::Span<std::optional<uint64_t>> checksums) override;
 
