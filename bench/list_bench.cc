@@ -20,33 +20,19 @@
 
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
-#include "common/chain_hash.h"
 #include "storage/pinned_arena.h"
 #include "storage/spill_store.h"
 #include "storage/tier_manager.h"
+#include "testing/blocks.h"
 #include "testing/temp_dir.h"
 
 namespace evoke {
 namespace {
 
 v1::BlockMeta Meta(const std::string& ns, const std::string& session, uint64_t seq) {
-  v1::BlockMeta m;
-  v1::LayoutFingerprint* fp = m.mutable_fingerprint();
-  fp->set_namespace_(ns);
-  fp->set_model_id("bench");
-  fp->set_k_dtype(v1::DTYPE_OPAQUE);
-  fp->set_v_dtype(v1::DTYPE_OPAQUE);
-  fp->set_n_layers(1);
-  fp->set_n_kv_heads(1);
-  fp->set_head_dim(1);
-  fp->set_layout(v1::LAYOUT_OPAQUE);
-  m.set_kind(v1::BLOCK_KIND_SESSION);
-  m.set_session_id(session);
-  m.set_sequence(seq);
-  m.set_id(SessionBlockId(ns, session, seq).ToBytes());
-  m.set_n_tokens(16);
-  m.set_layer_end(1);
-  return m;
+  return evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint(ns, "bench"), session,
+                                     seq, /*n_tokens=*/16, /*layer_begin=*/0, /*layer_end=*/1,
+                                     /*first_position=*/0);
 }
 
 // One engine per index size, filled once: saving a million blocks takes a

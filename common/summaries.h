@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/rope.h"
+#include "evoke/summaries.h"
 #include "evoke/v1/block.pb.h"
 
 namespace evoke {
@@ -31,42 +32,11 @@ struct KeysOfLayer {
 absl::StatusOr<KeysOfLayer> LocateKeys(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                        uint32_t layer);
 
-// UnrotatedKeys returns layer `layer`'s keys of a canonical-v1 block as f32
-// [n_tokens][n_kv_heads][head_dim], with RoPE removed: each token rotated by
-// minus its original position (common/rope.h's angles), so that keys of
-// different positions compare. INVALID_ARGUMENT for a non-canonical block, a
-// layer outside the block or a payload of the wrong size;
-// FAILED_PRECONDITION for RoPE that cannot be undone (dynamic NTK).
-absl::StatusOr<std::vector<float>> UnrotatedKeys(const v1::BlockMeta& meta,
-                                                 const uint8_t* payload,
-                                                 uint64_t payload_bytes, uint32_t layer);
-
-// DefaultSummaryLayer is the layer the daemon summarizes: the middle of the
-// block's layers.
-uint32_t DefaultSummaryLayer(const v1::BlockMeta& meta);
-
-// MeanKeysSummary is a SUMMARY_MEAN_KEYS summary: per KV head, the mean over
-// the block's tokens of layer `layer`'s un-rotated keys. Errors as
-// UnrotatedKeys.
-absl::StatusOr<v1::Summary> MeanKeysSummary(const v1::BlockMeta& meta, const uint8_t* payload,
-                                            uint64_t payload_bytes, uint32_t layer);
-
-// ReprKeysSummary is a SUMMARY_REPR_KEYS summary (InfLLM's representative
-// keys): per KV head, the mean of the un-rotated keys of the `r` tokens that
-// received the most attention. `attention` holds n_tokens x n_kv_heads
-// floats (row t: the mass token t received, per KV head; sum over the query
-// heads of a GQA group beforehand). Ties go to the earlier token.
-// INVALID_ARGUMENT for an attention of the wrong size or r outside
-// [1, n_tokens]; other errors as UnrotatedKeys.
-absl::StatusOr<v1::Summary> ReprKeysSummary(const v1::BlockMeta& meta, const uint8_t* payload,
-                                            uint64_t payload_bytes, uint32_t layer,
-                                            absl::Span<const float> attention, uint32_t r);
-
-// TopTokensPerHead returns, per head, the indices of the r tokens with the
-// most attention (descending, ties to the earlier token): heads x r indices.
-// The CPU reference of the GPU kernel in gpu/repr_keys.h.
-std::vector<uint32_t> TopTokensPerHead(absl::Span<const float> attention, uint32_t n_tokens,
-                                       uint32_t n_heads, uint32_t r);
+// UnrotatedKeys, DefaultSummaryLayer, MeanKeysSummary, ReprKeysSummary and
+// TopTokensPerHead are declared, with their contracts, in the client's public
+// header <evoke/summaries.h> (included above); they are defined in
+// common/summaries.cc. TopTokensPerHead is the CPU reference of the GPU
+// kernel in gpu/repr_keys.h.
 
 }  // namespace evoke
 

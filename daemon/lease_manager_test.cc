@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/pinned_arena.h"
+#include "testing/blocks.h"
 #include "testing/fake_clock.h"
 #include "testing/memory_tier.h"
 #include "testing/status_matchers.h"
@@ -39,22 +40,9 @@ class LeaseManagerTest : public ::testing::Test {
 
   // SavePinned saves one small block pinned by `owner`.
   void SavePinned(uint64_t seq, PinOwner owner) {
-    v1::BlockMeta meta;
-    v1::LayoutFingerprint* fp = meta.mutable_fingerprint();
-    fp->set_namespace_("ns");
-    fp->set_model_id("m");
-    fp->set_k_dtype(v1::DTYPE_OPAQUE);
-    fp->set_v_dtype(v1::DTYPE_OPAQUE);
-    fp->set_n_layers(1);
-    fp->set_n_kv_heads(1);
-    fp->set_head_dim(1);
-    fp->set_layout(v1::LAYOUT_OPAQUE);
-    meta.set_kind(v1::BLOCK_KIND_SESSION);
-    meta.set_session_id("s");
-    meta.set_sequence(seq);
-    meta.set_id(SessionBlockId("ns", "s", seq).ToBytes());
-    meta.set_n_tokens(1);
-    meta.set_layer_end(1);
+    const v1::BlockMeta meta = evoke::testing::SessionMeta(
+        evoke::testing::OpaqueFingerprint("ns", "m"), "s", seq, /*n_tokens=*/1,
+        /*layer_begin=*/0, /*layer_end=*/1, /*first_position=*/0);
     const std::string payload(1024, static_cast<char>('a' + seq));
     const SaveItem item{&meta, payload.size(), /*pin=*/true};
     HostSaveSource source({payload});

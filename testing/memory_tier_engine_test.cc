@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "storage/pinned_arena.h"
 #include "storage/tier_manager.h"
+#include "testing/blocks.h"
 #include "testing/fake_clock.h"
 #include "testing/memory_tier.h"
 #include "testing/status_matchers.h"
@@ -30,24 +31,9 @@ constexpr uint64_t kMiB = 1024 * 1024;
 constexpr PinOwner kOwner = 1;
 
 v1::BlockMeta SessionMeta(uint64_t seq) {
-  v1::BlockMeta m;
-  v1::LayoutFingerprint* fp = m.mutable_fingerprint();
-  fp->set_namespace_("ns");
-  fp->set_model_id("model");
-  fp->set_k_dtype(v1::DTYPE_OPAQUE);
-  fp->set_v_dtype(v1::DTYPE_OPAQUE);
-  fp->set_n_layers(1);
-  fp->set_n_kv_heads(1);
-  fp->set_head_dim(1);
-  fp->set_layout(v1::LAYOUT_OPAQUE);
-  m.set_kind(v1::BLOCK_KIND_SESSION);
-  m.set_session_id("s");
-  m.set_sequence(seq);
-  m.set_id(SessionBlockId("ns", "s", seq).ToBytes());
-  m.set_n_tokens(16);
-  m.set_layer_begin(0);
-  m.set_layer_end(1);
-  return m;
+  return evoke::testing::SessionMeta(OpaqueFingerprint(), "s", seq, /*n_tokens=*/16,
+                                     /*layer_begin=*/0, /*layer_end=*/1,
+                                     /*first_position=*/0);
 }
 
 BlockId IdOf(uint64_t seq) { return SessionBlockId("ns", "s", seq); }

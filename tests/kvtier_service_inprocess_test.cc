@@ -27,6 +27,7 @@
 #include "recovery/recovery_index.h"
 #include "storage/pinned_arena.h"
 #include "storage/tier_manager.h"
+#include "testing/blocks.h"
 #include "testing/host_device_copier.h"
 #include "testing/memory_tier.h"
 #include "testing/status_matchers.h"
@@ -45,21 +46,7 @@ constexpr uint32_t kTokens = 16;
 
 // 4 layers, 2 KV heads, head_dim 64, f16 K and V, NEOX RoPE: 2 KiB a token,
 // 32 KiB a block of kTokens.
-v1::LayoutFingerprint Fingerprint() {
-  v1::LayoutFingerprint fp;
-  fp.set_namespace_("test");
-  fp.set_model_id("test/tiny-llama");
-  fp.set_model_revision("r1");
-  fp.set_k_dtype(v1::DTYPE_F16);
-  fp.set_v_dtype(v1::DTYPE_F16);
-  fp.set_n_layers(4);
-  fp.set_n_kv_heads(2);
-  fp.set_head_dim(64);
-  fp.set_layout(v1::LAYOUT_CANONICAL_V1);
-  fp.mutable_rope()->set_type(v1::ROPE_NEOX);
-  fp.mutable_rope()->set_freq_base(10000);
-  return fp;
-}
+v1::LayoutFingerprint Fingerprint() { return evoke::testing::SmallFingerprint(); }
 const uint64_t kBlockBytes = CanonicalPayloadBytes(Fingerprint(), kTokens, 4).value();
 
 v1::BlockMeta SessionMeta(uint64_t seq) {
