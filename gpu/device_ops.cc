@@ -4,6 +4,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+
 namespace evoke {
 namespace {
 
@@ -44,6 +47,25 @@ class CudaFactory final : public DeviceOpsFactory {
 DeviceOpsFactory* CudaDeviceOps() {
   static CudaFactory* const factory = new CudaFactory();
   return factory;
+}
+
+absl::Status CheckChecksumRanges(absl::Span<const DeviceRange> ranges, size_t out_slots) {
+  if (out_slots != ranges.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out: ", out_slots, " slots for ", ranges.size(), " ranges"));
+  }
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const DeviceRange& r = ranges[i];
+    if (r.ptr == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("ranges[", i, "]: null pointer"));
+    }
+    if (r.bytes < kDeviceChecksumMinBytes || r.bytes > kChecksumChunkBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranges[", i, "]: ", r.bytes, " bytes; the device hashes ", kDeviceChecksumMinBytes,
+          " to ", kChecksumChunkBytes, " bytes (hash shorter ranges on the host)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace evoke

@@ -26,21 +26,7 @@ static_assert(kDeviceChecksumMinBytes == xxh3::kShortestLong);
 
 absl::Status DeviceChunkChecksums(int device, absl::Span<const DeviceRange> ranges,
                                   absl::Span<uint64_t> out) {
-  if (out.size() != ranges.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("out: ", out.size(), " slots for ",
-                                                   ranges.size(), " ranges"));
-  }
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    const DeviceRange& r = ranges[i];
-    if (r.ptr == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("ranges[", i, "]: null pointer"));
-    }
-    if (r.bytes < kDeviceChecksumMinBytes || r.bytes > kChecksumChunkBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ranges[", i, "]: ", r.bytes, " bytes; the device hashes ", kDeviceChecksumMinBytes,
-          " to ", kChecksumChunkBytes, " bytes (hash shorter ranges on the host)"));
-    }
-  }
+  if (absl::Status s = CheckChecksumRanges(ranges, out.size()); !s.ok()) return s;
   if (ranges.empty()) return absl::OkStatus();
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {

@@ -52,6 +52,11 @@ inline constexpr uint64_t kDeviceChecksumMinBytes = 241;
 absl::Status DeviceChunkChecksums(int device, absl::Span<const DeviceRange> ranges,
                                   absl::Span<uint64_t> out);
 
+// CheckChecksumRanges validates a DeviceChunkChecksums batch without touching
+// a device (the INVALID_ARGUMENT cases above), for every implementation of
+// device checksums (CUDA, and the host-memory fake in testing/).
+absl::Status CheckChecksumRanges(absl::Span<const DeviceRange> ranges, size_t out_slots);
+
 }  // namespace evoke
 
 #endif  // EVOKE_GPU_XXH3_DEVICE_H_

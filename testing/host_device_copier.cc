@@ -150,22 +150,10 @@ class HostOps final : public DeviceOps {
     {
       absl::MutexLock lock(&state_->mu);
       if (absl::Status s = state_->Enter(DeviceOp::kChecksums); !s.ok()) return s;
-      // The checks of DeviceChunkChecksums (gpu/xxh3_device.cc).
-      if (out.size() != ranges.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("out: ", out.size(), " slots for ", ranges.size(), " ranges"));
-      }
+      // The checks of DeviceChunkChecksums.
+      if (absl::Status s = CheckChecksumRanges(ranges, out.size()); !s.ok()) return s;
       for (size_t i = 0; i < ranges.size(); ++i) {
         const DeviceRange& r = ranges[i];
-        if (r.ptr == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat("ranges[", i, "]: null pointer"));
-        }
-        if (r.bytes < kDeviceChecksumMinBytes || r.bytes > kChecksumChunkBytes) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "ranges[", i, "]: ", r.bytes, " bytes; the device hashes ",
-              kDeviceChecksumMinBytes, " to ", kChecksumChunkBytes,
-              " bytes (hash shorter ranges on the host)"));
-        }
         if (absl::Status s =
                 state_->Inside(device_, r.ptr, r.bytes, absl::StrCat("ranges[", i, "]"));
             !s.ok()) {
