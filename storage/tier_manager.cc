@@ -548,51 +548,45 @@ std::vector<BlockLocation> TierManagerImpl::Lookup(absl::Span<const BlockId> ids
 absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   absl::MutexLock disk(&core_.disk_mu);
-  std::vector<BlockId> on_disk;
   {
     absl::MutexLock lock(&core_.mu);
     for (size_t i = 0; i < ids.size(); ++i) {
-      const IndexEntry* e = core_.index.FindVisible(ids[i]);
-      if (e == nullptr) {
+      if (core_.index.FindVisible(ids[i]) == nullptr) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          absl::StrCat(Name(ids[i]), " not found; nothing deleted"));
       }
-      if (e->record_on_disk) on_disk.push_back(ids[i]);
     }
   }
-  // Disk first: if it fails, the index is unchanged and nothing resurrects
-  // after a restart.
-  if (!on_disk.empty()) EVOKE_RETURN_IF_ERROR(core_.disk->Delete(on_disk));
-  absl::MutexLock lock(&core_.mu);
-  for (const BlockId& id : ids) {
-    IndexEntry* e = core_.index.FindVisible(id);
-    if (e == nullptr) continue;
-    if (observer() != nullptr) observer()->Removed(e->id, e->meta);
-    core_.index.Remove(e);
-    ++core_.counters.deletes;
-  }
-  return absl::OkStatus();
+  return RemoveBlocks(ids).status();
 }
 
 absl::StatusOr<uint32_t> TierManagerImpl::DropSession(absl::string_view ns,
                                                       absl::string_view session_id) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
+  {
+    absl::MutexLock lock(&core_.mu);
+    if (core_.index.SessionIds(ns, session_id).empty()) return 0;
+  }
+  absl::MutexLock disk(&core_.disk_mu);
   std::vector<BlockId> ids;
   {
     absl::MutexLock lock(&core_.mu);
     ids = core_.index.SessionIds(ns, session_id);
   }
-  if (ids.empty()) return 0;
-  // Delete is all-or-nothing over ids that still exist once disk_mu is held.
-  absl::MutexLock disk(&core_.disk_mu);
+  return RemoveBlocks(ids);
+}
+
+absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId> ids) {
   std::vector<BlockId> on_disk;
   {
     absl::MutexLock lock(&core_.mu);
-    ids = core_.index.SessionIds(ns, session_id);
     for (const BlockId& id : ids) {
-      if (core_.index.FindVisible(id)->record_on_disk) on_disk.push_back(id);
+      const IndexEntry* e = core_.index.FindVisible(id);
+      if (e != nullptr && e->record_on_disk) on_disk.push_back(id);
     }
   }
+  // Tier 2 first: if it fails, the index is unchanged and nothing
+  // resurrects after a restart.
   if (!on_disk.empty()) EVOKE_RETURN_IF_ERROR(core_.disk->Delete(on_disk));
   absl::MutexLock lock(&core_.mu);
   uint32_t n = 0;

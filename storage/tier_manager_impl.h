@@ -75,6 +75,10 @@ class TierManagerImpl final : public TierManager {
                           std::vector<SavedBlock>* results, std::vector<size_t>* pin_later);
   absl::Status WriteDurably(std::vector<SavePlan>& plans, std::vector<SavedBlock>* results);
 
+  // RemoveBlocks deletes those of `ids` that still exist from every tier and
+  // returns how many.
+  absl::StatusOr<uint32_t> RemoveBlocks(absl::Span<const BlockId> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.disk_mu);
   absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);
   // Unpinned wakes saves and the spiller when `e` became evictable.
   void Unpinned(const IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) {
