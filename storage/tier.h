@@ -49,7 +49,8 @@ struct TierWrite {
 //   - Read never verifies checksums: the engine hashes its own copy, so a
 //     tier cannot hand out bytes that differ from their checksum;
 //   - calls are thread-safe and may block for I/O; the engine never calls a
-//     tier with its index lock held, so a slow tier slows only the callers
+//     tier with its index lock held once it serves calls (only the start-up
+//     ForEachRecord runs under it), so a slow tier slows only the callers
 //     that need it (the spiller, a Load that misses tier 1).
 class Tier {
  public:
