@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -191,6 +192,10 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
     query.n_query_heads = request->n_query_heads();
     query.aggregate_max = request->aggregation() == v1::AGGREGATION_MAX;
     query.exclude = &exclude;
+    if (request->has_min_score() && !std::isfinite(request->min_score())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_score: must be finite, got ", request->min_score()));
+    }
     query.has_min_score = request->has_min_score();
     query.min_score = request->min_score();
     // Ask for more than k when breadcrumbs may be skipped; widen until k

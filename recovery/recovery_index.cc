@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -233,6 +237,10 @@ class Best {
 template <typename Score>
 std::vector<RecoveryHit> BestHits(const RecoveryQuery& query, const RecoveryIndex::Table& t,
                                   std::vector<std::pair<Score, uint32_t>> scored) {
+  // A score that is not a number ranks last (the sort needs an ordering).
+  for (auto& [score, row] : scored) {
+    if (std::isnan(score)) score = -std::numeric_limits<Score>::infinity();
+  }
   std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
@@ -293,6 +301,16 @@ void RecoveryIndex::Remove(const BlockId& id, const v1::BlockMeta& meta) {
 
 void RecoveryIndex::AddToTable(const std::string& key, const BlockId& id,
                                const v1::Summary& s) {
+  // Records come from clients and from disk: a summary without a shape, of
+  // the wrong size or with a value that is not finite (NaN would rank first
+  // and break the sort's ordering) is never indexed.
+  const bool finite = std::all_of(s.values().begin(), s.values().end(),
+                                  [](float v) { return std::isfinite(v); });
+  if (s.heads() == 0 || s.dim() == 0 || !finite ||
+      static_cast<uint64_t>(s.values_size()) != uint64_t{s.heads()} * s.dim()) {
+    ++rejected_;
+    return;
+  }
   std::unique_ptr<Table>& slot = tables_[key];
   if (slot == nullptr) {
     slot = std::make_unique<Table>();

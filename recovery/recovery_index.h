@@ -72,6 +72,9 @@ class RecoveryIndex {
 
   // Add indexes every summary of a block under its scopes (its session, if
   // a session block, and its layout). Replaces earlier entries of the id.
+  // A summary without a shape (heads or dim 0), of the wrong size, or with a
+  // value that is not finite is not indexed and is counted in
+  // rejected_summaries() (records come from clients and from disk).
   void Add(const BlockId& id, const v1::BlockMeta& meta);
   // Remove drops a block's summaries (no-op if absent).
   void Remove(const BlockId& id, const v1::BlockMeta& meta);
@@ -82,6 +85,12 @@ class RecoveryIndex {
   // the queries' shape does not match the summaries (dim, heads, GQA).
   absl::StatusOr<std::vector<RecoveryHit>> Search(const RecoveryQuery& query,
                                                   uint64_t* candidates) const;
+
+  // Summaries Add refused (per scope they would have gone to).
+  uint64_t rejected_summaries() const {
+    absl::MutexLock lock(&mu_);
+    return rejected_;
+  }
 
   // Rows of one table (tests, Stat).
   uint64_t Rows(absl::string_view scope, v1::SummaryKind kind, uint32_t layer) const;
@@ -103,6 +112,7 @@ class RecoveryIndex {
   CopyPool* const pool_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+  uint64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace evoke

@@ -158,3 +158,39 @@ TEST(RecoveryIndexTest, ShapeErrorsAndEmptyScopes) {
 
 }  // namespace
 }  // namespace evoke
+
+namespace evoke {
+namespace {
+
+// Summaries that would break the search (a NaN ranks first and breaks the
+// sort's ordering; heads = 0 divides by zero in the shape check) are never
+// indexed, whether a client sent them or a record on disk holds them.
+TEST(RecoveryIndexTest, SummariesThatCannotBeScoredAreRefused) {
+  RecoveryIndex index;
+  std::vector<float> good(kHeads * kDim, 0.25f);
+  std::vector<float> nan = good;
+  nan[3] = std::nanf("");
+  std::vector<float> inf = good;
+  inf[0] = INFINITY;
+  index.Add(SessionBlockId("ns", "s", 0), Block("s", 0, nan));  // First: it must not win.
+  index.Add(SessionBlockId("ns", "s", 1), Block("s", 1, inf));
+  v1::BlockMeta no_heads = Block("s", 2, good);
+  no_heads.mutable_summaries(0)->set_heads(0);
+  index.Add(SessionBlockId("ns", "s", 2), no_heads);
+  v1::BlockMeta short_values = Block("s", 3, std::vector<float>(kDim, 1.0f));
+  index.Add(SessionBlockId("ns", "s", 3), short_values);
+  // Two scopes each (session and model): 4 blocks x 2.
+  EXPECT_EQ(index.rejected_summaries(), 8u);
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), 0u);
+
+  index.Add(SessionBlockId("ns", "s", 4), Block("s", 4, good));
+  const std::vector<float> q(kHeads * kDim, 1.0f);
+  RecoveryQuery query = Query(SessionScopeKey("ns", "s"), q, kHeads, 8);
+  ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> hits, index.Search(query, nullptr));
+  ASSERT_EQ(hits.size(), 1u);
+  EXPECT_EQ(hits[0].id, SessionBlockId("ns", "s", 4));
+  EXPECT_TRUE(std::isfinite(hits[0].score));
+}
+
+}  // namespace
+}  // namespace evoke

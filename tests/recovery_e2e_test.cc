@@ -133,6 +133,10 @@ TEST_F(RecoveryTest, DaemonSummarizesAndRecoversBySimilarity) {
   high.set_min_score(top.blocks(0).score() + 1);
   ASSERT_OK_AND_ASSIGN(v1::RecoverResponse none, client_->Recover(high));
   EXPECT_EQ(none.blocks_size(), 0);
+  // A min_score that is not a number would pass every comparison's "below".
+  high.set_min_score(std::nanf(""));
+  EXPECT_THAT(client_->Recover(high),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("min_score: must be finite")));
   // Exclude what is still resident.
   v1::RecoverRequest excluding = SessionQuery("chat", s.directions[5], 1);
   excluding.add_exclude_ids(s.blocks[5].id().ToBytes());
