@@ -175,6 +175,7 @@ void PrintStat(const v1::StatResponse& s) {
             << " promotions=" << c.promotions() << " breadcrumbs=" << c.breadcrumbs()
             << " checksum_failures=" << c.checksum_failures()
             << " deletes=" << c.deletes() << " spill_errors=" << c.spill_errors()
+            << " invalid_records=" << c.invalid_records()
             << "\n";
 }
 

@@ -175,6 +175,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     return std::move(s).value();
   };
+  tier_options.limits.max_block_bytes = options.max_block_bytes;
   tier_options.high_watermark = options.high_watermark;
   tier_options.low_watermark = options.low_watermark;
   tier_options.spill_bytes = options.spill_bytes;

@@ -82,6 +82,7 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   o->set_checksum_failures(c.checksum_failures);
   o->set_deletes(c.deletes);
   o->set_spill_errors(c.spill_errors);
+  o->set_invalid_records(c.invalid_records);
   out->set_pinned_memory_locked(in.host_locked);
   out->set_pinned_memory_lock_error(in.host_lock_error);
   out->set_pinned_largest_free_bytes(in.host_largest_free_bytes);

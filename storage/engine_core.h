@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -71,6 +72,9 @@ struct EngineCore {
   std::atomic<int64_t> last_tier_error_log_s{0};
 
   BlockIndex index ABSL_GUARDED_BY(mu);
+  // Records that failed validation at start, with the reason: on disk, not
+  // in the index, never served.
+  absl::flat_hash_map<BlockId, std::string> invalid_records ABSL_GUARDED_BY(mu);
   StorageCounters counters ABSL_GUARDED_BY(mu);
 };
 

@@ -58,6 +58,15 @@ absl::Status TierManagerImpl::Rebuild() {
   absl::MutexLock lock(&core_.mu);
   EVOKE_RETURN_IF_ERROR(core_.disk->ForEachRecord(
       [&](const BlockId& id, storage::SpillRecord record) -> absl::Status {
+        if (absl::Status valid = ValidateRecord(id, record.meta()); !valid.ok()) {
+          if (core_.invalid_records.size() < 20) {
+            EVOKE_LOG_ERROR("record ", id.ToHex(), " is invalid and is not served: ",
+                            valid.message());
+          }
+          core_.invalid_records.emplace(id, std::string(valid.message()));
+          ++core_.counters.invalid_records;
+          return absl::OkStatus();
+        }
         IndexEntry* e =
             core_.index.AddRecovered(id, std::move(*record.mutable_meta()),
                                      record.payload_present(), record.last_access_unix_ms());
@@ -67,7 +76,24 @@ absl::Status TierManagerImpl::Rebuild() {
       &skipped));
   core_.index.FinishLoading();
   core_.counters.checksum_failures += skipped.size();
+  if (!core_.invalid_records.empty()) {
+    EVOKE_LOG_ERROR(core_.invalid_records.size(),
+                    " records failed validation and are kept out of the index (Stat: "
+                    "invalid_records; evokectl verify or delete removes them)");
+  }
   return absl::OkStatus();
+}
+
+absl::Status TierManagerImpl::ValidateRecord(const BlockId& id, const v1::BlockMeta& meta) const {
+  if (meta.id() != id.ToBytes()) {
+    return absl::DataLossError("meta.id: differs from the record's key");
+  }
+  if (!meta.has_checksum()) return absl::DataLossError("meta.checksum: is missing");
+  // Summaries are the RecoveryIndex's to check (a bad one is not indexed;
+  // the block itself stays good).
+  v1::BlockMeta shape = meta;
+  shape.clear_summaries();
+  return ValidateBlockForSave(shape, meta.payload_bytes(), core_.options.limits, "record");
 }
 
 // ------------------------------------------------------------ Save
@@ -551,7 +577,8 @@ absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids) {
   {
     absl::MutexLock lock(&core_.mu);
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (core_.index.FindVisible(ids[i]) == nullptr) {
+      if (core_.index.FindVisible(ids[i]) == nullptr &&
+          !core_.invalid_records.contains(ids[i])) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          absl::StrCat(Name(ids[i]), " not found; nothing deleted"));
       }
@@ -582,7 +609,9 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
     absl::MutexLock lock(&core_.mu);
     for (const BlockId& id : ids) {
       const IndexEntry* e = core_.index.FindVisible(id);
-      if (e != nullptr && e->record_on_disk) on_disk.push_back(id);
+      if ((e != nullptr && e->record_on_disk) || core_.invalid_records.contains(id)) {
+        on_disk.push_back(id);
+      }
     }
   }
   // Tier 2 first: if it fails, the index is unchanged and nothing
@@ -591,6 +620,11 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
   absl::MutexLock lock(&core_.mu);
   uint32_t n = 0;
   for (const BlockId& id : ids) {
+    if (core_.invalid_records.erase(id) > 0) {
+      ++core_.counters.deletes;
+      ++n;
+      continue;
+    }
     IndexEntry* e = core_.index.FindVisible(id);
     if (e == nullptr) continue;
     if (observer() != nullptr) observer()->Removed(e->id, e->meta);

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash128.h"
+#include "common/block_validation.h"
 #include "common/clock.h"
 #include "evoke/v1/block.pb.h"
 #include "storage/pinned_arena.h"
@@ -65,6 +66,12 @@ struct TierManagerOptions {
   // parallel (1 MiB pieces). 0: every copy on the calling thread.
   // Default: 2.
   int copy_threads = 2;
+  // What a stored record may be. At start every record is checked as a Save
+  // would be (id, shape, positions, fingerprint, payload size; summaries
+  // are checked by the observer that indexes them): one that fails is left
+  // on disk, out of the index, counted in invalid_records, and removed by
+  // Delete or Verify. The daemon passes its request limits.
+  BlockLimits limits;
   // Where timestamps come from (last access, uptime). Null: the wall clock.
   const Clock* clock = nullptr;
 };

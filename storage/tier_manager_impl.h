@@ -37,6 +37,8 @@ class TierManagerImpl final : public TierManager {
   ~TierManagerImpl() override { spiller_.Stop(); }
 
   absl::Status Rebuild();
+  // ValidateRecord checks a record read at start as a Save would check it.
+  absl::Status ValidateRecord(const BlockId& id, const v1::BlockMeta& meta) const;
   void Start() { spiller_.Start(); }
 
   absl::StatusOr<std::vector<SavedBlock>> Save(absl::Span<const SaveItem> items,

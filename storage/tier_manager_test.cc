@@ -594,3 +594,62 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverExceedBudget) {
 
 }  // namespace
 }  // namespace evoke
+
+namespace evoke {
+namespace {
+
+// Records on disk are checked at start as a Save would be: a corrupt or
+// hostile one (a key that is not its id, an impossible size) stays out of
+// the index and is never served, the daemon starts anyway, and Delete or
+// Verify removes it.
+TEST_F(TierManagerTest, InvalidRecordsAreKeptOutAndRemovable) {
+  const v1::BlockMeta good = SessionMeta("s", 0);
+  const v1::BlockMeta wrong_key = SessionMeta("s", 1);
+  v1::BlockMeta huge = SessionMeta("s", 2);
+  v1::BlockMeta no_checksum = SessionMeta("s", 3);
+  {
+    SpillStoreOptions options;
+    options.path = dir_.Join("db");
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<SpillStore> disk, SpillStore::Open(options));
+    const std::string payload = Payload(7, 4 * kKiB);
+    std::vector<storage::SpillRecord> records(4);
+    const v1::BlockMeta* metas[] = {&good, &wrong_key, &huge, &no_checksum};
+    for (int i = 0; i < 4; ++i) {
+      *records[i].mutable_meta() = *metas[i];
+      records[i].mutable_meta()->set_payload_bytes(payload.size());
+      if (i != 3) {
+        records[i].mutable_meta()->set_checksum(PayloadChecksum(payload.data(), payload.size()));
+      }
+    }
+    records[1].mutable_meta()->set_id("short");            // Not the key.
+    records[2].mutable_meta()->set_payload_bytes(1ull << 62);  // A bad_alloc in Verify.
+    std::vector<SpillWrite> writes;
+    for (int i = 0; i < 4; ++i) writes.push_back({IdOf(*metas[i]), &records[i], payload});
+    ASSERT_OK(disk->Put(writes, /*sync=*/true));
+  }
+  Open(1 * kMiB);
+  EXPECT_EQ(Stat().counters.invalid_records, 3u);
+  EXPECT_EQ(Stat().disk.blocks, 1u);
+  ASSERT_OK_AND_ASSIGN(std::string got, Load(IdOf(good)));
+  EXPECT_EQ(got, Payload(7, 4 * kKiB));
+  EXPECT_THAT(Load(IdOf(wrong_key)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(tm_->Describe(IdOf(huge)), StatusIs(absl::StatusCode::kNotFound));
+  bool more = false;
+  EXPECT_EQ(tm_->List({}, nullptr, 10, &more).size(), 1u);
+
+  // Delete removes one; Verify reports and removes the others.
+  const BlockId wrong[] = {IdOf(wrong_key)};
+  ASSERT_OK(tm_->Delete(wrong));
+  ASSERT_OK_AND_ASSIGN(VerifyReport report, tm_->Verify({}));
+  EXPECT_EQ(report.corrupt.size(), 2u);
+  for (const CorruptCopy& c : report.corrupt) {
+    EXPECT_THAT(c.detail, HasSubstr("record failed validation at start"));
+  }
+  EXPECT_EQ(report.copies_ok, 2u);  // `good`: tier 1 (promoted by the Load) and disk.
+  Open(1 * kMiB);  // Nothing invalid is left on disk.
+  EXPECT_EQ(Stat().counters.invalid_records, 0u);
+  EXPECT_EQ(Stat().disk.blocks, 1u);
+}
+
+}  // namespace
+}  // namespace evoke

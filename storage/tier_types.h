@@ -68,7 +68,7 @@ struct StorageCounters {
   uint64_t saves = 0, dedups = 0, loads = 0, hits_tier1 = 0, hits_tier2 = 0,
            misses = 0, spills = 0, spilled_bytes = 0, evictions = 0,
            promotions = 0, breadcrumbs = 0, checksum_failures = 0, deletes = 0,
-           spill_errors = 0;
+           spill_errors = 0, invalid_records = 0;
 };
 
 struct TierStats {

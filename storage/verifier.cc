@@ -3,8 +3,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/status_macros.h"
 
 namespace evoke {
 
@@ -12,12 +14,36 @@ absl::StatusOr<VerifyReport> VerifyBlocks(EngineCore* core,
                                           absl::Span<const BlockId> requested) {
   VerifyReport out;
   std::vector<BlockId> ids(requested.begin(), requested.end());
-  if (ids.empty()) {
+  // Records that failed validation at start are reported and removed.
+  std::vector<std::pair<BlockId, std::string>> invalid;
+  {
     absl::MutexLock lock(&core->mu);
-    ids = core->index.VisibleIds();
+    if (ids.empty()) {
+      ids = core->index.VisibleIds();
+      invalid.assign(core->invalid_records.begin(), core->invalid_records.end());
+    } else {
+      for (const BlockId& id : ids) {
+        auto it = core->invalid_records.find(id);
+        if (it != core->invalid_records.end()) invalid.emplace_back(it->first, it->second);
+      }
+    }
   }
+  for (const auto& [id, reason] : invalid) {
+    ++out.blocks_checked;
+    ++out.copies_checked;
+    out.corrupt.push_back(CorruptCopy{
+        id, BlockLocation::kDisk, absl::StrCat("record failed validation at start: ", reason)});
+    absl::MutexLock disk(&core->disk_mu);
+    const BlockId one[] = {id};
+    EVOKE_RETURN_IF_ERROR(core->disk->Delete(one));
+    absl::MutexLock lock(&core->mu);
+    core->invalid_records.erase(id);
+  }
+  absl::flat_hash_set<BlockId> handled;
+  for (const auto& [id, reason] : invalid) handled.insert(id);
   std::string scratch;
   for (const BlockId& id : ids) {
+    if (handled.contains(id)) continue;
     IndexEntry* reader = nullptr;
     uint64_t gen = 0, checksum = 0, bytes = 0;
     bool on_disk = false;
