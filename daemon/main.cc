@@ -5,6 +5,7 @@
 // flags.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <string>
@@ -31,6 +32,11 @@ int main(int argc, char** argv) {
   evoke::LogLevel level = evoke::LogLevel::kInfo;
   evoke::ParseLogLevel(options.log_level, &level);
   evoke::SetLogLevel(level);
+
+  // Files evoked creates (RocksDB's WAL, SST and blob files, logs) hold other
+  // processes' KV bytes: owner-only whatever umask evoked was started with.
+  // The sockets set their own modes (0660).
+  umask(077);
 
   // Block the shutdown signals in every thread (all are created after this)
   // and take them synchronously below.

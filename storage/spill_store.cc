@@ -211,6 +211,14 @@ absl::StatusOr<std::unique_ptr<SpillStore>> SpillStore::Open(
     return absl::UnavailableError(absl::StrCat(
         "data_dir: cannot create ", opts.path, ": ", ec.message()));
   }
+  // The data dir holds other processes' KV bytes (the WAL, blob files): only
+  // its owner may enter it, whatever the umask or the mode it was made with.
+  std::filesystem::permissions(opts.path, std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::replace, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("data_dir: cannot restrict ", opts.path,
+                                               " to its owner (mode 0700): ", ec.message()));
+  }
 
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;

@@ -1,5 +1,6 @@
 #include "storage/spill_store.h"
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,24 @@ TEST_F(SpillStoreTest, SecondOpenOfSameDirectoryIsRefused) {
 TEST_F(SpillStoreTest, EmptyPathIsInvalid) {
   EXPECT_THAT(SpillStore::Open(SpillStoreOptions()),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace evoke
+
+namespace evoke {
+namespace {
+
+TEST(SpillStoreModeTest, DataDirIsRestrictedToItsOwner) {
+  evoke::testing::TempDir dir;
+  const std::string path = dir.Join("open-db");
+  std::filesystem::create_directories(path);
+  std::filesystem::permissions(path, std::filesystem::perms::all);  // 0777.
+  SpillStoreOptions options;
+  options.path = path;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SpillStore> store, SpillStore::Open(options));
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::mask,
+            std::filesystem::perms::owner_all);
 }
 
 }  // namespace

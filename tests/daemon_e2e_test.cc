@@ -61,6 +61,29 @@ TEST_F(DaemonTest, ServesHealthReflectionOnPrivateSocket) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// The data dir and everything in it are the owner's alone, even when evoked
+// starts under umask 000 (RocksDB's files would otherwise be 0666 and the
+// WAL, which holds payload bytes, readable by every local user).
+TEST_F(DaemonTest, DataDirIsOwnerOnlyWhateverTheUmask) {
+  const mode_t old = umask(0);
+  StartDaemon();
+  umask(old);
+  const v1::BlockMeta meta = evoke::testing::SessionMeta(SmallFingerprint(), "perm", 0, 16);
+  const std::string payload = Payload(1, CanonicalPayloadBytes(SmallFingerprint(), 16, 4).value());
+  ASSERT_OK(client_->Save({BlockToSave(meta, payload)}, /*durable=*/true));
+  ASSERT_OK(client_->Flush(/*evict=*/false));
+  struct stat st;
+  ASSERT_EQ(stat(daemon_->data_dir().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  int files = 0;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(daemon_->data_dir())) {
+    ASSERT_EQ(stat(f.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 077, 0u) << f.path() << " is open to others";
+    ++files;
+  }
+  EXPECT_GT(files, 3);
+}
+
 TEST_F(DaemonTest, RefusesSecondDaemonOnSameDataDirOrSocket) {
   StartDaemon();
   // Same socket: refused, and the first daemon keeps serving.
