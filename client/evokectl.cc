@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -194,11 +196,12 @@ int Run(int argc, char** argv) {
   CLI::App* stat = app.add_subcommand("stat", "Occupancy of each tier and counters");
   CLI::App* ls = app.add_subcommand("ls", "List blocks");
   std::string ls_ns, ls_session, ls_tier;
-  size_t ls_limit = 0;
+  int64_t ls_limit = 0;
   ls->add_option("--namespace", ls_ns, "Only this namespace");
   ls->add_option("--session", ls_session, "Only this session (needs --namespace)");
   ls->add_option("--tier", ls_tier, "pinned, spill or breadcrumb");
-  ls->add_option("--limit", ls_limit, "At most this many blocks (0 = all)");
+  ls->add_option("--limit", ls_limit, "At most this many blocks (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   CLI::App* show = app.add_subcommand("show", "One block's metadata and state");
   std::string show_id;
   show->add_option("ID", show_id, "Block id (32 hex digits)")->required();
@@ -234,6 +237,15 @@ int Run(int argc, char** argv) {
   }
 
   try {
+    // An operator's tool fails at once when there is no socket to dial,
+    // rather than waiting out the connect timeout.
+    const std::string target = ResolveTarget(socket);
+    if (std::error_code ec;
+        absl::StartsWith(target, "unix:") && !std::filesystem::exists(target.substr(5), ec)) {
+      Check(absl::UnavailableError(absl::StrCat(
+          "cannot reach evoked at ", target,
+          ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
+    }
     ClientOptions options;
     options.target = socket;
     options.call_timeout = absl::Seconds(timeout_s);
@@ -264,11 +276,11 @@ int Run(int argc, char** argv) {
         request.set_page_size(1000);
         v1::ListResponse page = Check(client->List(request));
         for (auto& b : *page.mutable_blocks()) {
-          if (ls_limit != 0 && static_cast<size_t>(all.blocks_size()) >= ls_limit) break;
+          if (ls_limit != 0 && all.blocks_size() >= ls_limit) break;
           *all.add_blocks() = std::move(b);
         }
         if (page.next_page_token().empty() ||
-            (ls_limit != 0 && static_cast<size_t>(all.blocks_size()) >= ls_limit)) {
+            (ls_limit != 0 && all.blocks_size() >= ls_limit)) {
           break;
         }
         request.set_page_token(page.next_page_token());

@@ -38,7 +38,8 @@ trap cleanup EXIT
 start_evoked() {
   "$BIN/daemon/evoked" 2>>evoked.log &
   pid=$!
-  for _ in $(seq 1 300); do
+  # Up to 60 s: evokectl fails at once while the socket does not exist yet.
+  for _ in $(seq 1 600); do
     if "$BIN/client/evokectl" health --timeout 1 >/dev/null 2>&1; then return 0; fi
     if ! kill -0 "$pid" 2>/dev/null; then cat evoked.log; echo "demo: evoked exited" >&2; exit 1; fi
     sleep 0.1

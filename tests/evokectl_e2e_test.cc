@@ -83,6 +83,14 @@ TEST_F(EvokectlTest, ErrorsAreOneLineAndNonZero) {
   r = RunEvokectl(dir_.Join("nobody.sock"), {"stat", "--timeout", "1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("cannot reach evoked"));
+  // Without --timeout too: a path with no socket fails at once, not after
+  // the 10 s connect wait (the message says why).
+  r = RunEvokectl(dir_.Join("nobody.sock"), {"stat"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("no such socket"));
+  r = Ctl({"ls", "--limit", "-1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--limit"));
 }
 
 TEST_F(EvokectlTest, SocketFromEnvironment) {
