@@ -176,10 +176,67 @@ absl::Status ValidateFingerprint(const v1::LayoutFingerprint& fp,
   return absl::OkStatus();
 }
 
-absl::Status ValidateBlockForSave(const v1::BlockMeta& meta,
-                                  uint64_t payload_bytes,
-                                  const BlockLimits& limits,
-                                  absl::string_view field) {
+namespace {
+
+// ValidateSummaries checks a block's summaries (at most 8; kinds, layers,
+// shapes matching the fingerprint, finite values, no duplicates).
+absl::Status ValidateSummaries(const v1::BlockMeta& meta, const std::string& m) {
+  const v1::LayoutFingerprint& fp = meta.fingerprint();
+  if (meta.summaries_size() > 8) {
+    return Invalid(m, "summaries",
+                   absl::StrCat("has ", meta.summaries_size(), " summaries, at most 8"));
+  }
+  std::vector<std::pair<int, uint32_t>> seen;
+  for (int i = 0; i < meta.summaries_size(); ++i) {
+    const v1::Summary& s = meta.summaries(i);
+    const std::string sf = absl::StrCat(m, ".summaries[", i, "]");
+    if (!v1::SummaryKind_IsValid(s.kind()) || s.kind() == v1::SUMMARY_KIND_UNSPECIFIED) {
+      return Invalid(sf, "kind",
+                     s.kind() == v1::SUMMARY_KIND_UNSPECIFIED
+                         ? std::string("is required")
+                         : absl::StrCat("unknown summary kind ", static_cast<int>(s.kind())));
+    }
+    if (s.kind() == v1::SUMMARY_EMBEDDING) {
+      if (s.heads() != 1) return Invalid(sf, "heads", absl::StrCat(s.heads(), " must be 1 for an embedding"));
+      if (s.dim() == 0 || s.dim() > 8192) {
+        return Invalid(sf, "dim", absl::StrCat(s.dim(), " is out of range [1, 8192]"));
+      }
+      if (s.layer() != 0) return Invalid(sf, "layer", "must be 0 for an embedding");
+    } else {
+      if (s.layer() < meta.layer_begin() || s.layer() >= meta.layer_end()) {
+        return Invalid(sf, "layer", absl::StrCat(s.layer(), " is outside the block's layers [",
+                                                 meta.layer_begin(), ", ", meta.layer_end(), ")"));
+      }
+      if (s.heads() != fp.n_kv_heads()) {
+        return Invalid(sf, "heads", absl::StrCat(s.heads(), " must equal n_kv_heads ",
+                                                 fp.n_kv_heads()));
+      }
+      if (s.dim() != fp.head_dim()) {
+        return Invalid(sf, "dim", absl::StrCat(s.dim(), " must equal head_dim ", fp.head_dim()));
+      }
+      if (s.kind() == v1::SUMMARY_REPR_KEYS && (s.r() == 0 || s.r() > meta.n_tokens())) {
+        return Invalid(sf, "r", absl::StrCat(s.r(), " must be in [1, n_tokens ", meta.n_tokens(), "]"));
+      }
+    }
+    if (static_cast<uint64_t>(s.values_size()) != static_cast<uint64_t>(s.heads()) * s.dim()) {
+      return Invalid(sf, "values", absl::StrCat("has ", s.values_size(), " floats, expected heads x dim = ",
+                                                static_cast<uint64_t>(s.heads()) * s.dim()));
+    }
+    for (float v : s.values()) {
+      if (!std::isfinite(v)) return Invalid(sf, "values", "must all be finite");
+    }
+    const std::pair<int, uint32_t> key(s.kind(), s.layer());
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return Invalid(sf, "kind", "duplicates another summary of the same kind and layer");
+    }
+    seen.push_back(key);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
+                           const BlockLimits& limits, absl::string_view field,
+                           bool check_summaries) {
   const std::string m = absl::StrCat(field, ".meta");
   auto id = Hash128::FromBytes(meta.id());
   if (!id.ok()) return Invalid(m, "id", id.status().message());
@@ -270,54 +327,8 @@ absl::Status ValidateBlockForSave(const v1::BlockMeta& meta,
                          : absl::StrCat("unknown block kind ",
                                         static_cast<int>(meta.kind())));
   }
-  if (meta.summaries_size() > 8) {
-    return Invalid(m, "summaries",
-                   absl::StrCat("has ", meta.summaries_size(), " summaries, at most 8"));
-  }
-  std::vector<std::pair<int, uint32_t>> seen;
-  for (int i = 0; i < meta.summaries_size(); ++i) {
-    const v1::Summary& s = meta.summaries(i);
-    const std::string sf = absl::StrCat(m, ".summaries[", i, "]");
-    if (!v1::SummaryKind_IsValid(s.kind()) || s.kind() == v1::SUMMARY_KIND_UNSPECIFIED) {
-      return Invalid(sf, "kind",
-                     s.kind() == v1::SUMMARY_KIND_UNSPECIFIED
-                         ? std::string("is required")
-                         : absl::StrCat("unknown summary kind ", static_cast<int>(s.kind())));
-    }
-    if (s.kind() == v1::SUMMARY_EMBEDDING) {
-      if (s.heads() != 1) return Invalid(sf, "heads", absl::StrCat(s.heads(), " must be 1 for an embedding"));
-      if (s.dim() == 0 || s.dim() > 8192) {
-        return Invalid(sf, "dim", absl::StrCat(s.dim(), " is out of range [1, 8192]"));
-      }
-      if (s.layer() != 0) return Invalid(sf, "layer", "must be 0 for an embedding");
-    } else {
-      if (s.layer() < meta.layer_begin() || s.layer() >= meta.layer_end()) {
-        return Invalid(sf, "layer", absl::StrCat(s.layer(), " is outside the block's layers [",
-                                                 meta.layer_begin(), ", ", meta.layer_end(), ")"));
-      }
-      if (s.heads() != fp.n_kv_heads()) {
-        return Invalid(sf, "heads", absl::StrCat(s.heads(), " must equal n_kv_heads ",
-                                                 fp.n_kv_heads()));
-      }
-      if (s.dim() != fp.head_dim()) {
-        return Invalid(sf, "dim", absl::StrCat(s.dim(), " must equal head_dim ", fp.head_dim()));
-      }
-      if (s.kind() == v1::SUMMARY_REPR_KEYS && (s.r() == 0 || s.r() > meta.n_tokens())) {
-        return Invalid(sf, "r", absl::StrCat(s.r(), " must be in [1, n_tokens ", meta.n_tokens(), "]"));
-      }
-    }
-    if (static_cast<uint64_t>(s.values_size()) != static_cast<uint64_t>(s.heads()) * s.dim()) {
-      return Invalid(sf, "values", absl::StrCat("has ", s.values_size(), " floats, expected heads x dim = ",
-                                                static_cast<uint64_t>(s.heads()) * s.dim()));
-    }
-    for (float v : s.values()) {
-      if (!std::isfinite(v)) return Invalid(sf, "values", "must all be finite");
-    }
-    const std::pair<int, uint32_t> key(s.kind(), s.layer());
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
-      return Invalid(sf, "kind", "duplicates another summary of the same kind and layer");
-    }
-    seen.push_back(key);
+  if (check_summaries) {
+    if (absl::Status sums = ValidateSummaries(meta, m); !sums.ok()) return sums;
   }
   const std::string payload = absl::StrCat(field, ".payload");
   if (payload_bytes == 0) {
@@ -347,6 +358,18 @@ absl::Status ValidateBlockForSave(const v1::BlockMeta& meta,
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateBlockForSave(const v1::BlockMeta& meta, uint64_t payload_bytes,
+                                  const BlockLimits& limits, absl::string_view field) {
+  return ValidateBlock(meta, payload_bytes, limits, field, /*check_summaries=*/true);
+}
+
+absl::Status ValidateStoredBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
+                                 const BlockLimits& limits, absl::string_view field) {
+  return ValidateBlock(meta, payload_bytes, limits, field, /*check_summaries=*/false);
 }
 
 }  // namespace evoke

@@ -49,6 +49,12 @@ absl::Status ValidateBlockForSave(const v1::BlockMeta& meta,
                                   const BlockLimits& limits,
                                   absl::string_view field);
 
+// ValidateStoredBlock is ValidateBlockForSave without the summaries: what a
+// record read back at start must satisfy to be served (a summary that
+// cannot be scored is the RecoveryIndex's to refuse; the block stays good).
+absl::Status ValidateStoredBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
+                                 const BlockLimits& limits, absl::string_view field);
+
 }  // namespace evoke
 
 #endif  // EVOKE_COMMON_BLOCK_VALIDATION_H_

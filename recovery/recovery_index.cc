@@ -271,12 +271,23 @@ std::string RecoveryIndex::TableKey(absl::string_view scope, v1::SummaryKind kin
   return absl::StrCat(scope, "|", static_cast<int>(kind), "|", layer);
 }
 
-void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
-  if (meta.summaries().empty()) return;
+namespace {
+
+// The scopes a block's summaries are indexed under: its layout, and its
+// session when it is a session block.
+std::vector<std::string> ScopesOf(const v1::BlockMeta& meta) {
   std::vector<std::string> scopes = {ModelScopeKey(DigestFingerprint(meta.fingerprint()))};
   if (meta.kind() == v1::BLOCK_KIND_SESSION) {
     scopes.push_back(SessionScopeKey(meta.fingerprint().namespace_(), meta.session_id()));
   }
+  return scopes;
+}
+
+}  // namespace
+
+void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
+  if (meta.summaries().empty()) return;
+  const std::vector<std::string> scopes = ScopesOf(meta);
   absl::MutexLock lock(&mu_);
   for (const v1::Summary& s : meta.summaries()) {
     for (const std::string& scope : scopes) {
@@ -287,10 +298,7 @@ void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
 
 void RecoveryIndex::Remove(const BlockId& id, const v1::BlockMeta& meta) {
   if (meta.summaries().empty()) return;
-  std::vector<std::string> scopes = {ModelScopeKey(DigestFingerprint(meta.fingerprint()))};
-  if (meta.kind() == v1::BLOCK_KIND_SESSION) {
-    scopes.push_back(SessionScopeKey(meta.fingerprint().namespace_(), meta.session_id()));
-  }
+  const std::vector<std::string> scopes = ScopesOf(meta);
   absl::MutexLock lock(&mu_);
   for (const v1::Summary& s : meta.summaries()) {
     for (const std::string& scope : scopes) {

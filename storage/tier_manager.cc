@@ -89,11 +89,7 @@ absl::Status TierManagerImpl::ValidateRecord(const BlockId& id, const v1::BlockM
     return absl::DataLossError("meta.id: differs from the record's key");
   }
   if (!meta.has_checksum()) return absl::DataLossError("meta.checksum: is missing");
-  // Summaries are the RecoveryIndex's to check (a bad one is not indexed;
-  // the block itself stays good).
-  v1::BlockMeta shape = meta;
-  shape.clear_summaries();
-  return ValidateBlockForSave(shape, meta.payload_bytes(), core_.options.limits, "record");
+  return ValidateStoredBlock(meta, meta.payload_bytes(), core_.options.limits, "record");
 }
 
 // ------------------------------------------------------------ Save
@@ -590,10 +586,6 @@ absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids) {
 absl::StatusOr<uint32_t> TierManagerImpl::DropSession(absl::string_view ns,
                                                       absl::string_view session_id) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  {
-    absl::MutexLock lock(&core_.mu);
-    if (core_.index.SessionIds(ns, session_id).empty()) return 0;
-  }
   absl::MutexLock disk(&core_.disk_mu);
   std::vector<BlockId> ids;
   {
