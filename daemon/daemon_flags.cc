@@ -109,6 +109,32 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
       ->capture_default_str();
   app.add_option("--log-level", o->log_level, "debug, info, warning or error")
       ->capture_default_str();
+  app.add_option("--policy", o->policy,
+                 "Access policy file: namespaces per uid/gid, admins, TCP bearer "
+                 "tokens (default: none, every local peer may use every namespace)");
+  app.add_option("--tcp-listen", o->tcp_listen,
+                 "Also serve the API on TCP HOST:PORT, with TLS and bearer tokens "
+                 "(requires --tls-cert, --tls-key and --policy; default: off)");
+  app.add_option("--tls-cert", o->tls_cert,
+                 "PEM certificate chain of the TCP listener");
+  app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");
+  AddSize(app, "max-mapped-bytes", &o->max_mapped_bytes,
+          "Client shared memory mapped at once, over all leases");
+  app.add_option("--max-mappings", o->max_mappings,
+                 "Client shared-memory mappings at once (keep well under "
+                 "vm.max_map_count)")
+      ->capture_default_str();
+  AddSize(app, "max-mapped-bytes-per-uid", &o->max_mapped_bytes_per_uid,
+          "Client shared memory mapped at once by one uid (0 = --max-mapped-bytes)");
+  app.add_option("--fd-connection-deadline-ms", o->fd_connection_deadline_ms,
+                 "Total time one fd-socket connection has, however slowly it sends")
+      ->capture_default_str();
+  app.add_option("--lease-idle-ms", o->lease_idle_ms,
+                 "Close a lease with no RPC for this long (0 = never)")
+      ->capture_default_str();
+  AddSize(app, "metadata-bytes", &o->metadata_bytes,
+          "Budget of block metadata in memory (tokens, positions, summaries), "
+          "all namespaces together");
 
   try {
     app.parse(argc, argv);
@@ -172,7 +198,17 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "max-region-bytes = ", size(o.max_region_bytes), "\n",
       "cuda-register-chunk-bytes = ", size(o.cuda_register_chunk_bytes), "\n",
       "summary-layer = ", o.summary_layer, "\n",
-      "log-level = \"", o.log_level, "\"\n");
+      "log-level = \"", o.log_level, "\"\n",
+      "policy = \"", o.policy, "\"\n",
+      "tcp-listen = \"", o.tcp_listen, "\"\n",
+      "tls-cert = \"", o.tls_cert, "\"\n",
+      "tls-key = \"", o.tls_key, "\"\n",
+      "max-mapped-bytes = ", size(o.max_mapped_bytes), "\n",
+      "max-mappings = ", o.max_mappings, "\n",
+      "max-mapped-bytes-per-uid = ", size(o.max_mapped_bytes_per_uid), "\n",
+      "fd-connection-deadline-ms = ", o.fd_connection_deadline_ms, "\n",
+      "lease-idle-ms = ", o.lease_idle_ms, "\n",
+      "metadata-bytes = ", size(o.metadata_bytes), "\n");
 }
 
 }  // namespace evoke

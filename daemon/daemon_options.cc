@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/log.h"
@@ -16,7 +17,39 @@ absl::Status Invalid(absl::string_view flag, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", problem));
 }
 
+// A sanity bound, not the kernel's: the daemon still has to stay under
+// vm.max_map_count, which an administrator may have raised.
+constexpr uint32_t kMaxMappingsLimit = 1u << 22;
+
 }  // namespace
+
+bool SplitHostPort(absl::string_view address, std::string* host, uint16_t* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  absl::string_view h = address.substr(0, colon);
+  const absl::string_view p = address.substr(colon + 1);
+  if (h.front() == '[') {
+    // An IPv6 literal in brackets: "[::1]".
+    if (h.size() < 3 || h.back() != ']') return false;
+    h = h.substr(1, h.size() - 2);
+  } else if (h.find(':') != absl::string_view::npos) {
+    return false;  // An IPv6 literal must be bracketed.
+  }
+  for (char c : h) {
+    if (c <= ' ' || c == '/' || c == '[' || c == ']') return false;
+  }
+  uint32_t value = 0;
+  if (p.empty() || p.size() > 5 || !absl::SimpleAtoi(p, &value) || value == 0 ||
+      value > 65535) {
+    return false;
+  }
+  for (char c : p) {
+    if (c < '0' || c > '9') return false;
+  }
+  *host = std::string(h);
+  *port = static_cast<uint16_t>(value);
+  return true;
+}
 
 absl::Status DaemonOptions::Validate() const {
   if (socket.empty()) return Invalid("socket", "is required");
@@ -78,6 +111,44 @@ absl::Status DaemonOptions::Validate() const {
   if (max_leases == 0) return Invalid("max-leases", "must be > 0");
   if (max_regions_per_lease == 0) return Invalid("max-regions-per-lease", "must be > 0");
   if (max_region_bytes == 0) return Invalid("max-region-bytes", "must be > 0");
+  if (!tcp_listen.empty()) {
+    uint16_t port = 0;
+    std::string host;
+    if (!SplitHostPort(tcp_listen, &host, &port)) {
+      return Invalid("tcp-listen",
+                     absl::StrCat("'", tcp_listen,
+                                  "' is not HOST:PORT (e.g. 0.0.0.0:7070, [::1]:7070)"));
+    }
+    if (tls_cert.empty() || tls_key.empty()) {
+      return Invalid("tcp-listen",
+                     "requires --tls-cert and --tls-key (TCP is served only with TLS)");
+    }
+    if (policy.empty()) {
+      return Invalid("tcp-listen",
+                     "requires --policy (TCP clients are identified by its bearer tokens)");
+    }
+  } else if (!tls_cert.empty() || !tls_key.empty()) {
+    return Invalid(tls_cert.empty() ? "tls-key" : "tls-cert",
+                   "is used only with --tcp-listen");
+  }
+  if (max_mapped_bytes == 0) return Invalid("max-mapped-bytes", "must be > 0");
+  if (max_mappings == 0 || max_mappings > kMaxMappingsLimit) {
+    return Invalid("max-mappings", absl::StrCat(max_mappings, " must be in [1, ",
+                                                kMaxMappingsLimit, "]"));
+  }
+  if (max_mapped_bytes_per_uid > max_mapped_bytes) {
+    return Invalid("max-mapped-bytes-per-uid",
+                   absl::StrCat(FormatByteSize(max_mapped_bytes_per_uid),
+                                " exceeds --max-mapped-bytes ",
+                                FormatByteSize(max_mapped_bytes)));
+  }
+  if (fd_connection_deadline_ms == 0) {
+    return Invalid("fd-connection-deadline-ms", "must be > 0");
+  }
+  if (metadata_bytes < (1u << 20)) {
+    return Invalid("metadata-bytes", absl::StrCat(FormatByteSize(metadata_bytes),
+                                                  " is below the minimum of 1 MiB"));
+  }
   LogLevel level;
   if (!ParseLogLevel(log_level, &level)) {
     return Invalid("log-level", absl::StrCat("'", log_level,
@@ -88,6 +159,10 @@ absl::Status DaemonOptions::Validate() const {
 
 std::string DaemonOptions::ResolvedFdSocket() const {
   return fd_socket.empty() ? socket + ".fd" : fd_socket;
+}
+
+uint64_t DaemonOptions::ResolvedMaxMappedBytesPerUid() const {
+  return max_mapped_bytes_per_uid == 0 ? max_mapped_bytes : max_mapped_bytes_per_uid;
 }
 
 uint32_t DaemonOptions::ResolvedWorkerThreads() const {

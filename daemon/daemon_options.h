@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace evoke {
 
@@ -111,6 +112,57 @@ struct DaemonOptions {
   // Default: "info".
   std::string log_level = "info";
 
+  // Access policy file: which uids/gids may use which namespaces, which are
+  // admins, and the bearer tokens of TCP clients. Empty means no policy:
+  // every local peer that can open the sockets may use every namespace (the
+  // sockets' file modes are then the only access control).
+  // Default: "" (none).
+  std::string policy;
+
+  // TCP address to serve the API on as well, "HOST:PORT" ("[::1]:7070" for an
+  // IPv6 literal, "0.0.0.0:7070" for every interface). Empty means Unix socket
+  // only. TCP is served only with TLS (--tls-cert, --tls-key) and bearer
+  // tokens from --policy, so all three are required with it.
+  // Default: "" (off).
+  std::string tcp_listen;
+
+  // PEM certificate chain and private key of the TCP listener. Required with
+  // --tcp-listen, refused without it.
+  // Default: "".
+  std::string tls_cert;
+  std::string tls_key;
+
+  // Client shared memory mapped at once, over all leases, and the number of
+  // mappings. A registration past either is RESOURCE_EXHAUSTED. Keep
+  // max_mappings well under vm.max_map_count (65530 by default), which the
+  // daemon's own allocations share: past it mmap fails and allocators abort.
+  // Defaults: 64 GiB and 16384.
+  uint64_t max_mapped_bytes = 64ull << 30;
+  uint32_t max_mappings = 16384;
+
+  // Client shared memory mapped at once by the processes of one uid. 0 means
+  // the same as max_mapped_bytes (one uid may use it all).
+  // Default: 0.
+  uint64_t max_mapped_bytes_per_uid = 0;
+
+  // Total time one fd-socket connection has, from accept to its last reply,
+  // however slowly it sends (a per-read timeout lets a trickling client hold
+  // the connection for ever).
+  // Default: 2000 ms.
+  uint32_t fd_connection_deadline_ms = 2000;
+
+  // A lease with no RPC for this long is closed and its regions unmapped.
+  // 0 means never (leases end when their client closes them or its process
+  // exits).
+  // Default: 0.
+  uint32_t lease_idle_ms = 0;
+
+  // Budget of block metadata held in memory (ids, tokens, positions,
+  // summaries, breadcrumbs) over all namespaces. A Save past it is
+  // RESOURCE_EXHAUSTED. At least 1 MiB.
+  // Default: 1 GiB.
+  uint64_t metadata_bytes = 1ull << 30;
+
   // Validate checks every field and returns INVALID_ARGUMENT naming the
   // flag, e.g. "--low-watermark: 0.99 must be below --high-watermark 0.95".
   absl::Status Validate() const;
@@ -119,7 +171,15 @@ struct DaemonOptions {
   uint32_t ResolvedWorkerThreads() const;
   // ResolvedFdSocket returns fd_socket, or the default next to `socket`.
   std::string ResolvedFdSocket() const;
+  // ResolvedMaxMappedBytesPerUid returns max_mapped_bytes_per_uid, or
+  // max_mapped_bytes when it is 0.
+  uint64_t ResolvedMaxMappedBytesPerUid() const;
 };
+
+// SplitHostPort splits "HOST:PORT" ("[v6]:PORT" for an IPv6 literal, host
+// returned without brackets); false unless the port is 1..65535 and the host
+// is non-empty. Used for --tcp-listen.
+bool SplitHostPort(absl::string_view address, std::string* host, uint16_t* port);
 
 }  // namespace evoke
 

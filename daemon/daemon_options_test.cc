@@ -53,6 +53,27 @@ TEST(DaemonOptionsTest, ValidateNamesTheFlag) {
        "--max-message-bytes"},
       {[](DaemonOptions* o) { o->worker_threads = 1000; }, "--worker-threads"},
       {[](DaemonOptions* o) { o->log_level = "loud"; }, "--log-level: 'loud'"},
+      {[](DaemonOptions* o) { o->tcp_listen = "nonsense"; }, "--tcp-listen: 'nonsense'"},
+      {[](DaemonOptions* o) { o->tcp_listen = "host:0"; }, "--tcp-listen"},
+      {[](DaemonOptions* o) { o->tcp_listen = "host:65536"; }, "--tcp-listen"},
+      {[](DaemonOptions* o) { o->tcp_listen = "::1:7070"; }, "--tcp-listen"},
+      {[](DaemonOptions* o) { o->tcp_listen = "0.0.0.0:7070"; },
+       "--tcp-listen: requires --tls-cert"},
+      {[](DaemonOptions* o) {
+         o->tcp_listen = "0.0.0.0:7070";
+         o->tls_cert = "c.pem";
+         o->tls_key = "k.pem";
+       },
+       "--tcp-listen: requires --policy"},
+      {[](DaemonOptions* o) { o->tls_cert = "c.pem"; }, "--tls-cert: is used only"},
+      {[](DaemonOptions* o) { o->tls_key = "k.pem"; }, "--tls-key: is used only"},
+      {[](DaemonOptions* o) { o->max_mapped_bytes = 0; }, "--max-mapped-bytes: must be"},
+      {[](DaemonOptions* o) { o->max_mappings = 0; }, "--max-mappings"},
+      {[](DaemonOptions* o) { o->max_mapped_bytes_per_uid = 65ull << 30; },
+       "--max-mapped-bytes-per-uid: 65 GiB exceeds"},
+      {[](DaemonOptions* o) { o->fd_connection_deadline_ms = 0; },
+       "--fd-connection-deadline-ms"},
+      {[](DaemonOptions* o) { o->metadata_bytes = 4096; }, "--metadata-bytes"},
   };
   for (const Case& c : cases) {
     DaemonOptions o;
@@ -60,6 +81,63 @@ TEST(DaemonOptionsTest, ValidateNamesTheFlag) {
     EXPECT_THAT(o.Validate(),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
   }
+}
+
+TEST(DaemonOptionsTest, HardeningDefaults) {
+  DaemonOptions o;
+  EXPECT_EQ(o.policy, "");
+  EXPECT_EQ(o.tcp_listen, "");
+  EXPECT_EQ(o.tls_cert, "");
+  EXPECT_EQ(o.tls_key, "");
+  EXPECT_EQ(o.max_mapped_bytes, 64ull << 30);
+  EXPECT_EQ(o.max_mappings, 16384u);
+  EXPECT_EQ(o.max_mapped_bytes_per_uid, 0u);
+  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 64ull << 30);
+  o.max_mapped_bytes = 8ull << 30;
+  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 8ull << 30);
+  o.max_mapped_bytes_per_uid = 1ull << 30;
+  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 1ull << 30);
+  EXPECT_EQ(o.fd_connection_deadline_ms, 2000u);
+  EXPECT_EQ(o.lease_idle_ms, 0u);
+  EXPECT_EQ(o.metadata_bytes, 1ull << 30);
+}
+
+TEST(DaemonOptionsTest, SplitHostPort) {
+  std::string host;
+  uint16_t port = 0;
+  ASSERT_TRUE(SplitHostPort("0.0.0.0:7070", &host, &port));
+  EXPECT_EQ(host, "0.0.0.0");
+  EXPECT_EQ(port, 7070);
+  ASSERT_TRUE(SplitHostPort("[::1]:1", &host, &port));
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 1);
+  ASSERT_TRUE(SplitHostPort("evoke.internal:65535", &host, &port));
+  EXPECT_EQ(host, "evoke.internal");
+  for (const char* bad : {"", ":7070", "host", "host:", "host:-1", "host:+80", "host:0",
+                          "host:65536", "host:7070x", "::1:7070", "[::1:7070", "[]:80",
+                          "a b:80", "host:123456"}) {
+    EXPECT_FALSE(SplitHostPort(bad, &host, &port)) << bad;
+  }
+}
+
+TEST(DaemonFlagsTest, HardeningFlagsMapOntoOptions) {
+  DaemonOptions o;
+  ASSERT_OK(Parse({"--policy", "/etc/evoke/policy", "--tcp-listen", "[::]:7070",
+                   "--tls-cert", "/etc/evoke/c.pem", "--tls-key", "/etc/evoke/k.pem",
+                   "--max-mapped-bytes", "8GiB", "--max-mappings", "100",
+                   "--max-mapped-bytes-per-uid", "1GiB", "--fd-connection-deadline-ms",
+                   "500", "--lease-idle-ms", "60000", "--metadata-bytes", "256MiB"},
+                  &o));
+  EXPECT_EQ(o.policy, "/etc/evoke/policy");
+  EXPECT_EQ(o.tcp_listen, "[::]:7070");
+  EXPECT_EQ(o.tls_cert, "/etc/evoke/c.pem");
+  EXPECT_EQ(o.tls_key, "/etc/evoke/k.pem");
+  EXPECT_EQ(o.max_mapped_bytes, 8ull << 30);
+  EXPECT_EQ(o.max_mappings, 100u);
+  EXPECT_EQ(o.max_mapped_bytes_per_uid, 1ull << 30);
+  EXPECT_EQ(o.fd_connection_deadline_ms, 500u);
+  EXPECT_EQ(o.lease_idle_ms, 60000u);
+  EXPECT_EQ(o.metadata_bytes, 256ull << 20);
 }
 
 TEST(DaemonFlagsTest, FlagsMapOntoOptions) {
@@ -122,6 +200,16 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.max_region_bytes = 5ull << 30;
   custom.cuda_register_chunk_bytes = 0;
   custom.summary_layer = 7;
+  custom.policy = dir.Join("policy");
+  custom.tcp_listen = "127.0.0.1:7070";
+  custom.tls_cert = dir.Join("c.pem");
+  custom.tls_key = dir.Join("k.pem");
+  custom.max_mapped_bytes = 9ull << 30;
+  custom.max_mappings = 77;
+  custom.max_mapped_bytes_per_uid = 3ull << 30;
+  custom.fd_connection_deadline_ms = 1234;
+  custom.lease_idle_ms = 4321;
+  custom.metadata_bytes = 300ull << 20;
   const std::string path = dir.Join("evoked.toml");
   std::ofstream(path) << OptionsToConfig(custom);
 
@@ -155,7 +243,9 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-regions-per-lease",
                           "max-region-bytes", "cuda-register-chunk-bytes", "summary-layer",
-                          "log-level"}) {
+                          "log-level", "policy", "tcp-listen", "tls-cert", "tls-key",
+                          "max-mapped-bytes", "max-mappings", "max-mapped-bytes-per-uid",
+                          "fd-connection-deadline-ms", "lease-idle-ms", "metadata-bytes"}) {
     EXPECT_THAT(out, HasSubstr(std::string("\n") + key + " = ")) << key;
   }
 }
