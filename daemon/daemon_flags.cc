@@ -2,9 +2,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <istream>
+#include <iterator>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/byte_size.h"
 
 #ifndef EVOKE_VERSION
@@ -31,7 +37,176 @@ void AddSize(CLI::App& app, const std::string& flag, uint64_t* field,
       ->type_name("SIZE");
 }
 
+bool IsBlank(char c) { return c == ' ' || c == '\t'; }
+
+bool IsKeyChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+         c == '.';
+}
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// ParseValue reads the value part of a line (after `=`, leading blanks
+// skipped). Returns an error message, empty on success.
+std::string ParseValue(absl::string_view v, std::string* out) {
+  out->clear();
+  size_t i = 0;
+  if (v.empty() || v[0] == '#') return "has no value";
+  if (v[0] == '"' || v[0] == '\'') {
+    const char quote = v[0];
+    bool closed = false;
+    for (i = 1; i < v.size(); ++i) {
+      const char c = v[i];
+      if (c == quote) {
+        closed = true;
+        ++i;
+        break;
+      }
+      if (c != '\\' || quote == '\'') {
+        out->push_back(c);
+        continue;
+      }
+      if (++i == v.size()) break;
+      switch (v[i]) {
+        case '\\': out->push_back('\\'); break;
+        case '"': out->push_back('"'); break;
+        case 'n': out->push_back('\n'); break;
+        case 't': out->push_back('\t'); break;
+        case 'r': out->push_back('\r'); break;
+        case 'b': out->push_back('\b'); break;
+        case 'f': out->push_back('\f'); break;
+        case 'u':
+        case 'U': {
+          const size_t digits = v[i] == 'u' ? 4 : 8;
+          if (v.size() - i - 1 < digits) return "has a truncated \\u escape";
+          uint32_t cp = 0;
+          for (size_t k = 1; k <= digits; ++k) {
+            const char h = v[i + k];
+            if (!absl::ascii_isxdigit(static_cast<unsigned char>(h))) {
+              return "has a malformed \\u escape";
+            }
+            cp = cp * 16 + static_cast<uint32_t>(
+                               absl::ascii_isdigit(static_cast<unsigned char>(h))
+                                   ? h - '0'
+                                   : absl::ascii_tolower(static_cast<unsigned char>(h)) -
+                                         'a' + 10);
+            if (cp > 0x10FFFF) return "has a \\U escape beyond U+10FFFF";
+          }
+          if (cp >= 0xD800 && cp <= 0xDFFF) return "has a surrogate \\u escape";
+          AppendUtf8(cp, out);
+          i += digits;
+          break;
+        }
+        default:
+          return absl::StrCat("has an unknown escape \\", absl::string_view(&v[i], 1),
+                              " (write \\\\ for a backslash)");
+      }
+    }
+    if (!closed) return "has an unterminated string";
+    while (i < v.size() && IsBlank(v[i])) ++i;
+    if (i < v.size() && v[i] != '#') return "has text after the closing quote";
+    return "";
+  }
+  const size_t hash = v.find('#');
+  *out = std::string(absl::StripAsciiWhitespace(v.substr(0, hash)));
+  return "";
+}
+
+// EvokeConfig reads config files with ParseConfigText, so that what
+// OptionsToConfig prints reads back exactly (CLI11's own reader cuts values
+// at any `#`, splits them at spaces and commas, and has no escapes).
+class EvokeConfig : public CLI::Config {
+ public:
+  std::string to_config(const CLI::App*, bool, bool, std::string) const override {
+    return "";  // Unused: OptionsToConfig prints the config.
+  }
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    const std::string text((std::istreambuf_iterator<char>(input)),
+                           std::istreambuf_iterator<char>());
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> pairs =
+        ParseConfigText(text);
+    if (!pairs.ok()) throw CLI::FileError(std::string(pairs.status().message()));
+    std::vector<CLI::ConfigItem> items;
+    items.reserve(pairs->size());
+    for (auto& [key, value] : *pairs) {
+      CLI::ConfigItem item;
+      item.name = std::move(key);
+      item.inputs = {std::move(value)};
+      items.push_back(std::move(item));
+    }
+    return items;
+  }
+};
+
 }  // namespace
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseConfigText(
+    absl::string_view text) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    // Windows line ends and surrounding blanks carry no meaning.
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    auto bad = [&](absl::string_view problem) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config line ", line_number, ": ", problem));
+    };
+    size_t k = 0;
+    while (k < line.size() && IsKeyChar(line[k])) ++k;
+    if (k == 0) return bad("expected `key = value`");
+    std::string key(line.substr(0, k));
+    while (k < line.size() && IsBlank(line[k])) ++k;
+    if (k == line.size() || line[k] != '=') {
+      return bad(absl::StrCat("expected `=` after key '", key, "'"));
+    }
+    ++k;
+    while (k < line.size() && IsBlank(line[k])) ++k;
+    std::string value;
+    const std::string problem = ParseValue(line.substr(k), &value);
+    if (!problem.empty()) return bad(absl::StrCat("'", key, "' ", problem));
+    pairs.emplace_back(std::move(key), std::move(value));
+  }
+  return pairs;
+}
+
+std::string QuoteConfigString(absl::string_view value) {
+  std::string out = "\"";
+  for (const char c : value) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+          absl::StrAppendFormat(&out, "\\u%04X", static_cast<unsigned char>(c));
+        } else {
+          out.push_back(c);  // Bytes >= 0x80 too: the reader takes them as they are.
+        }
+    }
+  }
+  out += "\"";
+  return out;
+}
 
 absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                               DaemonOptions* o, std::string* output,
@@ -44,6 +219,9 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   // A flag given twice keeps its last value (the command line can override
   // a wrapper script's defaults).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.config_formatter(std::make_shared<EvokeConfig>());
+  // A misspelt key is an error, not a silently ignored line.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.set_config("--config", "",
                  "Read options from FILE (lines `key = value`, keys as the "
                  "flags without --); command-line flags override it");
@@ -170,15 +348,19 @@ std::string ShortestDouble(double v) {
 }
 
 std::string OptionsToConfig(const DaemonOptions& o) {
+  // A size prints with its unit when that reads back exactly ("64 MiB"),
+  // else as the plain byte count ("1.50 GiB" is rounded; "1 PiB" has a unit
+  // ParseByteSize does not take).
   auto size = [](uint64_t v) {
-    return absl::StrCat("\"", FormatByteSize(v).find('.') == std::string::npos
-                                  ? FormatByteSize(v)
-                                  : absl::StrCat(v), "\"");
+    const std::string pretty = FormatByteSize(v);
+    absl::StatusOr<uint64_t> back = ParseByteSize(pretty);
+    return QuoteConfigString(back.ok() && *back == v ? pretty : absl::StrCat(v));
   };
+  auto str = [](const std::string& v) { return QuoteConfigString(v); };
   return absl::StrCat(
       "# evoked configuration (evoked --config FILE). Keys are the flags.\n",
-      "socket = \"", o.socket, "\"\n",
-      "data-dir = \"", o.data_dir, "\"\n",
+      "socket = ", str(o.socket), "\n",
+      "data-dir = ", str(o.data_dir), "\n",
       "pinned-bytes = ", size(o.pinned_bytes), "\n",
       "spill-bytes = ", size(o.spill_bytes), "\n",
       "high-watermark = ", ShortestDouble(o.high_watermark), "\n",
@@ -192,17 +374,17 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "spill-batch-bytes = ", size(o.spill_batch_bytes), "\n",
       "save-wait-ms = ", o.save_wait_ms, "\n",
       "shutdown-grace-ms = ", o.shutdown_grace_ms, "\n",
-      "fd-socket = \"", o.fd_socket, "\"\n",
+      "fd-socket = ", str(o.fd_socket), "\n",
       "max-leases = ", o.max_leases, "\n",
       "max-regions-per-lease = ", o.max_regions_per_lease, "\n",
       "max-region-bytes = ", size(o.max_region_bytes), "\n",
       "cuda-register-chunk-bytes = ", size(o.cuda_register_chunk_bytes), "\n",
       "summary-layer = ", o.summary_layer, "\n",
-      "log-level = \"", o.log_level, "\"\n",
-      "policy = \"", o.policy, "\"\n",
-      "tcp-listen = \"", o.tcp_listen, "\"\n",
-      "tls-cert = \"", o.tls_cert, "\"\n",
-      "tls-key = \"", o.tls_key, "\"\n",
+      "log-level = ", str(o.log_level), "\n",
+      "policy = ", str(o.policy), "\n",
+      "tcp-listen = ", str(o.tcp_listen), "\n",
+      "tls-cert = ", str(o.tls_cert), "\n",
+      "tls-key = ", str(o.tls_key), "\n",
       "max-mapped-bytes = ", size(o.max_mapped_bytes), "\n",
       "max-mappings = ", o.max_mappings, "\n",
       "max-mapped-bytes-per-uid = ", size(o.max_mapped_bytes_per_uid), "\n",

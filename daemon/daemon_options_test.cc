@@ -1,5 +1,8 @@
+#include <cstdint>
 #include <fstream>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/daemon_flags.h"
@@ -248,6 +251,189 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "fd-connection-deadline-ms", "lease-idle-ms", "metadata-bytes"}) {
     EXPECT_THAT(out, HasSubstr(std::string("\n") + key + " = ")) << key;
   }
+}
+
+// Every field, compared one by one (OptionsToConfig equality alone would
+// trust the printer it tests).
+void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
+  EXPECT_EQ(a.socket, b.socket);
+  EXPECT_EQ(a.data_dir, b.data_dir);
+  EXPECT_EQ(a.pinned_bytes, b.pinned_bytes);
+  EXPECT_EQ(a.spill_bytes, b.spill_bytes);
+  EXPECT_EQ(a.high_watermark, b.high_watermark);
+  EXPECT_EQ(a.low_watermark, b.low_watermark);
+  EXPECT_EQ(a.max_block_bytes, b.max_block_bytes);
+  EXPECT_EQ(a.max_message_bytes, b.max_message_bytes);
+  EXPECT_EQ(a.worker_threads, b.worker_threads);
+  EXPECT_EQ(a.lock_memory, b.lock_memory);
+  EXPECT_EQ(a.spill_sync, b.spill_sync);
+  EXPECT_EQ(a.copy_threads, b.copy_threads);
+  EXPECT_EQ(a.spill_batch_bytes, b.spill_batch_bytes);
+  EXPECT_EQ(a.save_wait_ms, b.save_wait_ms);
+  EXPECT_EQ(a.shutdown_grace_ms, b.shutdown_grace_ms);
+  EXPECT_EQ(a.fd_socket, b.fd_socket);
+  EXPECT_EQ(a.max_leases, b.max_leases);
+  EXPECT_EQ(a.max_regions_per_lease, b.max_regions_per_lease);
+  EXPECT_EQ(a.max_region_bytes, b.max_region_bytes);
+  EXPECT_EQ(a.cuda_register_chunk_bytes, b.cuda_register_chunk_bytes);
+  EXPECT_EQ(a.summary_layer, b.summary_layer);
+  EXPECT_EQ(a.log_level, b.log_level);
+  EXPECT_EQ(a.policy, b.policy);
+  EXPECT_EQ(a.tcp_listen, b.tcp_listen);
+  EXPECT_EQ(a.tls_cert, b.tls_cert);
+  EXPECT_EQ(a.tls_key, b.tls_key);
+  EXPECT_EQ(a.max_mapped_bytes, b.max_mapped_bytes);
+  EXPECT_EQ(a.max_mappings, b.max_mappings);
+  EXPECT_EQ(a.max_mapped_bytes_per_uid, b.max_mapped_bytes_per_uid);
+  EXPECT_EQ(a.fd_connection_deadline_ms, b.fd_connection_deadline_ms);
+  EXPECT_EQ(a.lease_idle_ms, b.lease_idle_ms);
+  EXPECT_EQ(a.metadata_bytes, b.metadata_bytes);
+}
+
+// RoundTrip prints `o` as a config file and reads it back.
+void ExpectRoundTrip(const DaemonOptions& o, const std::string& path) {
+  ASSERT_OK(o.Validate());
+  const std::string config = OptionsToConfig(o);
+  std::ofstream(path, std::ios::trunc | std::ios::binary) << config;
+  DaemonOptions read;
+  ASSERT_OK(Parse({"--config", path}, &read)) << config;
+  ExpectSameOptions(read, o);
+}
+
+// Issue #11: sizes of 1 PiB and more printed as "1 PiB", which the size
+// parser refuses; `#` in a path cut it (a comment), quotes were taken apart.
+TEST(DaemonFlagsTest, PrintConfigReadsBackAwkwardValues) {
+  evoke::testing::TempDir dir;
+  DaemonOptions o;
+  o.spill_bytes = 1ull << 50;  // 1 PiB.
+  o.pinned_bytes = UINT64_MAX;
+  o.max_region_bytes = (3ull << 50) + 1;
+  o.cuda_register_chunk_bytes = (1ull << 30) + (1ull << 29);  // "1.50 GiB".
+  o.max_mapped_bytes = 5ull << 60;
+  o.metadata_bytes = UINT64_MAX - 1;
+  o.data_dir = "/tmp/a #b/\"quoted\"/c\\d/'e'/f,g h=i\tj\nk[l];m";
+  o.socket = "/tmp/#s \"x\".sock";
+  o.fd_socket = "/tmp/\\\\ #\x01\x7f\xc3\xa9.fd";
+  o.policy = "  leading and trailing spaces  ";
+  o.log_level = "error";
+  ExpectRoundTrip(o, dir.Join("awkward.toml"));
+}
+
+TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
+  evoke::testing::TempDir dir;
+  const std::string path = dir.Join("random.toml");
+  std::mt19937_64 rng(20240611);
+  auto pick = [&](uint64_t lo, uint64_t hi) {
+    return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+  };
+  // Sizes: round units, units plus a remainder, powers of two near the top,
+  // anything at all.
+  auto size = [&](uint64_t lo) {
+    uint64_t v = 0;
+    switch (pick(0, 3)) {
+      case 0: v = pick(1, 1023) << (10 * pick(0, 5)); break;
+      case 1: v = (pick(1, 1023) << (10 * pick(1, 5))) + pick(1, 1023); break;
+      case 2: v = (1ull << pick(20, 63)) - pick(0, 1); break;
+      default: v = pick(0, UINT64_MAX); break;
+    }
+    return std::max(v, lo);
+  };
+  static constexpr char kAlphabet[] = "ab/_-.# \"'\\,=;[]{}\t\r\n\x01\x7f\xc3\xa9";
+  auto text = [&](size_t max_len) {
+    std::string s;
+    const size_t n = pick(0, max_len);
+    for (size_t i = 0; i < n; ++i) s.push_back(kAlphabet[pick(0, sizeof(kAlphabet) - 2)]);
+    return s;
+  };
+  auto path_text = [&](size_t max_len) { return "/" + text(max_len); };
+  const char* levels[] = {"debug", "info", "warning", "error"};
+  for (int trial = 0; trial < 300; ++trial) {
+    SCOPED_TRACE(trial);
+    DaemonOptions o;
+    o.socket = path_text(60);
+    o.data_dir = path_text(200);
+    o.fd_socket = pick(0, 1) ? "" : path_text(60);
+    o.pinned_bytes = size(1u << 20);
+    o.spill_bytes = size(0);
+    o.high_watermark = std::uniform_real_distribution<double>(0.01, 1.0)(rng);
+    o.low_watermark = o.high_watermark * std::uniform_real_distribution<double>(0.001, 0.999)(rng);
+    o.max_block_bytes = pick(1, 1ull << 30);
+    o.max_message_bytes = pick(o.max_block_bytes + (1u << 20), 2047ull << 20);
+    o.worker_threads = static_cast<uint32_t>(pick(0, 256));
+    o.copy_threads = static_cast<uint32_t>(pick(0, 64));
+    o.lock_memory = pick(0, 1);
+    o.spill_sync = pick(0, 1);
+    o.spill_batch_bytes = size(1u << 20);
+    o.save_wait_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
+    o.shutdown_grace_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
+    o.max_leases = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.max_regions_per_lease = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.max_region_bytes = size(1);
+    o.cuda_register_chunk_bytes = size(0);
+    o.summary_layer = static_cast<int32_t>(pick(0, 1024)) - 1;
+    o.log_level = levels[pick(0, 3)];
+    o.policy = pick(0, 1) ? "" : path_text(100);
+    if (pick(0, 1)) {
+      o.policy = path_text(100);
+      o.tcp_listen = pick(0, 1) ? "[::1]:" + std::to_string(pick(1, 65535))
+                                : "10.0.0.1:" + std::to_string(pick(1, 65535));
+      o.tls_cert = path_text(100);
+      o.tls_key = path_text(100);
+    }
+    o.max_mapped_bytes = size(1);
+    o.max_mappings = static_cast<uint32_t>(pick(1, 1u << 22));
+    o.max_mapped_bytes_per_uid = pick(0, 1) ? 0 : pick(0, o.max_mapped_bytes);
+    o.fd_connection_deadline_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.lease_idle_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
+    o.metadata_bytes = size(1u << 20);
+    ExpectRoundTrip(o, path);
+    if (HasFailure()) break;
+  }
+}
+
+TEST(DaemonFlagsTest, ConfigTextSyntax) {
+  auto parsed = ParseConfigText(
+      "# comment\r\n"
+      "\n"
+      "  a = \"x # not a comment\"   # a comment\r\n"
+      "b=bare value # comment\n"
+      "c = 'lit\\eral \"#\"'\n"
+      "d = \"\\u00e9\\U0001F600\\t\\\\\\\"\"\n"
+      "e = -1\n");
+  ASSERT_OK(parsed);
+  std::vector<std::pair<std::string, std::string>> want = {
+      {"a", "x # not a comment"},
+      {"b", "bare value"},
+      {"c", "lit\\eral \"#\""},
+      {"d", "\xc3\xa9\xf0\x9f\x98\x80\t\\\""},
+      {"e", "-1"}};
+  EXPECT_EQ(*parsed, want);
+  for (const char* bad : {"[section]", "novalue", "k =", "k = # only a comment",
+                          "k = \"open", "k = \"x\" trailing", "k = \"\\q\"", "k = \"\\u12\"",
+                          "k = \"\\uD800\"", "k = \"\\U00110000\"", "= v", "k v"}) {
+    EXPECT_THAT(ParseConfigText(bad),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config line 1")))
+        << bad;
+  }
+  EXPECT_THAT(ParseConfigText("a = 1\nb = \"x"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("config line 2: 'b' has an unterminated string")));
+  for (const std::string& s : {std::string(""), std::string("plain"),
+                               std::string("\"\\\n\t\r\x01\x1f\x7f\x80\xff#'", 11)}) {
+    auto back = ParseConfigText("k = " + QuoteConfigString(s));
+    ASSERT_OK(back);
+    ASSERT_EQ(back->size(), 1u);
+    EXPECT_EQ((*back)[0].second, s);
+  }
+}
+
+TEST(DaemonFlagsTest, UnknownConfigKeyIsAnError) {
+  evoke::testing::TempDir dir;
+  const std::string path = dir.Join("typo.toml");
+  std::ofstream(path) << "pinned-byte = \"2 GiB\"\n";
+  DaemonOptions o;
+  EXPECT_THAT(Parse({"--config", path}, &o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pinned-byte")));
 }
 
 }  // namespace
