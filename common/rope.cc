@@ -74,11 +74,17 @@ void YarnCorrDims(int n_dims, float n_ctx_orig, float freq_base, float beta_fast
   dims[1] = GgmlMin(static_cast<float>(n_dims - 1), end);
 }
 
-// rope_yarn_ramp (i0 is the even dimension index; i0 / 2 is integer division).
-float YarnRamp(float low, float high, int i0) {
-  const float y = static_cast<float>(i0 / 2) - low;
-  const float r = y / GgmlMax(0.001f, high - low);
-  return 1.0f - GgmlMin(1.0f, GgmlMax(0.0f, r));
+// rope_yarn_ramp (i0 is the even dimension index; i0 / 2 is integer division),
+// in double. ggml computes it in float, but the angle it feeds is a double
+// multiplied by the shift: a float ramp (relative error ~6e-8) put an error of
+// ~1.3e-10 x |shift| radians into every re-anchor (issue #11: 1e-5 on f32
+// blocks from a shift of 2^17, 0.3 of the norm at 2^31). The corr dims are
+// integers (floor / ceil, clamped to [0, n_dims - 1]), exact in either type,
+// so which pairs ramp is still decided exactly as in ggml.
+double YarnRamp(double low, double high, int i0) {
+  const double y = static_cast<double>(i0 / 2) - low;
+  const double r = y / GgmlMax(0.001, high - low);
+  return 1.0 - GgmlMin(1.0, GgmlMax(0.0, r));
 }
 
 // Storage codecs: load / store one element at any alignment.
@@ -251,9 +257,9 @@ absl::StatusOr<RopePlan> MakeRopePlan(const v1::LayoutFingerprint& raw) {
     if (!r.freq_factors().empty()) base /= r.freq_factors(i);
     double omega = scale * base;
     if (yarn_ramp) {
-      const float ramp_mix =
+      const double ramp_mix =
           YarnRamp(corr_dims[0], corr_dims[1], static_cast<int>(2 * i)) *
-          r.yarn_ext_factor();
+          static_cast<double>(r.yarn_ext_factor());
       omega = scale * base * (1.0 - ramp_mix) + base * ramp_mix;
     }
     if (!std::isfinite(omega)) {

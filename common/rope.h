@@ -19,7 +19,10 @@
 //            omega_i  = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix
 //          else omega_i = theta_interp;
 //          (corr_low, corr_high) = ggml_rope_yarn_corr_dims(rotary_dim,
-//            n_ctx_orig, freq_base, beta_fast, beta_slow), in float as ggml.
+//            n_ctx_orig, freq_base, beta_fast, beta_slow), in float as ggml
+//            (they are integers); the ramp and the mix in double, as the
+//            rest of omega, so that delta * omega stays exact to double
+//            rounding at any shift.
 //   DYNAMIC_NTK: angles depend on the sequence length; no plan.
 // freq_scale is the normalized one (0 -> 1) and applies whatever the scaling
 // type, as in ggml (which takes freq_scale independently of the type).

@@ -683,6 +683,133 @@ TEST(RopePlanTest, AngleTableMatchesLlamaCppForYarn) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// 6. YaRN at large shifts (issue #11): the angle delta * omega must be exact
+// to double rounding however far a block moves. The ramp used to be mixed in
+// float, an error of ~1.3e-10 x |delta| radians.
+
+// YarnReferenceOmega is omega for pair i in long double, the corr dims as
+// ggml computes them (float, then floor / ceil: integers).
+long double YarnReferenceOmega(const v1::RopeParams& r, uint32_t rotary_dim, uint32_t i) {
+  const float pi = 3.14159265358979323846f;
+  auto corr_dim = [&](float beta) {
+    return static_cast<float>(rotary_dim) *
+           std::log(static_cast<float>(r.n_ctx_orig()) / (beta * 2 * pi)) /
+           (2 * std::log(static_cast<float>(r.freq_base())));
+  };
+  const float low_f = std::floor(corr_dim(r.yarn_beta_fast()));
+  const float high_f = std::ceil(corr_dim(r.yarn_beta_slow()));
+  const long double low = low_f > 0.0f ? low_f : 0.0f;
+  const long double high =
+      high_f < static_cast<float>(rotary_dim - 1) ? high_f : static_cast<float>(rotary_dim - 1);
+  const long double scale = r.freq_scale() == 0 ? 1.0L : r.freq_scale();
+  long double base = std::pow(static_cast<long double>(r.freq_base()),
+                              -2.0L * i / static_cast<long double>(rotary_dim));
+  if (!r.freq_factors().empty()) base /= r.freq_factors(static_cast<int>(i));
+  const long double y = (static_cast<long double>(i) - low) / std::max(0.001L, high - low);
+  const long double ramp = 1 - std::min(1.0L, std::max(0.0L, y));
+  const long double mix = ramp * static_cast<long double>(r.yarn_ext_factor());
+  return scale * base * (1 - mix) + base * mix;
+}
+
+std::vector<v1::LayoutFingerprint> LargeShiftYarnFingerprints() {
+  std::vector<v1::LayoutFingerprint> out;
+  struct Shape {
+    v1::RopeType type;
+    uint32_t head_dim, rotary_dim;
+    double base, scale;
+    float ext, beta_fast, beta_slow;
+    uint32_t n_ctx;
+  } shapes[] = {
+      // Llama-2-7B extended 4x (as AngleTableMatchesLlamaCppForYarn).
+      {v1::ROPE_NORM, 128, 0, 10000, 0.25, 1.0f, 32, 1, 4096},
+      // Qwen2-style NEOX, base 1e6, 4x from 32k, half mix.
+      {v1::ROPE_NEOX, 128, 0, 1000000, 0.25, 0.5f, 32, 1, 32768},
+      // Partial rotary dims, 16x, odd betas.
+      {v1::ROPE_NEOX, 96, 64, 500000, 0.0625, 1.0f, 24, 1.5f, 8192},
+  };
+  for (const Shape& sh : shapes) {
+    v1::LayoutFingerprint fp = BaseFingerprint(sh.type, sh.head_dim, sh.base);
+    fp.set_k_dtype(v1::DTYPE_F32);
+    fp.set_v_dtype(v1::DTYPE_F32);
+    v1::RopeParams* r = fp.mutable_rope();
+    r->set_rotary_dim(sh.rotary_dim);
+    r->set_scaling(v1::ROPE_SCALING_YARN);
+    r->set_freq_scale(sh.scale);
+    r->set_yarn_ext_factor(sh.ext);
+    r->set_yarn_attn_factor(1.0f);
+    r->set_yarn_beta_fast(sh.beta_fast);
+    r->set_yarn_beta_slow(sh.beta_slow);
+    r->set_n_ctx_orig(sh.n_ctx);
+    out.push_back(fp);
+  }
+  return out;
+}
+
+TEST(RopePlanTest, YarnAngleTableIsExactToDoubleRounding) {
+  for (const v1::LayoutFingerprint& fp : LargeShiftYarnFingerprints()) {
+    ASSERT_OK_AND_ASSIGN(const RopePlan plan, MakeRopePlan(fp));
+    for (uint32_t i = 0; i < plan.omega.size(); ++i) {
+      const long double want = YarnReferenceOmega(fp.rope(), plan.rotary_dim, i);
+      // A few double roundings (pow, the mix): well under 1e-15 relative.
+      EXPECT_LE(std::fabs(plan.omega[i] - want) / want, 1e-15L)
+          << fp.rope().ShortDebugString() << " pair " << i;
+    }
+  }
+}
+
+TEST(RopeReanchorTest, YarnLargeShiftsMatchLongDoubleReference) {
+  const int64_t kShifts[] = {131072,       -131072,       1 << 20,      -(1 << 24),
+                             (1ll << 28) + 12345, (1ll << 31) - 1, -(1ll << 31) + 1};
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  for (const v1::LayoutFingerprint& fp : LargeShiftYarnFingerprints()) {
+    SCOPED_TRACE(fp.rope().ShortDebugString());
+    ASSERT_OK_AND_ASSIGN(const RopePlan plan, MakeRopePlan(fp));
+    const uint32_t head_dim = fp.head_dim();
+    const uint32_t n_pairs = plan.rotary_dim / 2;
+    const uint32_t n_heads = 2;
+    for (const int64_t shift : kShifts) {
+      SCOPED_TRACE(shift);
+      const uint32_t n_tokens = 3;
+      std::vector<float> x(static_cast<size_t>(n_tokens) * n_heads * head_dim);
+      for (float& v : x) v = value(rng);
+      std::vector<float> y = x;
+      // Tokens moved by shift, shift + 1 and shift - 7 (per-token tables).
+      const std::vector<int64_t> delta = {shift, shift + 1, shift - 7};
+      RotateKeys(plan, v1::DTYPE_F32, y.data(), n_tokens, n_heads, delta);
+      double worst = 0;
+      for (uint32_t t = 0; t < n_tokens; ++t) {
+        for (uint32_t h = 0; h < n_heads; ++h) {
+          const float* in = &x[(static_cast<size_t>(t) * n_heads + h) * head_dim];
+          const float* out = &y[(static_cast<size_t>(t) * n_heads + h) * head_dim];
+          long double err2 = 0, norm2 = 0;
+          for (uint32_t i = 0; i < n_pairs; ++i) {
+            const uint32_t j0 = plan.type == v1::ROPE_NEOX ? i : 2 * i;
+            const uint32_t j1 = plan.type == v1::ROPE_NEOX ? i + n_pairs : 2 * i + 1;
+            const long double angle =
+                static_cast<long double>(delta[t]) * YarnReferenceOmega(fp.rope(), plan.rotary_dim, i);
+            const long double c = std::cos(angle), s = std::sin(angle);
+            const long double r0 = in[j0] * c - in[j1] * s;
+            const long double r1 = in[j0] * s + in[j1] * c;
+            err2 += (out[j0] - r0) * (out[j0] - r0) + (out[j1] - r1) * (out[j1] - r1);
+          }
+          for (uint32_t j = 0; j < head_dim; ++j) norm2 += static_cast<long double>(in[j]) * in[j];
+          for (uint32_t j = plan.rotary_dim; j < head_dim; ++j) {
+            ASSERT_EQ(out[j], in[j]);  // Past rotary_dim: untouched.
+          }
+          worst = std::max(worst, static_cast<double>(std::sqrt(err2 / norm2)));
+        }
+      }
+      // f32 rounding (~1e-7) plus the double angle's rounding, |delta| x
+      // 2^-52 at most; the float ramp made it 1.3e-10 x |delta|.
+      const double bound = 1e-6 + std::fabs(static_cast<double>(shift)) * 0x1p-51;
+      EXPECT_LE(worst, bound);
+      EXPECT_LE(worst, Bound(v1::DTYPE_F32));  // The documented f32 bound.
+    }
+  }
+}
+
 TEST(RopePlanTest, OriginalPositions) {
   v1::BlockMeta meta;
   meta.set_n_tokens(3);
