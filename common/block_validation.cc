@@ -67,6 +67,52 @@ absl::Status ValidateRope(const v1::RopeParams& rope, uint32_t head_dim,
     return Invalid(field, "freq_scale",
                    absl::StrCat(rope.freq_scale(), " must be finite and >= 0"));
   }
+  const struct {
+    const char* name;
+    float value;
+  } yarn_floats[] = {{"yarn_ext_factor", rope.yarn_ext_factor()},
+                     {"yarn_attn_factor", rope.yarn_attn_factor()},
+                     {"yarn_beta_fast", rope.yarn_beta_fast()},
+                     {"yarn_beta_slow", rope.yarn_beta_slow()}};
+  for (const auto& f : yarn_floats) {
+    if (!std::isfinite(f.value)) {
+      return Invalid(field, f.name, absl::StrCat(f.value, " must be finite"));
+    }
+  }
+  if (rope.scaling() == v1::ROPE_SCALING_YARN) {
+    if (rope.yarn_ext_factor() < 0) {
+      return Invalid(field, "yarn_ext_factor",
+                     absl::StrCat(rope.yarn_ext_factor(),
+                                  " is llama.cpp's \"not set\"; send the value it "
+                                  "resolves to (1 for YaRN), >= 0"));
+    }
+    if (rope.yarn_attn_factor() < 0) {
+      return Invalid(field, "yarn_attn_factor",
+                     absl::StrCat(rope.yarn_attn_factor(), " must be >= 0"));
+    }
+    if (rope.yarn_ext_factor() > 0) {
+      if (!(rope.yarn_beta_fast() > 0)) {
+        return Invalid(field, "yarn_beta_fast",
+                       absl::StrCat(rope.yarn_beta_fast(),
+                                    " must be > 0 when yarn_ext_factor > 0"));
+      }
+      if (!(rope.yarn_beta_slow() > 0)) {
+        return Invalid(field, "yarn_beta_slow",
+                       absl::StrCat(rope.yarn_beta_slow(),
+                                    " must be > 0 when yarn_ext_factor > 0"));
+      }
+      if (rope.n_ctx_orig() == 0) {
+        return Invalid(field, "n_ctx_orig",
+                       "must be > 0 when yarn_ext_factor > 0 (llama.cpp resolves 0 "
+                       "to the model's training context: send that)");
+      }
+      if (rope.freq_base() == 1) {
+        return Invalid(field, "freq_base",
+                       "1 has no YaRN ramp (it divides by ln(freq_base)); "
+                       "use yarn_ext_factor 0");
+      }
+    }
+  }
   if (!rope.freq_factors().empty()) {
     if (static_cast<uint32_t>(rope.freq_factors_size()) != rotary_dim / 2) {
       return Invalid(field, "freq_factors",
@@ -180,11 +226,22 @@ namespace {
 
 // ValidateSummaries checks a block's summaries (at most 8; kinds, layers,
 // shapes matching the fingerprint, finite values, no duplicates).
-absl::Status ValidateSummaries(const v1::BlockMeta& meta, const std::string& m) {
+absl::Status ValidateSummaries(const v1::BlockMeta& meta, const BlockLimits& limits,
+                               const std::string& m) {
   const v1::LayoutFingerprint& fp = meta.fingerprint();
   if (meta.summaries_size() > 8) {
     return Invalid(m, "summaries",
                    absl::StrCat("has ", meta.summaries_size(), " summaries, at most 8"));
+  }
+  uint64_t summary_bytes = 0;
+  for (const v1::Summary& s : meta.summaries()) {
+    summary_bytes += static_cast<uint64_t>(s.values_size()) * sizeof(float);
+  }
+  if (summary_bytes > limits.max_summary_bytes) {
+    return Invalid(m, "summaries",
+                   absl::StrCat("hold ", FormatByteSize(summary_bytes),
+                                " of values, above the per-block cap of ",
+                                FormatByteSize(limits.max_summary_bytes)));
   }
   std::vector<std::pair<int, uint32_t>> seen;
   for (int i = 0; i < meta.summaries_size(); ++i) {
@@ -236,7 +293,7 @@ absl::Status ValidateSummaries(const v1::BlockMeta& meta, const std::string& m) 
 
 absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
                            const BlockLimits& limits, absl::string_view field,
-                           bool check_summaries) {
+                           bool for_save) {
   const std::string m = absl::StrCat(field, ".meta");
   auto id = Hash128::FromBytes(meta.id());
   if (!id.ok()) return Invalid(m, "id", id.status().message());
@@ -255,6 +312,26 @@ absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                 meta.layer_end(),
                                 ") must be non-empty and within n_layers ",
                                 fp.n_layers()));
+  }
+  // The caps come before anything walks the lists (the chain hash over the
+  // tokens, the positions loop).
+  if (for_save) {
+    const uint64_t token_bytes = static_cast<uint64_t>(meta.tokens_size()) * 4;
+    if (token_bytes > limits.max_token_bytes) {
+      return Invalid(m, "tokens",
+                     absl::StrCat("has ", meta.tokens_size(), " entries (",
+                                  FormatByteSize(token_bytes),
+                                  "), above the per-block cap of ",
+                                  FormatByteSize(limits.max_token_bytes)));
+    }
+    const uint64_t position_bytes = static_cast<uint64_t>(meta.positions_size()) * 4;
+    if (position_bytes > limits.max_position_bytes) {
+      return Invalid(m, "positions",
+                     absl::StrCat("has ", meta.positions_size(), " entries (",
+                                  FormatByteSize(position_bytes),
+                                  "), above the per-block cap of ",
+                                  FormatByteSize(limits.max_position_bytes)));
+    }
   }
   if (!meta.positions().empty()) {
     if (static_cast<uint32_t>(meta.positions_size()) != meta.n_tokens()) {
@@ -327,8 +404,8 @@ absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
                          : absl::StrCat("unknown block kind ",
                                         static_cast<int>(meta.kind())));
   }
-  if (check_summaries) {
-    if (absl::Status sums = ValidateSummaries(meta, m); !sums.ok()) return sums;
+  if (for_save) {
+    if (absl::Status sums = ValidateSummaries(meta, limits, m); !sums.ok()) return sums;
   }
   const std::string payload = absl::StrCat(field, ".payload");
   if (payload_bytes == 0) {
@@ -364,12 +441,12 @@ absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
 
 absl::Status ValidateBlockForSave(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                   const BlockLimits& limits, absl::string_view field) {
-  return ValidateBlock(meta, payload_bytes, limits, field, /*check_summaries=*/true);
+  return ValidateBlock(meta, payload_bytes, limits, field, /*for_save=*/true);
 }
 
 absl::Status ValidateStoredBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                  const BlockLimits& limits, absl::string_view field) {
-  return ValidateBlock(meta, payload_bytes, limits, field, /*check_summaries=*/false);
+  return ValidateBlock(meta, payload_bytes, limits, field, /*for_save=*/false);
 }
 
 }  // namespace evoke
