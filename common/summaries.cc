@@ -83,6 +83,28 @@ absl::StatusOr<std::vector<float>> UnrotatedKeys(const v1::BlockMeta& meta,
   return keys;
 }
 
+namespace {
+
+// CheckFinite refuses a summary computed from NaN or infinite keys (or keys
+// whose rotation overflowed float): it would score NaN in Recover, where a
+// NaN compared false against every bound and ranked first (issue #11). A
+// client's own summaries with NaN are refused at Save; this keeps the daemon's
+// from being kept.
+absl::Status CheckFinite(const v1::Summary& s, uint32_t layer) {
+  for (int i = 0; i < s.values_size(); ++i) {
+    if (!std::isfinite(s.values(i))) {
+      const uint32_t dim = s.dim() == 0 ? 1 : s.dim();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "payload: the keys of layer ", layer, " are not all finite (head ",
+          static_cast<uint32_t>(i) / dim, ", dimension ", static_cast<uint32_t>(i) % dim,
+          " summarizes to ", s.values(i), "); no summary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Summary> MeanKeysSummary(const v1::BlockMeta& meta, const uint8_t* payload,
                                             uint64_t payload_bytes, uint32_t layer) {
   EVOKE_ASSIGN_OR_RETURN(std::vector<float> keys,
@@ -100,6 +122,7 @@ absl::StatusOr<v1::Summary> MeanKeysSummary(const v1::BlockMeta& meta, const uin
   s.set_heads(heads);
   s.set_dim(dim);
   for (double v : sum) s.add_values(static_cast<float>(v / meta.n_tokens()));
+  EVOKE_RETURN_IF_ERROR(CheckFinite(s, layer));
   return s;
 }
 
@@ -156,6 +179,7 @@ absl::StatusOr<v1::Summary> ReprKeysSummary(const v1::BlockMeta& meta, const uin
       s.add_values(static_cast<float>(sum / r));
     }
   }
+  EVOKE_RETURN_IF_ERROR(CheckFinite(s, layer));
   return s;
 }
 

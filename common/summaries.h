@@ -32,6 +32,11 @@ struct KeysOfLayer {
 absl::StatusOr<KeysOfLayer> LocateKeys(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                        uint32_t layer);
 
+// MeanKeysSummary and ReprKeysSummary also return INVALID_ARGUMENT
+// ("payload: the keys of layer L are not all finite ...") when the summary
+// would hold a NaN or an infinity (NaN or infinite keys): such a summary
+// could not be ranked (issue #11), so there is none.
+//
 // UnrotatedKeys, DefaultSummaryLayer, MeanKeysSummary, ReprKeysSummary and
 // TopTokensPerHead are declared, with their contracts, in the client's public
 // header <evoke/summaries.h> (included above); they are defined in

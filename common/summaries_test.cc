@@ -132,6 +132,33 @@ TEST(SummariesTest, ReprKeysAverageTheMostAttendedTokens) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("attention: not all finite")));
 }
 
+// Issue #11: NaN or infinite keys gave a NaN MEAN_KEYS summary (the daemon
+// computes one for blocks saved without), which ranked first in Recover.
+TEST(SummariesTest, NonFiniteKeysGiveNoSummary) {
+  for (const v1::DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F32}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()}) {
+      SCOPED_TRACE(::testing::Message() << v1::DType_Name(dtype) << " " << bad);
+      const v1::BlockMeta meta = Meta(dtype, 100);
+      std::vector<float> x = Keys(4);
+      x[(5 * kHeads + 1) * kDim + 3] = bad;  // Token 5, head 1, dim 3.
+      const std::string payload = Payload(meta, x);
+      const auto* p = reinterpret_cast<const uint8_t*>(payload.data());
+      EXPECT_THAT(MeanKeysSummary(meta, p, payload.size(), 1),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           HasSubstr("payload: the keys of layer 1 are not all finite (head 1")));
+      std::vector<float> attention(static_cast<size_t>(kTokens) * kHeads, 0.01f);
+      attention[5 * kHeads + 1] = 1.0f;  // Token 5 is head 1's top token.
+      EXPECT_THAT(ReprKeysSummary(meta, p, payload.size(), 1, attention, 2),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not all finite")));
+      // Another layer's keys are fine and summarize.
+      ASSERT_OK_AND_ASSIGN(const v1::Summary other, MeanKeysSummary(meta, p, payload.size(), 0));
+      for (float v : other.values()) EXPECT_TRUE(std::isfinite(v));
+    }
+  }
+}
+
 TEST(SummariesTest, Errors) {
   const v1::BlockMeta meta = Meta(v1::DTYPE_F16, 0);
   const std::string payload = Payload(meta, Keys(3));
