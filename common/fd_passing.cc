@@ -90,41 +90,72 @@ absl::Status SendWithFds(int sock, absl::string_view data, absl::Span<const int>
   return absl::OkStatus();
 }
 
-ReceivedWithFds ReceiveWithFds(int sock, size_t size, size_t max_fds_per_read) {
-  ReceivedWithFds out;
-  out.data.resize(size);
+namespace {
+
+// ReadInto does one recvmsg toward `size` bytes of `into`: > 0 bytes read,
+// 0 at EOF, < 0 on error (errno set), EINTR retried.
+ssize_t ReadInto(int sock, size_t size, ReceivedWithFds* into, size_t max_fds_per_read,
+                 int flags) {
+  const size_t got = into->data.size();
+  into->data.resize(size);
   std::vector<cmsghdr> control(
       (CMSG_SPACE(sizeof(int) * max_fds_per_read) + sizeof(cmsghdr) - 1) / sizeof(cmsghdr));
-  size_t got = 0;
-  while (got < size) {
-    iovec iov{out.data.data() + got, size - got};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (max_fds_per_read > 0) {
-      msg.msg_control = control.data();
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * max_fds_per_read);
+  iovec iov{into->data.data() + got, size - got};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (max_fds_per_read > 0) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * max_fds_per_read);
+  }
+  ssize_t n;
+  do {
+    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
+  } while (n < 0 && errno == EINTR);
+  const int err = errno;
+  into->data.resize(got + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  if (n <= 0) {
+    errno = err;
+    return n;
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) into->fds_truncated = true;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int received;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      into->fds.emplace_back(received);
     }
-    const ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
+  }
+  return n;
+}
+
+}  // namespace
+
+ReceivedWithFds ReceiveWithFds(int sock, size_t size, size_t max_fds_per_read) {
+  ReceivedWithFds out;
+  while (out.data.size() < size) {
+    const ssize_t n = ReadInto(sock, size, &out, max_fds_per_read, 0);
     if (n <= 0) {
       out.stopped = n == 0 ? "peer closed" : std::strerror(errno);
       break;
     }
-    if ((msg.msg_flags & MSG_CTRUNC) != 0) out.fds_truncated = true;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int received;
-        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        out.fds.emplace_back(received);
-      }
-    }
-    got += static_cast<size_t>(n);
   }
-  out.data.resize(got);
   return out;
+}
+
+ReceiveProgress ReceiveAvailable(int sock, size_t size, ReceivedWithFds* into,
+                                 size_t max_fds_per_read) {
+  while (into->data.size() < size) {
+    const ssize_t n = ReadInto(sock, size, into, max_fds_per_read, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ReceiveProgress::kWouldBlock;
+    if (n <= 0) {
+      into->stopped = n == 0 ? "peer closed" : std::strerror(errno);
+      return ReceiveProgress::kStopped;
+    }
+  }
+  return ReceiveProgress::kComplete;
 }
 
 absl::StatusOr<std::string> ReadFull(int sock, size_t size, absl::string_view what) {
@@ -163,7 +194,10 @@ absl::StatusOr<FdChannelRequest> DecodeFdChannelRequest(absl::string_view body) 
 }
 
 absl::StatusOr<FdChannelRequest> ReceiveFdChannelRequest(int sock) {
-  ReceivedWithFds received = ReceiveWithFds(sock, kFdChannelRequestBytes);
+  return ParseFdChannelRequest(ReceiveWithFds(sock, kFdChannelRequestBytes));
+}
+
+absl::StatusOr<FdChannelRequest> ParseFdChannelRequest(ReceivedWithFds received) {
   EVOKE_ASSIGN_OR_RETURN(FdChannelRequest request, DecodeFdChannelRequest(received.data));
   if (received.fds_truncated || received.fds.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -183,11 +217,13 @@ std::string EncodeFdChannelReply(const absl::Status& status, uint64_t region_id)
   return out;
 }
 
-void SendFdChannelReply(int sock, const absl::Status& status, uint64_t region_id) {
+void SendFdChannelReply(int sock, const absl::Status& status, uint64_t region_id,
+                        bool nonblocking) {
   const std::string out = EncodeFdChannelReply(status, region_id);
   size_t sent = 0;
   while (sent < out.size()) {
-    const ssize_t n = send(sock, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+    const ssize_t n = send(sock, out.data() + sent, out.size() - sent,
+                           MSG_NOSIGNAL | (nonblocking ? MSG_DONTWAIT : 0));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
     sent += static_cast<size_t>(n);
@@ -218,8 +254,13 @@ absl::StatusOr<FdChannelReply> SendFdChannelRequest(const std::string& path,
                                                     absl::string_view body,
                                                     absl::Span<const int> fds) {
   EVOKE_ASSIGN_OR_RETURN(UniqueFd sock, ConnectUnixSocket(path));
-  EVOKE_RETURN_IF_ERROR(SendWithFds(sock.get(), body, fds));
-  return ReadFdChannelReply(sock.get());
+  const absl::Status sent = SendWithFds(sock.get(), body, fds);
+  // The daemon may answer before reading anything (a peer it does not
+  // admit, too many connections) and close: the send then fails, but its
+  // answer is there to read, and says more than "Broken pipe".
+  absl::StatusOr<FdChannelReply> reply = ReadFdChannelReply(sock.get());
+  if (!sent.ok() && !reply.ok()) return sent;
+  return reply;
 }
 
 }  // namespace evoke

@@ -78,6 +78,15 @@ struct ReceivedWithFds {
 // fails: a short read is reported in the result (see `stopped`).
 ReceivedWithFds ReceiveWithFds(int sock, size_t size, size_t max_fds_per_read = 4);
 
+// ReceiveAvailable continues `into` toward `size` bytes with non-blocking
+// reads (MSG_DONTWAIT), collecting descriptors as ReceiveWithFds does,
+// until all have arrived (kComplete), nothing more has arrived yet
+// (kWouldBlock), or the peer closed or a read failed (kStopped, with
+// `into->stopped` set). For event loops: it never waits.
+enum class ReceiveProgress { kComplete, kWouldBlock, kStopped };
+ReceiveProgress ReceiveAvailable(int sock, size_t size, ReceivedWithFds* into,
+                                 size_t max_fds_per_read = 4);
+
 // ReadFull reads exactly `size` bytes. UNAVAILABLE "<what>: peer closed after
 // N of M bytes" (or the errno text) when they do not all arrive.
 absl::StatusOr<std::string> ReadFull(int sock, size_t size, absl::string_view what);
@@ -118,12 +127,20 @@ absl::StatusOr<FdChannelRequest> DecodeFdChannelRequest(absl::string_view body);
 // Every received descriptor is closed on every error.
 absl::StatusOr<FdChannelRequest> ReceiveFdChannelRequest(int sock);
 
+// ParseFdChannelRequest checks what was received of a request, as
+// ReceiveFdChannelRequest does, and takes its descriptor.
+absl::StatusOr<FdChannelRequest> ParseFdChannelRequest(ReceivedWithFds received);
+
 // EncodeFdChannelReply returns the reply carrying `status` and `region_id`.
 std::string EncodeFdChannelReply(const absl::Status& status, uint64_t region_id);
 
 // SendFdChannelReply writes the reply; best effort (a client that went away
-// loses its answer, nothing else).
-void SendFdChannelReply(int sock, const absl::Status& status, uint64_t region_id);
+// loses its answer, nothing else). With `nonblocking`, it never waits
+// (MSG_DONTWAIT): a reply that does not fit the socket's buffer at once is
+// cut short, which for a fresh connection cannot happen (a reply is a few
+// hundred bytes).
+void SendFdChannelReply(int sock, const absl::Status& status, uint64_t region_id,
+                        bool nonblocking = false);
 
 // The daemon's answer: its status (the code and message it sent) and, when
 // OK, the new region's id.
@@ -139,8 +156,9 @@ absl::StatusOr<FdChannelReply> ReadFdChannelReply(int sock);
 
 // SendFdChannelRequest connects to the FdChannel at `path`, sends `body` with
 // `fds` (exactly one for a valid request; tests send others), and reads the
-// reply. Errors (UNAVAILABLE) are about the exchange; the daemon's verdict is
-// in the reply's status.
+// reply (also when the send failed because the daemon answered first and
+// closed, e.g. too many connections). Errors (UNAVAILABLE) are about the
+// exchange; the daemon's verdict is in the reply's status.
 absl::StatusOr<FdChannelReply> SendFdChannelRequest(const std::string& path,
                                                     absl::string_view body,
                                                     absl::Span<const int> fds);

@@ -182,6 +182,26 @@ TEST(FdPassingTest, ConnectToAMissingSocketNamesIt) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too long")));
 }
 
+TEST(FdPassingTest, ReceiveAvailableNeverWaits) {
+  SocketPair p;
+  ReceivedWithFds into;
+  // Nothing yet: it returns at once (the socket is blocking).
+  EXPECT_EQ(ReceiveAvailable(p.b.get(), 7, &into), ReceiveProgress::kWouldBlock);
+  UniqueFd memfd = Memfd("q");
+  ASSERT_OK(SendWithFds(p.a.get(), "abc", {memfd.get()}));
+  EXPECT_EQ(ReceiveAvailable(p.b.get(), 7, &into), ReceiveProgress::kWouldBlock);
+  EXPECT_EQ(into.data, "abc");
+  ASSERT_EQ(into.fds.size(), 1u);
+  ASSERT_OK(SendWithFds(p.a.get(), "defgXYZ", {}));
+  EXPECT_EQ(ReceiveAvailable(p.b.get(), 7, &into), ReceiveProgress::kComplete);
+  EXPECT_EQ(into.data, "abcdefg");  // No byte past what was asked.
+  ReceivedWithFds rest;
+  p.a.Reset();
+  EXPECT_EQ(ReceiveAvailable(p.b.get(), 7, &rest), ReceiveProgress::kStopped);
+  EXPECT_EQ(rest.data, "XYZ");
+  EXPECT_EQ(rest.stopped, "peer closed");
+}
+
 // --- The FdChannel protocol.
 
 TEST(FdChannelCodecTest, RequestRoundTrips) {
@@ -350,6 +370,41 @@ TEST(FdChannelCodecTest, RequestAndReplyOverAListeningSocket) {
   EXPECT_EQ(served_content, "shared");
   ASSERT_OK(refused);
   EXPECT_THAT(refused->status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 2")));
+}
+
+// A server that answers before reading (an unadmitted peer) and closes: the
+// client's send fails, and it still reports the server's answer.
+TEST(FdChannelCodecTest, AnAnswerBeforeTheRequestIsStillRead) {
+  evoke::testing::TempDir dir;
+  const std::string path = dir.Join("fd.sock");
+  UniqueFd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener.get(), 4), 0);
+  // The client's socket is connected once listen() returns: answer first.
+  std::thread server([&] {
+    UniqueFd conn(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    SendFdChannelReply(conn.get(), absl::PermissionDeniedError("not admitted"), 0);
+  });
+  absl::StatusOr<UniqueFd> sock = ConnectUnixSocket(path);
+  ASSERT_OK(sock);
+  server.join();  // Answered and closed before the request is sent.
+  UniqueFd memfd = Memfd("x");
+  EXPECT_FALSE(SendWithFds(sock->get(), EncodeFdChannelRequest(kLease, 1), {memfd.get()}).ok());
+  ASSERT_OK_AND_ASSIGN(FdChannelReply reply, ReadFdChannelReply(sock->get()));
+  EXPECT_THAT(reply.status, StatusIs(absl::StatusCode::kPermissionDenied, "not admitted"));
+  // And the whole exchange, through SendFdChannelRequest.
+  std::thread again([&] {
+    UniqueFd conn(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    SendFdChannelReply(conn.get(), absl::ResourceExhaustedError("busy"), 0);
+  });
+  absl::StatusOr<FdChannelReply> whole =
+      SendFdChannelRequest(path, EncodeFdChannelRequest(kLease, 1), {memfd.get()});
+  again.join();
+  ASSERT_OK(whole);
+  EXPECT_THAT(whole->status, StatusIs(absl::StatusCode::kResourceExhausted, "busy"));
 }
 
 }  // namespace

@@ -6,16 +6,38 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/fd_passing.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace evoke {
+
+namespace {
+
+MappingLimits LimitsOf(const LeaseManagerOptions& o) {
+  MappingLimits l;
+  l.max_bytes = o.max_mapped_bytes;
+  l.max_bytes_per_uid = std::min(o.max_mapped_bytes_per_uid, o.max_mapped_bytes);
+  // Never past the kernel's vm.max_map_count: the daemon would abort.
+  const uint64_t kernel_safe = DefaultMaxMappings();
+  l.max_mappings = o.max_mappings == 0 ? kernel_safe : std::min(o.max_mappings, kernel_safe);
+  l.max_mappings_per_uid = o.max_mappings_per_uid == 0
+                               ? std::max<uint64_t>(1, l.max_mappings / 2)
+                               : std::min(o.max_mappings_per_uid, l.max_mappings);
+  return l;
+}
+
+constexpr absl::string_view kUnknownLease = "lease_id: unknown or ended lease";
+
+}  // namespace
 
 LeaseManager::LeaseManager(const LeaseManagerOptions& options, TierManager* tiers)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
-      tiers_(tiers) {}
+      tiers_(tiers),
+      budget_(LimitsOf(options)) {}
 
-absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name) {
+absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name, uid_t owner_uid) {
   char bytes[16];
   if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
     return absl::UnavailableError("no randomness for a lease id");
@@ -28,12 +50,13 @@ absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name) {
   }
   LeaseState& state = leases_[id];
   state.owner = next_owner_++;
+  state.owner_uid = owner_uid;
   state.client_name = std::string(client_name.substr(0, 128));
   state.granted = clock_->Now();
   state.last_used = state.granted;
   EVOKE_LOG_DEBUG("lease ", id.ToHex().substr(0, 8), " granted to '",
-                  state.client_name, "'");
-  return Lease{id, state.owner};
+                  state.client_name, "' (uid ", owner_uid, ")");
+  return Lease{id, state.owner, owner_uid};
 }
 
 void LeaseManager::End(const BlockId& id) {
@@ -79,7 +102,7 @@ absl::StatusOr<Lease> LeaseManager::Find(absl::string_view lease_id) const {
     return absl::NotFoundError("lease_id: unknown or ended lease");
   }
   it->second.last_used = std::max(it->second.last_used, now);
-  return Lease{*id, it->second.owner};
+  return Lease{*id, it->second.owner, it->second.owner_uid};
 }
 
 absl::StatusOr<LeaseInfo> LeaseManager::Describe(const BlockId& id) const {
@@ -87,7 +110,8 @@ absl::StatusOr<LeaseInfo> LeaseManager::Describe(const BlockId& id) const {
   auto it = leases_.find(id);
   if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
   const LeaseState& state = it->second;
-  return LeaseInfo{state.client_name, state.granted, state.last_used, state.regions.size()};
+  return LeaseInfo{state.client_name, state.owner_uid, state.granted, state.last_used,
+                   state.regions.size()};
 }
 
 size_t LeaseManager::ExpireIdle() {
@@ -128,6 +152,33 @@ absl::StatusOr<uint64_t> LeaseManager::AddRegion(const BlockId& lease,
   const uint64_t id = next_region_++;
   it->second.regions.emplace(id, std::move(region));
   return id;
+}
+
+absl::StatusOr<uint64_t> LeaseManager::AddSharedMemoryRegion(absl::string_view lease_id,
+                                                             uid_t peer_uid, int fd,
+                                                             uint64_t size) {
+  UniqueFd owned(fd);  // Until ShmRegion::Map takes it.
+  absl::StatusOr<BlockId> id = BlockId::FromBytes(lease_id);
+  if (!id.ok()) return absl::NotFoundError(kUnknownLease);
+  {
+    // The owner check comes first and does not mark the lease used: to
+    // another uid, a lease looks exactly like one that does not exist.
+    absl::MutexLock lock(&mu_);
+    auto it = leases_.find(*id);
+    if (it == leases_.end()) return absl::NotFoundError(kUnknownLease);
+    if (it->second.owner_uid != peer_uid) {
+      EVOKE_LOG_DEBUG("fd channel: uid ", peer_uid, " tried to register memory under lease ",
+                      id->ToHex().substr(0, 8), " of uid ", it->second.owner_uid,
+                      "; refused as unknown");
+      return absl::NotFoundError(kUnknownLease);
+    }
+  }
+  EVOKE_ASSIGN_OR_RETURN(
+      std::unique_ptr<ShmRegion> region,
+      ShmRegion::Map(owned.Release(), size, options_.max_region_bytes, &budget_, peer_uid));
+  // The lease may have ended meanwhile: AddRegion then answers NOT_FOUND and
+  // the region unmaps here.
+  return AddRegion(*id, std::move(region));
 }
 
 absl::StatusOr<std::shared_ptr<Region>> LeaseManager::GetRegion(

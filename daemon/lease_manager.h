@@ -2,6 +2,9 @@
 #ifndef EVOKE_DAEMON_LEASE_MANAGER_H_
 #define EVOKE_DAEMON_LEASE_MANAGER_H_
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +31,19 @@ struct LeaseManagerOptions {
   uint32_t max_regions_per_lease = 256;
   // Largest region. Default: 64 GiB.
   uint64_t max_region_bytes = 64ull << 30;
+  // Caps on the shared-memory regions mapped at once, over all leases and
+  // per peer uid (RESOURCE_EXHAUSTED past them; see MappingLimits). A
+  // region counts until it is unmapped, i.e. until its last copy finishes.
+  // Mapped bytes of all clients. Default: 4 TiB.
+  uint64_t max_mapped_bytes = 4ull << 40;
+  // Mapped bytes of one uid. Default: 2 TiB.
+  uint64_t max_mapped_bytes_per_uid = 2ull << 40;
+  // Mappings of all clients; each is a VMA of the daemon, so this must stay
+  // well under vm.max_map_count. 0: DefaultMaxMappings(), i.e. min(16384,
+  // vm.max_map_count / 4); larger values are lowered to it too.
+  uint64_t max_mappings = 0;
+  // Mappings of one uid. 0: half of max_mappings.
+  uint64_t max_mappings_per_uid = 0;
   // A lease unused for this long (no request resolved it, see Find) is
   // ended by ExpireIdle. Default: infinite (a lease ends with its stream).
   absl::Duration idle_timeout = absl::InfiniteDuration();
@@ -39,11 +55,13 @@ struct LeaseManagerOptions {
 struct Lease {
   BlockId id;      // The capability (16 random bytes).
   PinOwner owner;  // Its pins in the TierManager.
+  uid_t owner_uid = 0;  // Of the process that opened it (see Grant).
 };
 
 // What LeaseManager::Describe reports of one open lease.
 struct LeaseInfo {
   std::string client_name;
+  uid_t owner_uid = 0;
   absl::Time granted;    // By options.clock.
   absl::Time last_used;  // Grant, or the last Find / region call naming it.
   size_t regions = 0;
@@ -57,9 +75,12 @@ class LeaseManager {
  public:
   LeaseManager(const LeaseManagerOptions& options, TierManager* tiers);
 
-  // Grant opens a lease. RESOURCE_EXHAUSTED past max_leases; UNAVAILABLE if
-  // the system cannot provide randomness.
-  absl::StatusOr<Lease> Grant(absl::string_view client_name);
+  // Grant opens a lease for a client running as `owner_uid` (the peer's
+  // uid, from SO_PEERCRED): only that uid may register shared memory under
+  // it (AddSharedMemoryRegion). The default, the daemon's own uid, is for
+  // callers that do not know the peer. RESOURCE_EXHAUSTED past max_leases;
+  // UNAVAILABLE if the system cannot provide randomness.
+  absl::StatusOr<Lease> Grant(absl::string_view client_name, uid_t owner_uid = geteuid());
   // End closes a lease (idempotent).
   void End(const BlockId& id);
   // Find resolves the `lease_id` field of a request and marks the lease
@@ -70,13 +91,23 @@ class LeaseManager {
   absl::StatusOr<LeaseInfo> Describe(const BlockId& id) const;
   // ExpireIdle ends (as End does) every lease whose last use is
   // options.idle_timeout or more before now, by options.clock, and returns
-  // how many. Does nothing under an infinite idle_timeout.
+  // how many. Does nothing under an infinite idle_timeout. Cheap enough for
+  // a timer (e.g. every second): one pass over the open leases (at most
+  // max_leases) under the lock; pins and regions are released outside it.
   size_t ExpireIdle();
 
   // AddRegion registers a region under a lease and returns its id.
   // NOT_FOUND (lease), RESOURCE_EXHAUSTED (max_regions_per_lease). Region
   // calls mark the lease used, as Find does.
   absl::StatusOr<uint64_t> AddRegion(const BlockId& lease, std::shared_ptr<Region> region);
+  // AddSharedMemoryRegion maps the memfd `fd` (ShmRegion::Map: its checks,
+  // and the mapping caps charged to `peer_uid`) and registers it under the
+  // lease named by the `lease_id` field of an FdChannel request. A lease
+  // opened by another uid is answered exactly as an unknown one (NOT_FOUND),
+  // so that lease ids cannot be probed. Takes ownership of `fd`. Errors: as
+  // Find, ShmRegion::Map and AddRegion.
+  absl::StatusOr<uint64_t> AddSharedMemoryRegion(absl::string_view lease_id, uid_t peer_uid,
+                                                 int fd, uint64_t size);
   // GetRegion returns a region of the lease (the reference keeps it mapped).
   // NOT_FOUND naming `field` when the region is unknown or not the lease's.
   absl::StatusOr<std::shared_ptr<Region>> GetRegion(const BlockId& lease,
@@ -87,10 +118,14 @@ class LeaseManager {
 
   const LeaseManagerOptions& options() const { return options_; }
   v1::LeaseStat Stats() const;
+  // What the shared-memory regions map now, in all and per uid, and the caps
+  // in force (max_mappings resolved).
+  const MappingBudget& mapping_budget() const { return budget_; }
 
  private:
   struct LeaseState {
     PinOwner owner;
+    uid_t owner_uid = 0;
     std::string client_name;
     absl::Time granted;
     // Mutable: const lookups (Find, GetRegion) mark the lease used.
@@ -105,6 +140,7 @@ class LeaseManager {
   const LeaseManagerOptions options_;
   const Clock* const clock_;
   TierManager* const tiers_;
+  MappingBudget budget_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<BlockId, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
   PinOwner next_owner_ ABSL_GUARDED_BY(mu_) = 1;

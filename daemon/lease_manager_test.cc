@@ -1,5 +1,9 @@
 #include "daemon/lease_manager.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 
@@ -133,6 +137,94 @@ TEST_F(LeaseManagerTest, AClockGoingBackwardsDoesNotExpireOrRejuvenate) {
   EXPECT_EQ(info.last_used, t0);
   clock_.Set(t0 + absl::Minutes(1));
   EXPECT_EQ(leases.ExpireIdle(), 1u);
+}
+
+// --- Shared-memory registration: owners and caps (issue #11).
+
+int SealedMemfd(uint64_t size) {
+  const int fd = memfd_create("lease-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+  EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  return fd;
+}
+
+TEST_F(LeaseManagerTest, LeasesRecordTheirOwnerUid) {
+  LeaseManager leases(LeaseManagerOptions(), tiers_.get());
+  ASSERT_OK_AND_ASSIGN(Lease mine, leases.Grant("engine", 1000));
+  EXPECT_EQ(mine.owner_uid, 1000u);
+  ASSERT_OK_AND_ASSIGN(Lease found, leases.Find(mine.id.ToBytes()));
+  EXPECT_EQ(found.owner_uid, 1000u);
+  ASSERT_OK_AND_ASSIGN(LeaseInfo info, leases.Describe(mine.id));
+  EXPECT_EQ(info.owner_uid, 1000u);
+  // Callers that do not know the peer: the daemon's own uid.
+  ASSERT_OK_AND_ASSIGN(Lease dflt, leases.Grant("engine"));
+  EXPECT_EQ(dflt.owner_uid, geteuid());
+}
+
+TEST_F(LeaseManagerTest, AnotherUidSeesMyLeaseAsUnknown) {
+  LeaseManagerOptions options;
+  options.idle_timeout = absl::Minutes(1);
+  options.clock = &clock_;
+  LeaseManager leases(options, tiers_.get());
+  ASSERT_OK_AND_ASSIGN(Lease mine, leases.Grant("engine", 1000));
+  const absl::Status unknown =
+      leases.AddSharedMemoryRegion(std::string(16, 'z'), 1000, SealedMemfd(4096), 4096).status();
+  EXPECT_THAT(unknown, StatusIs(absl::StatusCode::kNotFound));
+  const int fd = SealedMemfd(4096);
+  clock_.Advance(absl::Seconds(59));
+  // Exactly the answer to an unknown lease, and no use of the lease.
+  EXPECT_EQ(leases.AddSharedMemoryRegion(mine.id.ToBytes(), 2000, fd, 4096).status(), unknown);
+  EXPECT_EQ(fcntl(fd, F_GETFD), -1) << "the refused fd was kept";
+  EXPECT_EQ(leases.Stats().shm_regions(), 0u);
+  EXPECT_EQ(leases.AddSharedMemoryRegion(mine.id.ToBytes(), 0, SealedMemfd(4096), 4096).status(),
+            unknown) << "root is another uid too";
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(leases.ExpireIdle(), 1u) << "a refused attempt kept the lease alive";
+  // Its owner can.
+  ASSERT_OK_AND_ASSIGN(Lease again, leases.Grant("engine", 1000));
+  ASSERT_OK_AND_ASSIGN(uint64_t rid, leases.AddSharedMemoryRegion(again.id.ToBytes(), 1000,
+                                                                  SealedMemfd(4096), 4096));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Region> region, leases.GetRegion(again.id, rid, "r"));
+  EXPECT_EQ(region->size(), 4096u);
+  EXPECT_EQ(leases.mapping_budget().OfUid(1000).mappings, 1u);
+}
+
+TEST_F(LeaseManagerTest, MappingCapsCountAcrossLeasesAndPerUid) {
+  LeaseManagerOptions options;
+  options.max_mappings = 6;
+  options.max_mappings_per_uid = 4;
+  LeaseManager leases(options, tiers_.get());
+  ASSERT_OK_AND_ASSIGN(Lease a1, leases.Grant("a1", 1000));
+  ASSERT_OK_AND_ASSIGN(Lease a2, leases.Grant("a2", 1000));
+  ASSERT_OK_AND_ASSIGN(Lease b, leases.Grant("b", 2000));
+  ASSERT_OK_AND_ASSIGN(Lease c, leases.Grant("c", 3000));
+  for (const Lease* l : {&a1, &a1, &a2, &a2}) {
+    ASSERT_OK(leases.AddSharedMemoryRegion(l->id.ToBytes(), 1000, SealedMemfd(4096), 4096));
+  }
+  EXPECT_THAT(leases.AddSharedMemoryRegion(a2.id.ToBytes(), 1000, SealedMemfd(4096), 4096),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("uid 1000")));
+  ASSERT_OK(leases.AddSharedMemoryRegion(b.id.ToBytes(), 2000, SealedMemfd(4096), 4096));
+  ASSERT_OK(leases.AddSharedMemoryRegion(b.id.ToBytes(), 2000, SealedMemfd(4096), 4096));
+  EXPECT_THAT(leases.AddSharedMemoryRegion(c.id.ToBytes(), 3000, SealedMemfd(4096), 4096),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-mappings)")));
+  // Ending a lease unmaps its regions and returns their share.
+  leases.End(a1.id);
+  ASSERT_OK(leases.AddSharedMemoryRegion(c.id.ToBytes(), 3000, SealedMemfd(4096), 4096));
+  EXPECT_EQ(leases.mapping_budget().Total().mappings, 5u);
+  EXPECT_EQ(leases.Stats().shm_regions(), 5u);
+}
+
+TEST_F(LeaseManagerTest, MappingCapsDefaultWellUnderTheKernelLimit) {
+  LeaseManager dflt(LeaseManagerOptions(), tiers_.get());
+  EXPECT_EQ(dflt.mapping_budget().limits().max_mappings, DefaultMaxMappings());
+  EXPECT_EQ(dflt.mapping_budget().limits().max_mappings_per_uid, DefaultMaxMappings() / 2);
+  LeaseManagerOptions options;
+  options.max_mappings = 1ull << 40;  // Lowered to what the kernel allows.
+  options.max_mapped_bytes = 1 << 20;
+  options.max_mapped_bytes_per_uid = 1ull << 40;
+  LeaseManager capped(options, tiers_.get());
+  EXPECT_EQ(capped.mapping_budget().limits().max_mappings, DefaultMaxMappings());
+  EXPECT_EQ(capped.mapping_budget().limits().max_bytes_per_uid, 1u << 20);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #ifndef EVOKE_DAEMON_REGION_H_
 #define EVOKE_DAEMON_REGION_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,25 +36,102 @@ class Region {
                           const std::string& field) const;
 };
 
-// ShmRegion maps a memfd the client handed over. Map requires: a regular
-// file (memfd), sealed against shrinking (F_SEAL_SHRINK: the client can then
-// never make the daemon fault with SIGBUS by truncating it), of exactly
-// `size` bytes, 0 < size <= max_bytes, mappable read-write and shared.
-// Errors: INVALID_ARGUMENT naming what is wrong. Takes ownership of `fd`
-// (closed once mapped, or on failure). The mapping is unmapped on destruction.
+// MappingLimits caps what client memory the daemon maps, over all leases
+// and per peer uid. Every mapping is a VMA of the daemon: past
+// vm.max_map_count the kernel refuses any further mmap, including the
+// allocator's and thread stacks', and the daemon aborts; so the count cap
+// must stay well under it (see DefaultMaxMappings).
+struct MappingLimits {
+  uint64_t max_bytes = UINT64_MAX;
+  uint64_t max_mappings = UINT64_MAX;
+  uint64_t max_bytes_per_uid = UINT64_MAX;
+  uint64_t max_mappings_per_uid = UINT64_MAX;
+};
+
+// DefaultMaxMappings returns min(16384, vm.max_map_count / 4), reading
+// /proc/sys/vm/max_map_count (65530 assumed when unreadable).
+uint64_t DefaultMaxMappings();
+
+// MappingBudget counts the mappings of client memory and their bytes, in
+// all and per uid, against MappingLimits. Reserve takes a Charge that is
+// returned when the Charge is destroyed, which may be after the budget
+// itself is gone (a region outlives its lease while copies use it).
+// Thread-safe.
+class MappingBudget {
+ public:
+  struct Usage {
+    uint64_t bytes = 0;
+    uint64_t mappings = 0;
+  };
+
+ private:
+  struct State;
+
+ public:
+  // Charge: one mapping of `bytes` for `uid`, counted until destroyed.
+  // Move-only; a default-constructed Charge counts nothing.
+  class Charge {
+   public:
+    Charge() = default;
+    Charge(Charge&& o) noexcept = default;
+    Charge& operator=(Charge&& o) noexcept;
+    Charge(const Charge&) = delete;
+    Charge& operator=(const Charge&) = delete;
+    ~Charge() { Return(); }
+
+   private:
+    friend class MappingBudget;
+    Charge(std::shared_ptr<State> state, uid_t uid, uint64_t bytes)
+        : state_(std::move(state)), uid_(uid), bytes_(bytes) {}
+    void Return();
+    std::shared_ptr<State> state_;
+    uid_t uid_ = 0;
+    uint64_t bytes_ = 0;
+  };
+
+  explicit MappingBudget(const MappingLimits& limits);
+  // Reserve counts one more mapping of `bytes` for `uid`. RESOURCE_EXHAUSTED
+  // naming the cap when it would pass any of the four.
+  absl::StatusOr<Charge> Reserve(uid_t uid, uint64_t bytes);
+  Usage Total() const;
+  Usage OfUid(uid_t uid) const;
+  const MappingLimits& limits() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// ShmRegion maps a memfd the client handed over. Map requires, checked in
+// this order and without calling into the fd's filesystem (a FUSE or NFS
+// file must not be able to stall the daemon): 0 < size <= max_bytes; a
+// regular file; a memfd sealed with F_SEAL_SHRINK (the client can then never
+// make the daemon fault with SIGBUS by truncating it) of exactly `size`
+// bytes; neither F_SEAL_WRITE nor F_SEAL_FUTURE_WRITE (Load writes into it);
+// F_SEAL_GROW; room in `budget` (when not null) for one more mapping of
+// `size` bytes for `uid`; and a read-write shared mapping. Pages are not
+// populated: the client's memory costs the daemon nothing until a copy
+// touches it. Errors: INVALID_ARGUMENT naming what is wrong;
+// RESOURCE_EXHAUSTED past the budget or when the kernel refuses the mapping
+// (ENOMEM: address space or vm.max_map_count). Takes ownership of `fd`
+// (closed once mapped, or on failure). The mapping is unmapped, and its
+// charge returned, on destruction.
 class ShmRegion final : public Region {
  public:
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Map(int fd, uint64_t size,
-                                                        uint64_t max_bytes);
+                                                        uint64_t max_bytes,
+                                                        MappingBudget* budget = nullptr,
+                                                        uid_t uid = 0);
   ~ShmRegion() override;
   Kind kind() const override { return Kind::kSharedMemory; }
   uint64_t size() const override { return size_; }
   uint8_t* host_data() const override { return data_; }
 
  private:
-  ShmRegion(uint8_t* data, uint64_t size) : data_(data), size_(size) {}
+  ShmRegion(uint8_t* data, uint64_t size, MappingBudget::Charge charge)
+      : data_(data), size_(size), charge_(std::move(charge)) {}
   uint8_t* data_;
   uint64_t size_;
+  MappingBudget::Charge charge_;  // Returned after the unmap.
 };
 
 // CudaRegion: `size` bytes of a device allocation of the client, opened by
