@@ -1,5 +1,7 @@
 // evokectl against a real evoked: every command, text and --json output,
 // exit codes and one-line errors.
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -130,6 +132,20 @@ TEST_F(EvokectlTest, ExportRmImportRoundTrip) {
   r = Ctl({"import", file});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("DATA_LOSS"));
+}
+
+// Issue #11: `evokectl import /dev/zero` read the whole device into memory
+// and aborted; now the header is checked first and it fails at once.
+TEST_F(EvokectlTest, ImportOfAnythingButABlockFileFailsAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult r = Ctl({"import", "/dev/zero"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: /dev/zero: not an evoke block file"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  r = Ctl({"import", dir_.Join("missing.evk")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
 }
 
 TEST_F(EvokectlTest, FlushVerifyDropSession) {
