@@ -11,11 +11,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/hash128.h"
 #include "storage/tier.h"
 
 namespace evoke {
+
+class DiskFaults;  // storage/fault_env.h
 
 struct SpillStoreOptions {
   // Directory of the RocksDB database; created when missing.
@@ -32,6 +35,36 @@ struct SpillStoreOptions {
   uint64_t blob_file_bytes = 256ull << 20;
   // Block cache for metadata and small payloads. Default: 32 MiB.
   uint64_t block_cache_bytes = 32ull << 20;
+  // Free bytes kept on the data dir's filesystem: a write that adds payload
+  // bytes is refused (RESOURCE_EXHAUSTED, nothing written) when fewer would
+  // remain, so that RocksDB keeps room for its flushes, compactions and
+  // MANIFEST and rarely meets ENOSPC itself. 0: 5% of the filesystem, at
+  // most 256 MiB.
+  uint64_t reserve_bytes = 0;
+  // While writes are stopped (started on a full disk, or a write failed)
+  // the store tries to resume them this often. Default: 1 s.
+  absl::Duration retry_interval = absl::Seconds(1);
+  // Tests: make the store's file writes fail on demand.
+  std::shared_ptr<DiskFaults> faults;
+};
+
+// What the store went through: degraded modes and what start-up recovery
+// had to do. For Stat, logs and tests.
+struct SpillStoreHealth {
+  // Writes are accepted. False while degraded: opened read-only on a full
+  // disk, or stopped by a failed write until space (or the device) returns.
+  bool writable = true;
+  std::string reason;                // Why not writable.
+  bool opened_read_only = false;     // The last open was read-only.
+  uint64_t write_failures = 0;       // Writes or flushes RocksDB failed.
+  uint64_t refused_writes = 0;       // Writes refused for lack of free space.
+  uint64_t resumes = 0;              // Times writes resumed after a stop.
+  absl::Duration last_outage;        // Length of the last stop.
+  uint64_t corrupt_files = 0;        // SST files found corrupt (start, compaction).
+  uint64_t unreadable_records = 0;   // Records the start-up scan could not read.
+  // The recovery steps Open took, in order, with what each cost (empty for
+  // a clean open).
+  std::vector<std::string> recovery;
 };
 
 using SpillWrite = TierWrite;
@@ -42,6 +75,24 @@ using SpillWrite = TierWrite;
 // RocksDB errors are translated here, once: NotFound -> NOT_FOUND,
 // Corruption -> DATA_LOSS, out of space -> RESOURCE_EXHAUSTED, other I/O
 // errors -> UNAVAILABLE.
+//
+// A full disk: writes that add bytes are refused before they reach RocksDB
+// when fewer than reserve_bytes would stay free. When a write fails anyway
+// (RocksDB stops writes after a failed WAL or flush write), every later
+// write is refused at once (RESOURCE_EXHAUSTED for no space, else
+// UNAVAILABLE) and the WAL is never synced again (RocksDB asserts on a WAL
+// that failed an append), until a background thread, every
+// retry_interval, finds the space back and DB::Resume() succeeds. Open on a
+// disk too full to recover the WAL opens read-only (reads keep working) and
+// the same thread reopens read-write once space returns.
+//
+// Corrupt files: Open tries, in order, a normal open, one that skips
+// corrupt WAL records (kSkipAnyCorruptedRecords), best-efforts recovery
+// (an older MANIFEST version, WAL not replayed), and last moving every file
+// into <path>/quarantine-<time>/ and starting empty; each step is logged and
+// listed in Health().recovery. A compaction that meets a corrupt SST does not
+// stop writes (the error is suppressed, counted, and automatic compaction
+// turned off for this run). The start-up scan reads around corrupt blocks.
 //
 // Thread-safe. Reads never block writes.
 class SpillStore : public Tier {
@@ -54,6 +105,10 @@ class SpillStore : public Tier {
 
   absl::string_view name() const override { return "spill store"; }
   TierLevel level() const override { return TierLevel::kDisk; }
+
+  // Health reports degraded modes and start-up recovery (a wrapper that
+  // does not forward it reports a healthy store).
+  virtual SpillStoreHealth Health() const { return SpillStoreHealth(); }
 };
 
 }  // namespace evoke

@@ -5,7 +5,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "absl/time/clock.h"
+#include "storage/fault_env.h"
 #include "storage/spill_record.pb.h"
+#include "testing/blocks.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
 
@@ -139,6 +142,140 @@ TEST(SpillStoreModeTest, DataDirIsRestrictedToItsOwner) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<SpillStore> store, SpillStore::Open(options));
   EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::mask,
             std::filesystem::perms::owner_all);
+}
+
+}  // namespace
+}  // namespace evoke
+
+// ---------------------------------------------------------------- disk full
+// Through storage/fault_env.h: RocksDB's file writes fail with ENOSPC after
+// a byte budget, as on a full disk.
+
+namespace evoke {
+namespace {
+
+using ::evoke::testing::StatusIs;
+
+class SpillStoreDiskFullTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<SpillStore> Open() {
+    SpillStoreOptions options;
+    options.path = dir_.Join("db");
+    options.faults = faults_;
+    options.retry_interval = absl::Milliseconds(20);
+    options.reserve_bytes = 1;  // The tmp dir's free space is not under test here.
+    auto store = SpillStore::Open(options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+  static storage::SpillRecord Rec(uint64_t checksum, uint64_t bytes) {
+    storage::SpillRecord r;
+    r.mutable_meta()->set_checksum(checksum);
+    r.mutable_meta()->set_payload_bytes(bytes);
+    return r;
+  }
+  std::shared_ptr<DiskFaults> faults_ = std::make_shared<DiskFaults>();
+  evoke::testing::TempDir dir_;
+};
+
+// Before: the failed WAL append left RocksDB's WAL writer in error, and the
+// next Persist (SyncWAL) hit its assertion `sync_without_flush_called_`:
+// the process aborted.
+TEST_F(SpillStoreDiskFullTest, FailedWritesStopWritesUntilSpaceReturns) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  const std::string payload(64 << 10, 'p');
+  const storage::SpillRecord r = Rec(1, payload.size());
+  const SpillWrite before[] = {{BlockId(1, 1), &r, payload}};
+  ASSERT_OK(store->Put(before, /*sync=*/true));
+
+  faults_->NoSpaceAfter(1000);
+  const SpillWrite during[] = {{BlockId(1, 2), &r, payload}};
+  const absl::Status failed = store->Put(during, /*sync=*/false);
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_FALSE(store->Health().writable);
+  // Every later write and sync is refused without touching the WAL.
+  EXPECT_THAT(store->Put(during, /*sync=*/true), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(store->Persist(), StatusIs(absl::StatusCode::kResourceExhausted));
+  const BlockId ids[] = {BlockId(1, 1)};
+  EXPECT_FALSE(store->Delete(ids).ok());
+  // Reads keep working.
+  std::string got;
+  ASSERT_OK(store->Read(BlockId(1, 1), [&](const storage::SpillRecord&, absl::string_view p) {
+    got.assign(p.data(), p.size());
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(got, payload);
+
+  faults_->Clear();
+  const absl::Time freed = absl::Now();
+  absl::Status resumed;
+  ASSERT_TRUE(evoke::testing::WaitUntil(
+      [&] {
+        resumed = store->Put(during, /*sync=*/true);
+        return resumed.ok();
+      },
+      absl::Seconds(10), absl::Milliseconds(10)))
+      << resumed;
+  EXPECT_LT(absl::Now() - freed, absl::Seconds(5));
+  ASSERT_OK(store->Persist());
+  const SpillStoreHealth health = store->Health();
+  EXPECT_TRUE(health.writable);
+  EXPECT_GE(health.write_failures, 1u);
+  EXPECT_EQ(health.resumes, 1u);
+
+  // Both blocks survive a reopen.
+  store.reset();
+  store = Open();
+  ASSERT_NE(store, nullptr);
+  for (uint64_t n : {1, 2}) {
+    ASSERT_OK(store->Read(BlockId(1, n), [&](const storage::SpillRecord&, absl::string_view p) {
+      EXPECT_EQ(p, payload);
+      return absl::OkStatus();
+    }));
+  }
+}
+
+// A flush that fails (the memtable cannot become an SST) stops writes the
+// same way, and a sync after it is refused rather than aborting.
+TEST_F(SpillStoreDiskFullTest, FailedFlushIsRefusedNotFatal) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  const std::string payload(256 << 10, 'q');
+  const storage::SpillRecord r = Rec(2, payload.size());
+  for (uint64_t i = 0; i < 8; ++i) {
+    const SpillWrite w[] = {{BlockId(2, i), &r, payload}};
+    ASSERT_OK(store->Put(w, /*sync=*/false));
+  }
+  faults_->NoSpaceAfter(4096);
+  EXPECT_FALSE(store->Persist().ok());
+  EXPECT_FALSE(store->Persist().ok());
+  faults_->Clear();
+  EXPECT_TRUE(evoke::testing::WaitUntil([&] { return store->Persist().ok(); },
+                                        absl::Seconds(10), absl::Milliseconds(10)));
+  for (uint64_t i = 0; i < 8; ++i) {
+    ASSERT_OK(store->Read(BlockId(2, i), [&](const storage::SpillRecord&, absl::string_view p) {
+      EXPECT_EQ(p, payload);
+      return absl::OkStatus();
+    }));
+  }
+}
+
+// The free-space reserve refuses payload writes before RocksDB meets ENOSPC;
+// deletes (which free space) still go through.
+TEST_F(SpillStoreDiskFullTest, ReserveRefusesPayloadWritesButNotDeletes) {
+  SpillStoreOptions options;
+  options.path = dir_.Join("reserve-db");
+  options.reserve_bytes = 1ull << 62;  // More than any disk has free.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SpillStore> store, SpillStore::Open(options));
+  const storage::SpillRecord r = Rec(3, 3);
+  const SpillWrite w[] = {{BlockId(3, 1), &r, "abc"}};
+  EXPECT_THAT(store->Put(w, false), StatusIs(absl::StatusCode::kResourceExhausted,
+                                             ::testing::HasSubstr("is full")));
+  const BlockId ids[] = {BlockId(3, 1)};
+  EXPECT_OK(store->Delete(ids));
+  EXPECT_EQ(store->Health().refused_writes, 1u);
+  EXPECT_TRUE(store->Health().writable);  // Refused, not stopped.
 }
 
 }  // namespace
