@@ -143,6 +143,14 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
   }
   if (!r.Read(&cell_count, "cell_count")) return r.error();
   SeqState s;
+  // Every count is checked against the bytes left before anything is sized
+  // by it (issue #11: a 20-byte blob claiming 2^32 cells asked for 16 GiB).
+  // A cell takes 12 bytes: pos, n_seq_id, seq_id.
+  if (cell_count > r.remaining() / 12) {
+    return absl::DataLossError(absl::StrCat(
+        "llama.cpp sequence state: ", cell_count, " cells need at least ",
+        uint64_t{cell_count} * 12, " bytes, ", r.remaining(), " remain"));
+  }
   if (cell_count == 0) {
     if (r.remaining() != 0) {
       return absl::DataLossError(absl::StrCat("llama.cpp sequence state: ", r.remaining(),
@@ -167,6 +175,13 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
   uint32_t v_trans = 0;
   if (!r.Read(&v_trans, "v_trans") || !r.Read(&s.n_layer, "n_layer")) return r.error();
   s.v_trans = v_trans != 0;
+  // A layer takes at least 24 bytes even with empty rows: K type and row
+  // size (12), V type and row size, or type, element size and n_embd_v (12).
+  if (s.n_layer > r.remaining() / 24) {
+    return absl::DataLossError(absl::StrCat(
+        "llama.cpp sequence state: ", s.n_layer, " layers need at least ",
+        uint64_t{s.n_layer} * 24, " bytes, ", r.remaining(), " remain"));
+  }
   s.k.resize(s.n_layer);
   s.v.resize(s.n_layer);
   for (uint32_t l = 0; l < s.n_layer; ++l) {
@@ -184,6 +199,14 @@ absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob) {
       uint32_t elem = 0, n_embd = 0;
       if (!r.Read(&elem, "v element size") || !r.Read(&n_embd, "n_embd_v")) return r.error();
       row = uint64_t{elem} * n_embd;
+      if (l == 0) {
+        s.v_elem_bytes = elem;
+      } else if (elem != s.v_elem_bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "llama.cpp sequence state: layer ", l, " V has ", elem,
+            "-byte elements, layer 0 has ", s.v_elem_bytes,
+            "; per-layer KV shapes are not supported"));
+      }
     } else if (!r.Read(&row, "v row size")) {
       return r.error();
     }
@@ -204,6 +227,15 @@ uint64_t CanonicalBytes(const SeqState& s) {
 absl::StatusOr<CanonicalRange> ToCanonical(const SeqState& s, uint32_t n_kv_heads,
                                            uint32_t head_dim) {
   CanonicalRange out;
+  // Sized by what the state holds (its views), never by a product of its
+  // counts alone: ToCanonicalInto checks that the two agree.
+  uint64_t held = 0;
+  for (absl::string_view k : s.k) held += k.size();
+  for (absl::string_view v : s.v) held += v.size();
+  if (CanonicalBytes(s) > held) {
+    return absl::InvalidArgumentError(absl::StrCat("state: ", held, " bytes of rows, ",
+                                                   CanonicalBytes(s), " claimed"));
+  }
   out.payload.resize(CanonicalBytes(s));
   absl::StatusOr<std::vector<int32_t>> positions =
       ToCanonicalInto(s, n_kv_heads, head_dim, absl::MakeSpan(out.payload));
@@ -227,6 +259,22 @@ absl::StatusOr<std::vector<int32_t>> ToCanonicalInto(const SeqState& s, uint32_t
         "llama.cpp KV rows are ", s.k_row_bytes, " (K) and ", s.v_row_bytes,
         " (V) bytes; n_kv_heads ", n_kv_heads, " x head_dim ", head_dim, " needs ", k_row,
         " and ", v_row));
+  }
+  if (s.v_trans && s.v_elem_bytes != DTypeBytes(*v_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama.cpp transposed V has ", s.v_elem_bytes, "-byte elements; type_v needs ",
+        DTypeBytes(*v_dtype)));
+  }
+  if (s.k.size() != s.n_layer || s.v.size() != s.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("state: ", s.k.size(), " K and ", s.v.size(),
+                                                   " V layers for n_layer ", s.n_layer));
+  }
+  for (uint32_t l = 0; l < s.n_layer; ++l) {
+    if (s.k[l].size() != n * k_row || s.v[l].size() != n * v_row) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state: layer ", l, " holds ", s.k[l].size(), " K and ", s.v[l].size(),
+          " V bytes; ", n, " cells need ", n * k_row, " and ", n * v_row));
+    }
   }
   if (out_bytes.size() < CanonicalBytes(s)) {
     return absl::InvalidArgumentError(absl::StrCat("dst: ", out_bytes.size(), " bytes, the block needs ",

@@ -56,6 +56,7 @@ struct SeqState {
   int32_t v_type = -1;
   uint64_t k_row_bytes = 0;  // Bytes of one cell's K row in one layer.
   uint64_t v_row_bytes = 0;  // Same for V (v_trans: element bytes x n_embd_v).
+  uint32_t v_elem_bytes = 0;  // v_trans only: bytes of one V element.
   std::vector<absl::string_view> k;  // Per layer: cell_count K rows.
   std::vector<absl::string_view> v;  // Per layer: rows, or n_embd_v runs if v_trans.
 };
@@ -64,7 +65,10 @@ struct SeqState {
 // sequence parses to zero positions. Errors: FAILED_PRECONDITION for a blob
 // this adapter does not handle (other magic, several streams, i.e. a cache
 // without kv_unified, cells shared by several sequences, per-layer type or
-// row-size changes), DATA_LOSS for a truncated or overlong blob.
+// row-size changes), DATA_LOSS for a truncated or overlong blob, or one whose
+// counts (cells, layers, row sizes) claim more bytes than remain: every count
+// is checked before anything is allocated from it, so a blob of n bytes
+// never makes the parser allocate more than ~2n.
 absl::StatusOr<SeqState> ParseSeqState(absl::string_view blob);
 
 // A position-ordered block in canonical layout.

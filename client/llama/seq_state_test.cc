@@ -3,7 +3,11 @@
 // tests/llama_e2e_test.cc).
 #include "client/llama/seq_state.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -11,10 +15,56 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+// The largest single allocation asked for while g_track_allocations is set.
+// Requests above 256 MiB throw std::bad_alloc instead of being tried (the
+// unfixed parser asked for 16 GiB and more; the test must not take it).
+namespace evoke::llama {
+std::atomic<bool> g_track_allocations{false};
+std::atomic<size_t> g_largest_allocation{0};
+}  // namespace evoke::llama
+
+void* operator new(size_t size) {
+  if (evoke::llama::g_track_allocations.load(std::memory_order_relaxed)) {
+    size_t seen = evoke::llama::g_largest_allocation.load(std::memory_order_relaxed);
+    while (size > seen &&
+           !evoke::llama::g_largest_allocation.compare_exchange_weak(seen, size)) {
+    }
+    if (size > (256u << 20)) throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+// GCC takes free() in a replaced operator delete for a mismatch once it is
+// inlined where `new` was called; the pair is malloc / free here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 namespace evoke::llama {
 namespace {
 
 using ::testing::HasSubstr;
+
+// LargestAllocationOfParse parses `blob` and returns the largest single
+// allocation it asked for (0 when a std::bad_alloc escaped: then *escaped).
+size_t LargestAllocationOfParse(const std::string& blob, absl::Status* status, bool* escaped) {
+  g_largest_allocation = 0;
+  g_track_allocations = true;
+  *escaped = false;
+  try {
+    *status = ParseSeqState(blob).status();
+  } catch (const std::bad_alloc&) {
+    *escaped = true;
+  }
+  g_track_allocations = false;
+  return g_largest_allocation;
+}
 
 std::string Pattern(size_t n, uint32_t seed) {
   std::string s(n, '\0');
@@ -159,6 +209,78 @@ TEST(SeqStateTest, RefusesDuplicatePositionsAndWrongSizes) {
   absl::Status s = ToSeqStateBlob("short", {0}, f, 0).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("payload"));
+}
+
+void Put32(std::string* blob, size_t at, uint32_t v) { std::memcpy(blob->data() + at, &v, 4); }
+
+// Issue #11: the parser sized its vectors from the blob's counts before
+// checking them against the bytes left: 20 bytes claiming 2^32 - 1 cells
+// asked for 16 GiB, a layer count of 2^32 - 1 for 128 GiB.
+TEST(SeqStateTest, CountsAreCheckedBeforeAllocating) {
+  const CacheFormat f = Format(v1::DTYPE_F16, v1::DTYPE_F16, false);
+  const std::string good = ToSeqStateBlob(Pattern(PayloadBytes(f, 2), 5), {0, 1}, f, 0).value();
+  struct Case {
+    const char* name;
+    std::string blob;
+  };
+  std::vector<Case> cases;
+  // Header only, 2^32 - 1 cells.
+  cases.push_back({"cells", good.substr(0, 16)});
+  Put32(&cases.back().blob, 12, 0xffffffffu);
+  // The cells of the good blob, then 2^32 - 1 layers.
+  cases.push_back({"layers", good});
+  Put32(&cases.back().blob, 16 + 2 * 12 + 4, 0xffffffffu);
+  // 2^32 - 1 layers, transposed V.
+  cases.push_back({"layers v_trans", good});
+  Put32(&cases.back().blob, 16 + 2 * 12, 1);
+  Put32(&cases.back().blob, 16 + 2 * 12 + 4, 0xffffffffu);
+  for (const Case& c : cases) {
+    absl::Status status;
+    bool escaped = false;
+    const size_t largest = LargestAllocationOfParse(c.blob, &status, &escaped);
+    EXPECT_FALSE(escaped) << c.name << ": std::bad_alloc escaped the parser";
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << c.name << ": " << status;
+    EXPECT_LE(largest, 2 * c.blob.size() + 1024) << c.name;
+  }
+}
+
+// Random damage to valid blobs (counts, sizes, types, truncation): the
+// parser returns a status, never throws, never allocates more than about
+// twice the blob, and what it accepts converts without reading out of bounds.
+TEST(SeqStateTest, DamagedBlobsAreRefusedWithinBoundedMemory) {
+  std::mt19937_64 rng(11);
+  int accepted = 0;
+  for (const bool v_trans : {false, true}) {
+    const CacheFormat f = Format(v1::DTYPE_F16, v1::DTYPE_F32, v_trans);
+    const std::string good =
+        ToSeqStateBlob(Pattern(PayloadBytes(f, 3), 9), {2, 0, 1}, f, 4).value();
+    for (int trial = 0; trial < 3000; ++trial) {
+      std::string blob = good;
+      const int edits = 1 + static_cast<int>(rng() % 3);
+      for (int e = 0; e < edits; ++e) {
+        const size_t at = rng() % (blob.size() - 3) & ~size_t{3};  // A 32-bit field.
+        switch (rng() % 4) {
+          case 0: Put32(&blob, at, static_cast<uint32_t>(rng())); break;
+          case 1: Put32(&blob, at, 0xffffffffu - static_cast<uint32_t>(rng() % 4)); break;
+          case 2: Put32(&blob, at, static_cast<uint32_t>(rng() % 64)); break;
+          default: blob.resize(rng() % blob.size()); break;
+        }
+        if (blob.size() < 4) break;
+      }
+      absl::Status status;
+      bool escaped = false;
+      const size_t largest = LargestAllocationOfParse(blob, &status, &escaped);
+      ASSERT_FALSE(escaped) << "trial " << trial;
+      ASSERT_LE(largest, 2 * blob.size() + 1024) << "trial " << trial;
+      if (status.ok()) {
+        ++accepted;
+        absl::StatusOr<SeqState> state = ParseSeqState(blob);
+        ASSERT_TRUE(state.ok());
+        (void)ToCanonical(*state, 2, 8);  // Any status; no out-of-bounds read.
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);  // Some edits (positions, seq ids) leave a valid blob.
 }
 
 }  // namespace
