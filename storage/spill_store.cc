@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <utility>
 
@@ -556,6 +558,15 @@ class RocksSpillStore final : public SpillStore {
     std::string failures;
     for (OpenMode mode : {OpenMode::kNormal, OpenMode::kSkipCorruptWal, OpenMode::kBestEfforts}) {
       rocksdb::Status s = config_.Open(mode, &db_);
+      if (!s.ok() && mode == OpenMode::kNormal &&
+          s.ToString().find("CURRENT") != std::string::npos && RewriteCurrent()) {
+        // CURRENT names the MANIFEST in use, nothing more: pointing it at
+        // the newest MANIFEST loses nothing (best-efforts recovery would
+        // skip the WAL).
+        Note(absl::StrCat("CURRENT was damaged (", s.ToString(),
+                          "); rewrote it to name the newest MANIFEST"));
+        s = config_.Open(mode, &db_);
+      }
       if (s.ok()) s = CheckFormat();
       if (s.ok()) {
         if (mode != OpenMode::kNormal) {
@@ -602,6 +613,32 @@ class RocksSpillStore final : public SpillStore {
       return ToAbsl(s, absl::StrCat("open ", opts_.path, " (empty, after quarantine)"));
     }
     return absl::OkStatus();
+  }
+
+  // RewriteCurrent points CURRENT at the newest MANIFEST file.
+  bool RewriteCurrent() const {
+    std::string newest;
+    uint64_t newest_number = 0;
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(opts_.path, ec)) {
+      const std::string name = f.path().filename().string();
+      if (name.rfind("MANIFEST-", 0) != 0) continue;
+      const uint64_t number = std::strtoull(name.c_str() + 9, nullptr, 10);
+      if (newest.empty() || number > newest_number) {
+        newest = name;
+        newest_number = number;
+      }
+    }
+    if (newest.empty()) return false;
+    const std::string tmp = opts_.path + "/CURRENT.evoke-tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << newest << "\n";
+      out.flush();
+      if (!out) return false;
+    }
+    std::filesystem::rename(tmp, opts_.path + "/CURRENT", ec);
+    return !ec;
   }
 
   // RoomToOpen: whether a read-write open can rewrite the WAL.
