@@ -42,21 +42,23 @@ absl::StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(
     }
     return s;
   }
-  // Bound the claimed size by the real allocation.
-  uint64_t available = size;
-  if (GetAddressRangeFn range = AddressRangeFn(); range != nullptr) {
+  // Bound the claimed size by the real allocation; refuse when the driver
+  // cannot tell (the size was trusted then: issue #11).
+  DeviceAddressRange range;
+  if (GetAddressRangeFn query = AddressRangeFn(); query != nullptr) {
     CUdeviceptr base = 0;
     size_t alloc = 0;
-    if (range(&base, &alloc, reinterpret_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS) {
-      available = base + alloc - reinterpret_cast<CUdeviceptr>(ptr);
-      if (size > available) {
-        cudaIpcCloseMemHandle(ptr);
-        return absl::InvalidArgumentError(absl::StrCat(
-            "size: ", size, " bytes exceed the exported allocation (", available,
-            " bytes)"));
-      }
+    if (query(&base, &alloc, reinterpret_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS) {
+      range = {true, static_cast<uint64_t>(base), static_cast<uint64_t>(alloc)};
     }
   }
+  const absl::StatusOr<uint64_t> checked =
+      CheckMappedRegion(reinterpret_cast<uint64_t>(ptr), size, range);
+  if (!checked.ok()) {
+    cudaIpcCloseMemHandle(ptr);
+    return checked.status();
+  }
+  const uint64_t available = *checked;
   return std::unique_ptr<CudaIpcMapping>(new CudaIpcMapping(ptr, device, size, available));
 }
 

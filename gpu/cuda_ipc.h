@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -21,15 +23,56 @@ namespace evoke {
 // Size of a cudaIpcMemHandle_t.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 
+// What the driver said about the allocation that holds a device pointer
+// (cuMemGetAddressRange).
+struct DeviceAddressRange {
+  bool known = false;  // False: the query is missing or failed.
+  uint64_t base = 0;
+  uint64_t bytes = 0;
+};
+
+// CheckMappedRegion returns the bytes from `ptr` to the end of the
+// allocation `range` describes, once [ptr, ptr + size) is known to lie inside
+// it. FAILED_PRECONDITION "size: ..." when the range is not known: a client's
+// size is never taken on trust (a mapping past the allocation would let the
+// daemon read or write foreign device memory, and a fault there poisons the
+// CUDA context of the whole process). INVALID_ARGUMENT "size: ..." when size
+// is 0, ptr lies outside the range, or size runs past its end. Pure; used by
+// CudaIpcMapping::Open.
+inline absl::StatusOr<uint64_t> CheckMappedRegion(uint64_t ptr, uint64_t size,
+                                                  const DeviceAddressRange& range) {
+  if (size == 0) return absl::InvalidArgumentError("size: must be > 0");
+  if (!range.known) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "size: the driver cannot report the exported allocation's extent "
+        "(cuMemGetAddressRange unavailable or failed), so ",
+        size, " bytes cannot be checked; refused"));
+  }
+  const uint64_t end = range.base + range.bytes;
+  if (end < range.base || ptr < range.base || ptr >= end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "size: the mapping at 0x", absl::Hex(ptr), " is outside the allocation [0x",
+        absl::Hex(range.base), ", +", range.bytes, ") the driver reports"));
+  }
+  const uint64_t available = end - ptr;
+  if (size > available) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "size: ", size, " bytes exceed the exported allocation (", available, " bytes)"));
+  }
+  return available;
+}
+
 // CudaIpcMapping: a device allocation of another process, opened from its
 // IPC handle (cudaIpcOpenMemHandle) and closed on destruction. Open checks
 // that [base, base + size) lies inside the exported allocation (the driver's
-// cuMemGetAddressRange), so a client cannot make the daemon copy past it.
+// cuMemGetAddressRange), so a client cannot make the daemon copy past it;
+// when the driver cannot tell, the mapping is refused (CheckMappedRegion).
 class CudaIpcMapping {
  public:
   // Open errors: INVALID_ARGUMENT (handle not 64 bytes, handle the driver
-  // rejects, size 0 or beyond the allocation), UNAVAILABLE (no CUDA, no such
-  // device ordinal, driver failure).
+  // rejects, size 0 or beyond the allocation), FAILED_PRECONDITION (the
+  // driver cannot report the allocation's extent), UNAVAILABLE (no CUDA, no
+  // such device ordinal, driver failure).
   static absl::StatusOr<std::unique_ptr<CudaIpcMapping>> Open(
       absl::string_view handle, int device, uint64_t size);
   ~CudaIpcMapping();
@@ -40,8 +83,8 @@ class CudaIpcMapping {
   int device() const { return device_; }
   // The size asked for at Open.
   uint64_t size() const { return size_; }
-  // Bytes from device_ptr() to the end of the exported allocation (as the
-  // driver reports it; size() when it cannot tell).
+  // Bytes from device_ptr() to the end of the exported allocation, as the
+  // driver reports it (>= size()).
   uint64_t available() const { return available_; }
 
  private:
