@@ -13,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server libhiredis-dev procps curl
   libpagmo-dev nlohmann-json3-dev
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()
