@@ -13,6 +13,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_posix.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -21,11 +22,13 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/summaries.h"
+#include "daemon/access_policy.h"
 #include "daemon/executor.h"
 #include "daemon/fd_channel.h"
 #include "daemon/kvtier_service.h"
 #include "daemon/lease_manager.h"
 #include "daemon/payload_paths.h"
+#include "daemon/peer_listener.h"
 #include "gpu/cuda_ipc.h"
 #include "gpu/device.h"
 #include "common/copy_pool.h"
@@ -110,6 +113,9 @@ class Daemon::Impl {
   std::unique_ptr<Executor> executor;
   std::unique_ptr<KvTierService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<AccessPolicy> policy;
+  ConnectionTable connections;
+  std::unique_ptr<PeerListener> listener;  // Stopped before the server.
   bool cuda_available = false;
   DaemonOptions options;
   absl::Mutex mu;
@@ -124,6 +130,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   impl->socket_path = std::filesystem::absolute(options.socket).string();
   const std::string data_dir = std::filesystem::absolute(options.data_dir).string();
   const absl::Time start = absl::Now();
+
+  if (options.policy.empty()) {
+    impl->policy = std::make_unique<AccessPolicy>(AccessPolicy::OwnerOnly(geteuid()));
+  } else {
+    EVOKE_ASSIGN_OR_RETURN(AccessPolicy policy, AccessPolicy::Load(options.policy));
+    impl->policy = std::make_unique<AccessPolicy>(std::move(policy));
+  }
+  EVOKE_LOG_INFO(impl->policy->Summary());
 
   SpillStoreOptions spill_options;
   spill_options.path = data_dir;
@@ -223,6 +237,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   service_options.version = EVOKE_VERSION;
   service_options.fd_socket = fd_socket;
   Impl* raw = impl.get();
+  service_options.policy = impl->policy.get();
+  service_options.identify = [raw](const grpc::CallbackServerContext& context) {
+    return raw->connections.Lookup(context.peer());
+  };
   service_options.gpu_stats = [raw](v1::StatResponse* s) {
     s->set_cuda_available(raw->cuda_available);
     if (raw->registration != nullptr) {
@@ -242,23 +260,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort("unix:" + impl->socket_path,
-                           grpc::InsecureServerCredentials(), &bound_port);
+  // No listening port: PeerListener accepts on the socket and hands each
+  // connection over once it knows who connected.
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(impl->service.get());
-  // The socket is created by BuildAndStart; keep "other" out from the start.
-  const mode_t old_umask = umask(0117);
   impl->server = builder.BuildAndStart();
-  umask(old_umask);
   if (impl->server == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("--socket: cannot serve on ", impl->socket_path));
   }
-  if (chmod(impl->socket_path.c_str(), 0660) != 0) {
-    EVOKE_LOG_WARNING("chmod 0660 ", impl->socket_path, ": ", std::strerror(errno));
-  }
+  EVOKE_ASSIGN_OR_RETURN(
+      impl->listener,
+      PeerListener::Start(impl->socket_path, [raw](int fd, const PeerCred& peer) {
+        absl::StatusOr<std::shared_ptr<const Caller>> caller = raw->policy->ForPeer(peer);
+        if (!caller.ok()) {
+          // Served anyway, so that every call it makes is answered with the
+          // reason (PERMISSION_DENIED) instead of a dropped connection.
+          EVOKE_LOG_WARNING("connection from ", DescribePeer(peer), ": ",
+                            caller.status().message());
+        }
+        raw->connections.Set(fd, std::move(caller));
+        grpc::AddInsecureChannelFromFd(raw->server.get(), fd);
+      }));
   impl->server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   impl->server->GetHealthCheckService()->SetServingStatus("", true);
 
@@ -291,6 +315,7 @@ absl::Status Daemon::Shutdown() {
   const absl::Time start = absl::Now();
   impl_->server->GetHealthCheckService()->SetServingStatus(kServiceName, false);
   impl_->server->GetHealthCheckService()->SetServingStatus("", false);
+  impl_->listener.reset();  // No new connections.
   // Lease streams would otherwise hold the shutdown for its whole grace.
   impl_->service->CloseLeases();
   // Stops accepting, lets calls in flight finish (the executor keeps

@@ -63,6 +63,28 @@ grpc::ServerUnaryReactor* FinishOnExecutor(Executor* executor,
   return reactor;
 }
 
+// Identifies the caller of `context` into `caller` (a shared_ptr<const
+// Caller>), or finishes the call with the reason it may not call.
+#define EVOKE_CALLER_OR_FINISH(caller, context)                                  \
+  absl::StatusOr<std::shared_ptr<const Caller>> caller##_or = Identify(*context); \
+  if (!caller##_or.ok()) {                                                      \
+    return FinishInline(context, [&] { return caller##_or.status(); });         \
+  }                                                                             \
+  std::shared_ptr<const Caller> caller = *std::move(caller##_or)
+
+absl::Status NeedsAdmin(const Caller& caller, absl::string_view what) {
+  if (caller.admin()) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " needs admin rights; ", caller.name(), " is not an admin"));
+}
+
+absl::Status NeedsNamespace(const Caller& caller, absl::string_view field,
+                            absl::string_view ns) {
+  if (caller.Sees(ns)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(field, ": ", caller.name(),
+                                                  " may not use namespace \"", ns, "\""));
+}
+
 }  // namespace
 
 // One open lease: grants it with the first message and holds it until the
@@ -140,9 +162,40 @@ KvTierService::KvTierService(TierManager* tiers, Executor* executor,
       recovery_(recovery),
       options_(std::move(options)) {}
 
+absl::StatusOr<std::shared_ptr<const Caller>> KvTierService::Identify(
+    const grpc::CallbackServerContext& context) const {
+  if (!options_.identify) return Caller::Unrestricted();
+  return options_.identify(context);
+}
+
+absl::Status KvTierService::CheckSaveAccess(const v1::SaveRequest& request,
+                                            const Caller& caller) const {
+  for (int i = 0; i < request.blocks_size(); ++i) {
+    const v1::BlockMeta& meta = request.blocks(i).meta();
+    const std::string& ns = meta.fingerprint().namespace_();
+    EVOKE_RETURN_IF_ERROR(NeedsNamespace(
+        caller, absl::StrCat("blocks[", i, "].meta.fingerprint.namespace"), ns));
+    // A prefix id is only trusted when it is verified against its token
+    // chain; an unverified one could name another writer's block.
+    if (meta.kind() == v1::BLOCK_KIND_PREFIX && meta.tokens().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "blocks[", i, "].meta.tokens: is required for prefix blocks (the id is "
+          "verified against parent_id, tokens and fingerprint)"));
+    }
+    if (options_.policy != nullptr && options_.policy->IsShared(ns) &&
+        meta.kind() != v1::BLOCK_KIND_PREFIX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "blocks[", i, "].meta.kind: namespace \"", ns,
+          "\" is shared; it holds prefix blocks only"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* context,
                                                  const v1::RecoverRequest* request,
                                                  v1::RecoverResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   // CPU work proportional to the scope's size: off the reactor.
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     RecoveryQuery query;
@@ -151,6 +204,8 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
         if (request->session().namespace_().empty()) {
           return absl::InvalidArgumentError("session.namespace: is required");
         }
+        EVOKE_RETURN_IF_ERROR(
+            NeedsNamespace(*caller, "session.namespace", request->session().namespace_()));
         if (request->session().session_id().empty()) {
           return absl::InvalidArgumentError("session.session_id: is required");
         }
@@ -160,6 +215,8 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
       case v1::RecoverRequest::kModel:
         EVOKE_RETURN_IF_ERROR(ValidateFingerprint(request->model().fingerprint(),
                                                   options_.limits.block, "model.fingerprint"));
+        EVOKE_RETURN_IF_ERROR(NeedsNamespace(*caller, "model.fingerprint.namespace",
+                                             request->model().fingerprint().namespace_()));
         query.scope = ModelScopeKey(DigestFingerprint(request->model().fingerprint()));
         break;
       default:
@@ -209,7 +266,7 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
       response->Clear();
       response->set_candidates(candidates);
       for (const RecoveryHit& hit : hits) {
-        absl::StatusOr<BlockInfo> info = tiers_->Describe(hit.id);
+        absl::StatusOr<BlockInfo> info = tiers_->Describe(hit.id, caller.get());
         if (!info.ok()) continue;  // Deleted since it was scored.
         if (request->require_bytes() && !info->bytes_available) continue;
         v1::RecoveredBlock* out = response->add_blocks();
@@ -259,9 +316,12 @@ absl::StatusOr<std::optional<Lease>> KvTierService::OptionalLease(
 }
 
 grpc::ServerWriteReactor<v1::LeaseEvent>* KvTierService::OpenLease(
-    grpc::CallbackServerContext*, const v1::OpenLeaseRequest* request) {
+    grpc::CallbackServerContext* context, const v1::OpenLeaseRequest* request) {
   absl::StatusOr<Lease> lease;
-  {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Identify(*context);
+  if (!caller.ok()) {
+    lease = caller.status();
+  } else {
     absl::MutexLock lock(&reactors_mu_);
     lease = closing_ ? absl::StatusOr<Lease>(
                            absl::UnavailableError("evoked is shutting down"))
@@ -281,6 +341,7 @@ grpc::ServerWriteReactor<v1::LeaseEvent>* KvTierService::OpenLease(
 grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
     grpc::CallbackServerContext* context, const v1::RegisterCudaRegionRequest* request,
     v1::RegisterRegionResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
     if (request->size() > leases_->options().max_region_bytes) {
@@ -304,6 +365,7 @@ grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
 grpc::ServerUnaryReactor* KvTierService::UnregisterRegion(
     grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse*) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
     return leases_->RemoveRegion(lease.id, request->region_id());
@@ -314,8 +376,10 @@ grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* conte
                                               const v1::SaveRequest* request,
                                               v1::SaveResponse* response) {
   const absl::Time deadline = DeadlineOf(context);
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_RETURN_IF_ERROR(ValidateSaveRequest(*request, options_.limits));
+    EVOKE_RETURN_IF_ERROR(CheckSaveAccess(*request, *caller));
     EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(request->lease_id()));
     EVOKE_ASSIGN_OR_RETURN(
         std::unique_ptr<SaveRequestSource> source,
@@ -342,6 +406,7 @@ grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* context,
                                               const v1::LoadRequest* request,
                                               v1::LoadResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids,
                            ValidateLoadRequest(*request, options_.limits));
@@ -355,7 +420,7 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
     std::vector<v1::BlockMeta> metas;
     std::vector<LoadedInfo> infos;
     const absl::Time start = absl::Now();
-    absl::Status s = tiers_->Load(ids, request->fingerprint(), *sink, &metas, &infos);
+    absl::Status s = tiers_->Load(ids, request->fingerprint(), *sink, &metas, &infos, caller.get());
     EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
     if (!s.ok()) {
       response->Clear();
@@ -375,11 +440,12 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KvTierService::Lookup(grpc::CallbackServerContext* context,
                                                 const v1::LookupRequest* request,
                                                 v1::LookupResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishInline(context, [&]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, false));
-    const std::vector<BlockLocation> found = tiers_->Lookup(ids);
+    const std::vector<BlockLocation> found = tiers_->Lookup(ids, caller.get());
     response->set_n_present(found.size());
     for (BlockLocation where : found) response->add_tiers(ToProto(where));
     return absl::OkStatus();
@@ -389,11 +455,12 @@ grpc::ServerUnaryReactor* KvTierService::Lookup(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* KvTierService::Delete(grpc::CallbackServerContext* context,
                                                 const v1::DeleteRequest* request,
                                                 v1::DeleteResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    EVOKE_RETURN_IF_ERROR(WithFieldPath(tiers_->Delete(ids), ItemsField::kIds));
+    EVOKE_RETURN_IF_ERROR(WithFieldPath(tiers_->Delete(ids, caller.get()), ItemsField::kIds));
     response->set_n_deleted(ids.size());
     return absl::OkStatus();
   });
@@ -402,10 +469,12 @@ grpc::ServerUnaryReactor* KvTierService::Delete(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* KvTierService::DropSession(
     grpc::CallbackServerContext* context, const v1::DropSessionRequest* request,
     v1::DropSessionResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     if (request->namespace_().empty()) {
       return absl::InvalidArgumentError("namespace: is required");
     }
+    EVOKE_RETURN_IF_ERROR(NeedsNamespace(*caller, "namespace", request->namespace_()));
     if (request->session_id().empty()) {
       return absl::InvalidArgumentError("session_id: is required");
     }
@@ -420,30 +489,33 @@ grpc::ServerUnaryReactor* KvTierService::Pin(grpc::CallbackServerContext* contex
                                              const v1::PinRequest* request,
                                              v1::PinResponse*) {
   const absl::Time deadline = DeadlineOf(context);
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
     EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
-    return WithFieldPath(tiers_->Pin(ids, lease.owner, deadline), ItemsField::kIds);
+    return WithFieldPath(tiers_->Pin(ids, lease.owner, deadline, caller.get()), ItemsField::kIds);
   });
 }
 
 grpc::ServerUnaryReactor* KvTierService::Unpin(grpc::CallbackServerContext* context,
                                                const v1::PinRequest* request,
                                                v1::PinResponse*) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishInline(context, [&]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
     EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
-    return WithFieldPath(tiers_->Unpin(ids, lease.owner), ItemsField::kIds);
+    return WithFieldPath(tiers_->Unpin(ids, lease.owner, caller.get()), ItemsField::kIds);
   });
 }
 
 grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* context,
                                               const v1::ListRequest* request,
                                               v1::ListResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishInline(context, [&]() -> absl::Status {
     const uint32_t page_size = request->page_size() == 0 ? 100 : request->page_size();
     if (page_size > 1000) {
@@ -453,6 +525,11 @@ grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* conte
     if (!request->session_id().empty() && request->namespace_().empty()) {
       return absl::InvalidArgumentError(
           "namespace: is required when session_id is given");
+    }
+    if (request->namespace_().empty()) {
+      EVOKE_RETURN_IF_ERROR(NeedsAdmin(*caller, "List without a namespace"));
+    } else {
+      EVOKE_RETURN_IF_ERROR(NeedsNamespace(*caller, "namespace", request->namespace_()));
     }
     if (!v1::Tier_IsValid(request->tier())) {
       return absl::InvalidArgumentError(
@@ -488,12 +565,13 @@ grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KvTierService::Describe(grpc::CallbackServerContext* context,
                                                   const v1::DescribeRequest* request,
                                                   v1::BlockInfo* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishInline(context, [&]() -> absl::Status {
     absl::StatusOr<BlockId> id = BlockId::FromBytes(request->id());
     if (!id.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("id: ", id.status().message()));
     }
-    absl::StatusOr<BlockInfo> info = tiers_->Describe(*id);
+    absl::StatusOr<BlockInfo> info = tiers_->Describe(*id, caller.get());
     if (!info.ok()) return WithFieldPath(info.status(), ItemsField::kId);
     ToProto(*info, response);
     return absl::OkStatus();
@@ -503,7 +581,11 @@ grpc::ServerUnaryReactor* KvTierService::Describe(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* KvTierService::Stat(grpc::CallbackServerContext* context,
                                               const v1::StatRequest*,
                                               v1::StatResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishInline(context, [&]() -> absl::Status {
+    response->set_version(options_.version);
+    // The daemon-wide figures say how much other tenants store: admins only.
+    if (!caller->admin()) return absl::OkStatus();
     ToProto(tiers_->Stats(), response);
     response->set_version(options_.version);
     response->set_data_dir(options_.data_dir);
@@ -519,11 +601,13 @@ grpc::ServerUnaryReactor* KvTierService::Stat(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* KvTierService::Verify(grpc::CallbackServerContext* context,
                                                 const v1::VerifyRequest* request,
                                                 v1::VerifyResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 0, options_.limits.max_ids, true));
-    EVOKE_ASSIGN_OR_RETURN(const VerifyReport report, tiers_->Verify(ids));
+    if (ids.empty()) EVOKE_RETURN_IF_ERROR(NeedsAdmin(*caller, "Verify without ids (every block)"));
+    EVOKE_ASSIGN_OR_RETURN(const VerifyReport report, tiers_->Verify(ids, caller.get()));
     ToProto(report, response);
     return absl::OkStatus();
   });
@@ -532,7 +616,9 @@ grpc::ServerUnaryReactor* KvTierService::Verify(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* KvTierService::Flush(grpc::CallbackServerContext* context,
                                                const v1::FlushRequest* request,
                                                v1::FlushResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+    EVOKE_RETURN_IF_ERROR(NeedsAdmin(*caller, "Flush"));
     EVOKE_ASSIGN_OR_RETURN(const FlushResult flushed, tiers_->Flush(request->evict()));
     ToProto(flushed, response);
     return absl::OkStatus();

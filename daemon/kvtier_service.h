@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/access_policy.h"
 #include "daemon/executor.h"
 #include "daemon/lease_manager.h"
 #include "daemon/payload_paths.h"
@@ -30,6 +31,14 @@ struct KvTierServiceOptions {
   std::string fd_socket;
   // Adds GPU state (CUDA availability, tier-1 registration) to Stat.
   std::function<void(v1::StatResponse*)> gpu_stats;
+  // Who is calling: the rights of the connection (or token) a call came on,
+  // or an error to answer it with. Unset: every caller is unrestricted (an
+  // in-process embedding; evoked always sets it).
+  std::function<absl::StatusOr<std::shared_ptr<const Caller>>(
+      const grpc::CallbackServerContext&)>
+      identify;
+  // Shared namespaces and quotas; null: none.
+  const AccessPolicy* policy = nullptr;
 };
 
 // KvTierService validates each request (INVALID_ARGUMENT naming the field),
@@ -110,6 +119,12 @@ class KvTierService final : public v1::KvTier::CallbackService {
   // OptionalLease resolves a request's lease_id: nullopt when empty.
   absl::StatusOr<std::optional<Lease>> OptionalLease(absl::string_view lease_id) const;
   void Forget(LeaseReactor* reactor);
+  absl::StatusOr<std::shared_ptr<const Caller>> Identify(
+      const grpc::CallbackServerContext& context) const;
+  // CheckSaveAccess refuses blocks in namespaces the caller may not use,
+  // prefix blocks without their tokens, and session blocks in a shared
+  // namespace.
+  absl::Status CheckSaveAccess(const v1::SaveRequest& request, const Caller& caller) const;
 
   TierManager* const tiers_;
   Executor* const executor_;

@@ -116,7 +116,7 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
   if (!pin_later.empty()) {
     std::vector<BlockId> ids;
     for (size_t i : pin_later) ids.push_back(plans[i].id);
-    absl::Status pinned = Pin(ids, owner, deadline);
+    absl::Status pinned = Pin(ids, owner, deadline, nullptr);
     if (const std::optional<ItemRef> item = ErrorItem(pinned); item && item->index < ids.size()) {
       pinned = WithItem(pinned, pin_later[item->index], ItemPart::kId);  // The Save's index.
     }
@@ -405,7 +405,8 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
 absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
                                    const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
                                    std::vector<v1::BlockMeta>* metas,
-                                   std::vector<LoadedInfo>* infos) {
+                                   std::vector<LoadedInfo>* infos,
+                                   const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   const FingerprintDigest expected = DigestFingerprint(fingerprint);
   const size_t n = ids.size();
@@ -423,7 +424,7 @@ absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
   {
     absl::MutexLock lock(&core_.mu);
     for (size_t i = 0; i < n; ++i) {
-      const IndexEntry* e = core_.index.FindVisible(ids[i]);
+      const IndexEntry* e = FindFor(ids[i], scope);
       if (e == nullptr || !e->bytes_available()) {
         ++core_.counters.misses;
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
@@ -556,25 +557,39 @@ absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
 
 // ------------------------------------------------------------ small calls
 
-std::vector<BlockLocation> TierManagerImpl::Lookup(absl::Span<const BlockId> ids) {
+IndexEntry* TierManagerImpl::FindFor(const BlockId& id, const NamespaceScope* scope) const {
+  IndexEntry* e = core_.index.FindVisible(id);
+  if (e == nullptr || scope == nullptr || scope->SeesAll() ||
+      scope->Sees(e->meta.fingerprint().namespace_())) {
+    return e;
+  }
+  return nullptr;
+}
+
+std::vector<BlockLocation> TierManagerImpl::Lookup(absl::Span<const BlockId> ids,
+                                                   const NamespaceScope* scope) {
   std::vector<BlockLocation> found;
   absl::MutexLock lock(&core_.mu);
   for (const BlockId& id : ids) {
-    const IndexEntry* e = core_.index.FindVisible(id);
+    const IndexEntry* e = FindFor(id, scope);
     if (e == nullptr || !e->bytes_available()) break;
     found.push_back(e->location());
   }
   return found;
 }
 
-absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids) {
+absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids,
+                                     const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   absl::MutexLock disk(&core_.disk_mu);
   {
     absl::MutexLock lock(&core_.mu);
+    // Records that failed validation at start have no trusted namespace:
+    // only a caller that sees everything may remove them.
+    const bool sees_all = scope == nullptr || scope->SeesAll();
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (core_.index.FindVisible(ids[i]) == nullptr &&
-          !core_.invalid_records.contains(ids[i])) {
+      if (FindFor(ids[i], scope) == nullptr &&
+          !(sees_all && core_.invalid_records.contains(ids[i]))) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          absl::StrCat(Name(ids[i]), " not found; nothing deleted"));
       }
@@ -628,14 +643,14 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
 }
 
 absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
-                                  absl::Time deadline) {
+                                  absl::Time deadline, const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   std::vector<BlockId> to_promote;
   std::vector<std::pair<BlockId, uint64_t>> pinned;
   {
     absl::MutexLock lock(&core_.mu);
     for (size_t i = 0; i < ids.size(); ++i) {
-      const IndexEntry* e = core_.index.FindVisible(ids[i]);
+      const IndexEntry* e = FindFor(ids[i], scope);
       if (e == nullptr || !e->bytes_available()) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          absl::StrCat(Name(ids[i]), e == nullptr ? " not found"
@@ -676,12 +691,13 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
   return absl::OkStatus();
 }
 
-absl::Status TierManagerImpl::Unpin(absl::Span<const BlockId> ids, PinOwner owner) {
+absl::Status TierManagerImpl::Unpin(absl::Span<const BlockId> ids, PinOwner owner,
+                                    const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   absl::MutexLock lock(&core_.mu);
   absl::flat_hash_map<BlockId, uint32_t> asked;
   for (size_t i = 0; i < ids.size(); ++i) {
-    const IndexEntry* e = core_.index.FindVisible(ids[i]);
+    const IndexEntry* e = FindFor(ids[i], scope);
     if (e == nullptr) {
       return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                        absl::StrCat(Name(ids[i]), " not found"));
@@ -709,9 +725,10 @@ uint64_t TierManagerImpl::ReleaseOwner(PinOwner owner) {
   return released;
 }
 
-absl::StatusOr<BlockInfo> TierManagerImpl::Describe(const BlockId& id) {
+absl::StatusOr<BlockInfo> TierManagerImpl::Describe(const BlockId& id,
+                                                    const NamespaceScope* scope) {
   absl::MutexLock lock(&core_.mu);
-  const IndexEntry* e = core_.index.FindVisible(id);
+  const IndexEntry* e = FindFor(id, scope);
   if (e == nullptr) {
     return ItemError(absl::StatusCode::kNotFound, 0, ItemPart::kId,
                      absl::StrCat(Name(id), " not found"));
@@ -738,9 +755,34 @@ std::vector<BlockInfo> TierManagerImpl::List(const ListFilter& filter, const Blo
   return out;
 }
 
-absl::StatusOr<VerifyReport> TierManagerImpl::Verify(absl::Span<const BlockId> ids) {
+absl::StatusOr<VerifyReport> TierManagerImpl::Verify(absl::Span<const BlockId> ids,
+                                                    const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  return VerifyBlocks(&core_, ids);
+  if (scope == nullptr || scope->SeesAll()) return VerifyBlocks(&core_, ids);
+  if (ids.empty()) {
+    return absl::PermissionDeniedError(
+        "ids: verifying every block needs admin rights; name the ids to verify");
+  }
+  // Another namespace's ids (and records without a trusted namespace) are
+  // reported missing, as absent ids are.
+  std::vector<BlockId> seen;
+  uint64_t hidden = 0;
+  {
+    absl::MutexLock lock(&core_.mu);
+    for (const BlockId& id : ids) {
+      if (FindFor(id, scope) != nullptr) {
+        seen.push_back(id);
+      } else {
+        ++hidden;
+      }
+    }
+  }
+  VerifyReport report;
+  if (!seen.empty()) {
+    EVOKE_ASSIGN_OR_RETURN(report, VerifyBlocks(&core_, seen));
+  }
+  report.missing += hidden;
+  return report;
 }
 
 absl::StatusOr<FlushResult> TierManagerImpl::Flush(bool evict) { return spiller_.Flush(evict); }

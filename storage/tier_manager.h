@@ -182,6 +182,9 @@ class StringLoadSink final : public LoadSink {
 // Thread-safe. Save may block waiting for room (up to max_wait_for_room);
 // Load, Pin, Verify and Flush read or write disk; Lookup, Describe, List and
 // Stats never touch disk.
+// Every call that names blocks by id takes an optional NamespaceScope: the
+// blocks of namespaces outside it are treated exactly as absent ids. A scope
+// that does not see every namespace cannot Verify everything (give ids).
 class TierManager {
  public:
   // Open rebuilds the index from `spill` (tier 2) and starts the spiller.
@@ -222,15 +225,18 @@ class TierManager {
   virtual absl::Status Load(absl::Span<const BlockId> ids,
                             const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
                             std::vector<v1::BlockMeta>* metas,
-                            std::vector<LoadedInfo>* infos) = 0;
+                            std::vector<LoadedInfo>* infos,
+                            const NamespaceScope* scope = nullptr) = 0;
 
   // Lookup returns where the longest run of leading `ids` whose bytes are
   // held is. Never fails.
-  virtual std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids) = 0;
+  virtual std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids,
+                                            const NamespaceScope* scope = nullptr) = 0;
 
   // Delete removes `ids` (unique) from every tier, all-or-nothing.
   // Errors: NOT_FOUND (then nothing is deleted), UNAVAILABLE (disk).
-  virtual absl::Status Delete(absl::Span<const BlockId> ids) = 0;
+  virtual absl::Status Delete(absl::Span<const BlockId> ids,
+                              const NamespaceScope* scope = nullptr) = 0;
 
   // DropSession deletes every session block of (ns, session_id) and returns
   // how many. Errors: UNAVAILABLE.
@@ -241,18 +247,20 @@ class TierManager {
   // spilled blocks to tier 1 first. All-or-nothing.
   // Errors: NOT_FOUND, RESOURCE_EXHAUSTED, DATA_LOSS, UNAVAILABLE.
   virtual absl::Status Pin(absl::Span<const BlockId> ids, PinOwner owner,
-                           absl::Time deadline) = 0;
+                           absl::Time deadline, const NamespaceScope* scope = nullptr) = 0;
 
   // Unpin removes one pin of `owner` from each of `ids`. All-or-nothing.
   // Errors: NOT_FOUND, FAILED_PRECONDITION (not pinned by `owner`).
-  virtual absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner) = 0;
+  virtual absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner,
+                             const NamespaceScope* scope = nullptr) = 0;
 
   // ReleaseOwner removes every pin `owner` holds (its lease ended) and
   // returns how many. Never fails.
   virtual uint64_t ReleaseOwner(PinOwner owner) = 0;
 
   // Describe returns one block's metadata and state. Errors: NOT_FOUND.
-  virtual absl::StatusOr<BlockInfo> Describe(const BlockId& id) = 0;
+  virtual absl::StatusOr<BlockInfo> Describe(const BlockId& id,
+                                             const NamespaceScope* scope = nullptr) = 0;
 
   // List returns up to `limit` blocks with id > `after` (when given) that
   // pass `filter`, in id order, and whether more may follow. Walks the
@@ -266,7 +274,8 @@ class TierManager {
 
   // Verify re-reads `ids` (all blocks when empty) from every tier holding
   // them and checks checksums; corrupt copies are dropped and counted.
-  virtual absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids) = 0;
+  virtual absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids,
+                                              const NamespaceScope* scope = nullptr) = 0;
 
   // Flush writes every tier-1 block without a disk copy to the spill store
   // and fsyncs; with `evict`, unpinned blocks then leave tier 1.

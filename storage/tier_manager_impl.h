@@ -46,20 +46,23 @@ class TierManagerImpl final : public TierManager {
                                                absl::Time deadline, PinOwner owner) override;
   absl::Status Load(absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
                     LoadSink& sink, std::vector<v1::BlockMeta>* metas,
-                    std::vector<LoadedInfo>* infos) override;
-  std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids) override;
-  absl::Status Delete(absl::Span<const BlockId> ids) override;
+                    std::vector<LoadedInfo>* infos, const NamespaceScope* scope) override;
+  std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids,
+                                    const NamespaceScope* scope) override;
+  absl::Status Delete(absl::Span<const BlockId> ids, const NamespaceScope* scope) override;
   absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
                                        absl::string_view session_id) override;
   absl::Status Pin(absl::Span<const BlockId> ids, PinOwner owner,
-                   absl::Time deadline) override;
-  absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner) override;
+                   absl::Time deadline, const NamespaceScope* scope) override;
+  absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner,
+                     const NamespaceScope* scope) override;
   uint64_t ReleaseOwner(PinOwner owner) override;
-  absl::StatusOr<BlockInfo> Describe(const BlockId& id) override;
+  absl::StatusOr<BlockInfo> Describe(const BlockId& id, const NamespaceScope* scope) override;
   std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after, size_t limit,
                               bool* more) override;
   TierStats Stats() override { return core_.Stats(); }
-  absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids) override;
+  absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids,
+                                      const NamespaceScope* scope) override;
   absl::StatusOr<FlushResult> Flush(bool evict) override;
   absl::Status Shutdown() override;
   bool WaitForSpillerIdle(absl::Duration timeout) override {
@@ -81,6 +84,10 @@ class TierManagerImpl final : public TierManager {
   // returns how many.
   absl::StatusOr<uint32_t> RemoveBlocks(absl::Span<const BlockId> ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.disk_mu);
+  // FindFor is FindVisible for a caller limited to `scope`: another
+  // namespace's block is not there.
+  IndexEntry* FindFor(const BlockId& id, const NamespaceScope* scope) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);
   // Unpinned wakes saves and the spiller when `e` became evictable.
   void Unpinned(const IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) {

@@ -28,6 +28,17 @@ enum class BlockLocation : uint8_t {
   kBreadcrumb = 3,  // No bytes: metadata only.
 };
 
+// NamespaceScope: the namespaces one caller may see. Storage treats the
+// blocks of every other namespace exactly as ids it does not hold (the same
+// NOT_FOUND, the same message, the same Lookup answer), so a caller cannot
+// tell another tenant's block from an absent one. A null scope sees all.
+class NamespaceScope {
+ public:
+  virtual ~NamespaceScope() = default;
+  virtual bool SeesAll() const = 0;
+  virtual bool Sees(absl::string_view ns) const = 0;
+};
+
 struct ListFilter {
   std::string ns;          // Empty: any.
   std::string session_id;  // Empty: any.

@@ -1,0 +1,234 @@
+#include "daemon/access_policy.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace evoke {
+namespace {
+
+// Collects the first parse error with its line (1-based) and column.
+class FirstError final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (error_.empty()) error_ = absl::StrCat("line ", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+// Namespaces follow BlockMeta's rules loosely; "*" means all.
+bool PlausibleNamespace(absl::string_view ns) {
+  return !ns.empty() && ns.size() <= 256 &&
+         ns.find_first_of(absl::string_view("\0\n", 2)) == absl::string_view::npos;
+}
+
+// Constant-time equality for equal-length strings; lengths leak, contents do not.
+bool SameToken(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+std::shared_ptr<const Caller> Caller::Unrestricted() {
+  static const std::shared_ptr<const Caller> all = [] {
+    auto c = std::make_shared<Caller>();
+    c->name_ = "in-process";
+    c->admin_ = true;
+    c->all_namespaces_ = true;
+    return c;
+  }();
+  return all;
+}
+
+AccessPolicy AccessPolicy::OwnerOnly(uid_t owner) {
+  AccessPolicy p;
+  p.owner_ = owner;
+  return p;
+}
+
+absl::StatusOr<AccessPolicy> AccessPolicy::Parse(absl::string_view text,
+                                                 absl::string_view origin) {
+  AccessPolicy p;
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &p.proto_)) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", errors.error()));
+  }
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", what));
+  };
+  for (int i = 0; i < p.proto_.namespaces_size(); ++i) {
+    const v1::NamespacePolicy& ns = p.proto_.namespaces(i);
+    const std::string field = absl::StrCat("namespaces[", i, "]");
+    if (!PlausibleNamespace(ns.name()) || ns.name() == "*") {
+      return bad(absl::StrCat(field, ".name: \"", absl::CEscape(ns.name()),
+                              "\" is not a namespace name"));
+    }
+    if (!p.namespaces_.emplace(ns.name(), static_cast<size_t>(i)).second) {
+      return bad(absl::StrCat(field, ".name: \"", ns.name(), "\" is listed twice"));
+    }
+  }
+  absl::flat_hash_map<std::string, size_t> users;  // namespace -> principals using it.
+  for (int i = 0; i < p.proto_.principals_size(); ++i) {
+    const v1::Principal& pr = p.proto_.principals(i);
+    const std::string field = absl::StrCat("principals[", i, "]");
+    if (pr.name().empty()) return bad(absl::StrCat(field, ".name: is required"));
+    if (pr.uids().empty() && pr.gids().empty() && pr.token_file().empty()) {
+      return bad(absl::StrCat(field, " (", pr.name(),
+                              "): matches nobody (give uids, gids or token_file)"));
+    }
+    if (pr.namespaces().empty() && !pr.admin()) {
+      return bad(absl::StrCat(field, " (", pr.name(),
+                              "): has no namespaces and is not an admin"));
+    }
+    for (const std::string& ns : pr.namespaces()) {
+      if (ns == "*") continue;
+      if (!PlausibleNamespace(ns)) {
+        return bad(absl::StrCat(field, ".namespaces: \"", absl::CEscape(ns),
+                                "\" is not a namespace name"));
+      }
+      ++users[ns];
+    }
+    if (!pr.token_file().empty()) {
+      std::ifstream in(pr.token_file());
+      std::string token;
+      if (!in || !std::getline(in, token)) {
+        return bad(absl::StrCat(field, ".token_file: cannot read ", pr.token_file()));
+      }
+      token = std::string(absl::StripAsciiWhitespace(token));
+      if (token.size() < 16) {
+        return bad(absl::StrCat(field, ".token_file: ", pr.token_file(),
+                                " holds a token shorter than 16 characters"));
+      }
+      for (const auto& [other, t] : p.tokens_) {
+        if (SameToken(t, token)) {
+          return bad(absl::StrCat(field, ".token_file: the same token as principals[",
+                                  other, "]"));
+        }
+      }
+      p.tokens_.emplace_back(static_cast<size_t>(i), std::move(token));
+    }
+  }
+  // Two principals on one namespace is sharing, and must be said so: a
+  // shared namespace accepts only verified prefix blocks.
+  for (const auto& [ns, n] : users) {
+    if (n > 1 && !p.IsShared(ns)) {
+      return bad(absl::StrCat("namespace \"", ns, "\" is listed by ", n,
+                              " principals but is not declared shared "
+                              "(namespaces { name: \"", ns, "\" shared: true })"));
+    }
+  }
+  return p;
+}
+
+absl::StatusOr<AccessPolicy> AccessPolicy::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--policy: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().size() > (1u << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("--policy: ", path, " is over 1 MiB"));
+  }
+  return Parse(text.str(), absl::StrCat("--policy ", path));
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> AccessPolicy::ForPeer(
+    const PeerCred& peer) const {
+  auto c = std::make_shared<Caller>();
+  c->uid_ = peer.uid;
+  if (owner_.has_value()) {
+    if (peer.uid != *owner_ && peer.uid != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          DescribePeer(peer), " may not use this evoked (no --policy: only uid ", *owner_,
+          " and root may)"));
+    }
+    c->name_ = absl::StrCat("owner (", DescribePeer(peer), ")");
+    c->admin_ = true;
+    c->all_namespaces_ = true;
+    return std::shared_ptr<const Caller>(std::move(c));
+  }
+  std::vector<std::string> names;
+  for (const v1::Principal& pr : proto_.principals()) {
+    bool match = false;
+    for (uint32_t u : pr.uids()) match = match || u == peer.uid;
+    for (uint32_t g : pr.gids()) match = match || g == peer.gid;
+    if (!match) continue;
+    names.push_back(pr.name());
+    c->admin_ = c->admin_ || pr.admin();
+    for (const std::string& ns : pr.namespaces()) {
+      if (ns == "*") {
+        c->all_namespaces_ = true;
+      } else {
+        c->namespaces_.insert(ns);
+      }
+    }
+  }
+  if (names.empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(DescribePeer(peer), " is not a principal of the access policy"));
+  }
+  c->name_ = absl::StrCat(absl::StrJoin(names, "+"), " (", DescribePeer(peer), ")");
+  return std::shared_ptr<const Caller>(std::move(c));
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> AccessPolicy::ForToken(
+    absl::string_view token) const {
+  // Every principal's token is compared, so the time does not say which
+  // one (or whether any) matched.
+  std::optional<size_t> found;
+  for (const auto& [index, t] : tokens_) {
+    if (SameToken(t, token) && !found) found = index;
+  }
+  if (!found) return absl::UnauthenticatedError("bearer token not recognized");
+  const v1::Principal& pr = proto_.principals(static_cast<int>(*found));
+  auto c = std::make_shared<Caller>();
+  c->name_ = absl::StrCat(pr.name(), " (token)");
+  c->admin_ = pr.admin();
+  for (const std::string& ns : pr.namespaces()) {
+    if (ns == "*") {
+      c->all_namespaces_ = true;
+    } else {
+      c->namespaces_.insert(ns);
+    }
+  }
+  return std::shared_ptr<const Caller>(std::move(c));
+}
+
+const v1::NamespacePolicy* AccessPolicy::Namespace(absl::string_view ns) const {
+  auto it = namespaces_.find(ns);
+  return it == namespaces_.end() ? nullptr
+                                 : &proto_.namespaces(static_cast<int>(it->second));
+}
+
+std::string AccessPolicy::Summary() const {
+  if (owner_.has_value()) {
+    return absl::StrCat("access: no --policy; uid ", *owner_, " and root only");
+  }
+  std::vector<std::string> lines;
+  for (const v1::Principal& pr : proto_.principals()) {
+    lines.push_back(absl::StrCat(
+        pr.name(), ": uids [", absl::StrJoin(pr.uids(), ","), "] gids [",
+        absl::StrJoin(pr.gids(), ","), "]", pr.token_file().empty() ? "" : " token",
+        " namespaces [", absl::StrJoin(pr.namespaces(), ","), "]", pr.admin() ? " admin" : ""));
+  }
+  return absl::StrCat("access policy: ", absl::StrJoin(lines, "; "));
+}
+
+}  // namespace evoke

@@ -1,0 +1,90 @@
+// AccessPolicy: who may use which namespaces of this evoked, and who is an
+// admin. Callers are identified by the kernel (SO_PEERCRED on the Unix
+// sockets) or by a bearer token (TCP), never by what a request says.
+#ifndef EVOKE_DAEMON_ACCESS_POLICY_H_
+#define EVOKE_DAEMON_ACCESS_POLICY_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/peer_cred.h"
+#include "evoke/v1/access.pb.h"
+#include "storage/tier_types.h"
+
+namespace evoke {
+
+// Caller: the rights of one identified caller. It is the NamespaceScope the
+// service hands to storage, so another tenant's blocks read as absent.
+class Caller final : public NamespaceScope {
+ public:
+  // Everything: in-process embedders and tests that run no policy.
+  static std::shared_ptr<const Caller> Unrestricted();
+
+  bool SeesAll() const override { return all_namespaces_; }
+  bool Sees(absl::string_view ns) const override {
+    return all_namespaces_ || namespaces_.contains(ns);
+  }
+  bool admin() const { return admin_; }
+  // "engine-a (uid 1000 gid 1000 pid 42)", for logs and errors.
+  const std::string& name() const { return name_; }
+  // The Unix uid, or nullopt for a TCP caller.
+  std::optional<uid_t> uid() const { return uid_; }
+
+ private:
+  friend class AccessPolicy;
+  std::string name_;
+  bool admin_ = false;
+  bool all_namespaces_ = false;
+  absl::flat_hash_set<std::string> namespaces_;
+  std::optional<uid_t> uid_;
+};
+
+class AccessPolicy {
+ public:
+  // OwnerOnly is the policy without --policy: the daemon's own uid and root
+  // are admins of every namespace; every other uid is refused. (The socket
+  // is 0660, so only the daemon's group can even connect.)
+  static AccessPolicy OwnerOnly(uid_t owner);
+  // Parse reads the protobuf text format of evoke.v1.AccessPolicy and checks
+  // it (INVALID_ARGUMENT "<origin>: <problem>"); token files are read
+  // relative to the working directory.
+  static absl::StatusOr<AccessPolicy> Parse(absl::string_view text, absl::string_view origin);
+  static absl::StatusOr<AccessPolicy> Load(const std::string& path);
+
+  // ForPeer returns the rights of a Unix-socket peer: the union of every
+  // principal whose uids or gids it matches. PERMISSION_DENIED when none.
+  absl::StatusOr<std::shared_ptr<const Caller>> ForPeer(const PeerCred& peer) const;
+  // ForToken returns the principal whose bearer token this is (compared in
+  // constant time per principal). UNAUTHENTICATED otherwise.
+  absl::StatusOr<std::shared_ptr<const Caller>> ForToken(absl::string_view token) const;
+
+  // The namespace's settings (shared, quotas), or null.
+  const v1::NamespacePolicy* Namespace(absl::string_view ns) const;
+  bool IsShared(absl::string_view ns) const {
+    const v1::NamespacePolicy* p = Namespace(ns);
+    return p != nullptr && p->shared();
+  }
+  const v1::AccessPolicy& proto() const { return proto_; }
+  bool has_tokens() const { return !tokens_.empty(); }
+  // One line per principal, for the start log (no tokens).
+  std::string Summary() const;
+
+ private:
+  v1::AccessPolicy proto_;
+  // Principal index -> its bearer token (read from token_file).
+  std::vector<std::pair<size_t, std::string>> tokens_;
+  absl::flat_hash_map<std::string, size_t> namespaces_;  // name -> index in proto_.
+  std::optional<uid_t> owner_;  // OwnerOnly.
+};
+
+}  // namespace evoke
+
+#endif  // EVOKE_DAEMON_ACCESS_POLICY_H_

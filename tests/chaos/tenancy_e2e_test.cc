@@ -1,0 +1,203 @@
+// Tenancy trials: tenants are told apart by the kernel (SO_PEERCRED), and
+// no tenant can see, change, plant or infer another's blocks. Each tenant
+// is a tenant_client process running as its own uid (needs root: the test
+// skips otherwise).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "tests/e2e_fixture.h"
+
+namespace evoke::testing {
+namespace {
+
+constexpr uint32_t kAlice = 65534;
+constexpr uint32_t kBob = 65533;
+constexpr uint32_t kStranger = 65532;
+
+constexpr char kPolicy[] = R"pb(
+  principals { name: "alice" uids: 65534 namespaces: "alice" namespaces: "shared" }
+  principals { name: "bob" uids: 65533 namespaces: "bob" namespaces: "shared" }
+  principals { name: "ops" uids: 0 namespaces: "*" admin: true }
+  namespaces { name: "shared" shared: true }
+)pb";
+
+struct Reply {
+  int code = -1;
+  std::string message;  // With the extra fields.
+};
+
+class TenancyTest : public E2eTest {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run tenants as other uids";
+  }
+
+  void StartWithPolicy(const std::string& policy) {
+    // Other uids must reach the socket: the directory is searchable and the
+    // socket opened to all, so that only the policy decides.
+    ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
+    std::vector<std::string> flags;
+    if (!policy.empty()) {
+      const std::string path = dir_.path() + "/policy.textproto";
+      std::ofstream(path) << policy;
+      flags = {"--policy", path};
+    }
+    StartDaemon(flags);
+    ASSERT_EQ(chmod(daemon_->socket().c_str(), 0666), 0);
+  }
+
+  // Runs `ops` as `uid` and returns one reply per op.
+  std::vector<Reply> As(uint32_t uid, const std::vector<std::string>& ops) {
+    std::vector<std::string> argv = {TenantClientPath(), daemon_->socket(),
+                                     std::to_string(uid), std::to_string(uid)};
+    argv.insert(argv.end(), ops.begin(), ops.end());
+    const CommandResult r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+    std::vector<Reply> replies;
+    for (absl::string_view line : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+      const std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+      Reply reply;
+      reply.code = std::stoi(f.at(1));
+      reply.message = f.size() > 2 ? f[2] : "";
+      replies.push_back(reply);
+    }
+    EXPECT_EQ(replies.size(), ops.size()) << r.out << r.err;
+    replies.resize(ops.size());
+    return replies;
+  }
+  Reply One(uint32_t uid, const std::string& op) { return As(uid, {op})[0]; }
+
+  static std::string IdOf(const Reply& r) {
+    std::smatch m;
+    static const std::regex re("id=([0-9a-f]{32})");
+    return std::regex_search(r.message, m, re) ? m[1].str() : "";
+  }
+  // A message with every block id replaced, to compare answers about
+  // different ids.
+  static std::string Shape(std::string message) {
+    static const std::regex hex("[0-9a-f]{32}");
+    return std::regex_replace(message, hex, "<id>");
+  }
+
+  static std::string TenantClientPath() {
+    return BinaryPath("EVOKE_TENANT_CLIENT", EVOKE_TENANT_CLIENT_PATH);
+  }
+};
+
+TEST_F(TenancyTest, AnotherTenantsBlocksReadAsAbsent) {
+  StartWithPolicy(kPolicy);
+  const Reply saved = One(kAlice, "save-session:alice:s1");
+  ASSERT_EQ(saved.code, 0) << saved.message;
+  const std::string a = IdOf(saved);
+  ASSERT_FALSE(a.empty());
+  const std::string absent = "0123456789abcdef0123456789abcdef";
+
+  // Every probe by id answers bob exactly as for an id nobody holds.
+  for (const std::string op : {"load:alice:", "describe:", "lookup:", "delete:", "verify:",
+                               "pin:"}) {
+    SCOPED_TRACE(op);
+    const std::vector<Reply> r = As(kBob, {op + a, op + absent});
+    EXPECT_EQ(r[0].code, r[1].code);
+    EXPECT_EQ(Shape(r[0].message), Shape(r[1].message));
+    if (op != "lookup:" && op != "verify:") {
+      EXPECT_EQ(r[0].code, 5) << r[0].message;  // NOT_FOUND
+    }
+  }
+  // Named namespaces and daemon-wide calls are refused outright.
+  for (const std::string op : {"list:alice", "list-all", "drop:alice:s1", "recover:alice:s1",
+                               "save-session:alice:s2", "flush", "verify-all"}) {
+    SCOPED_TRACE(op);
+    const Reply r = One(kBob, op);
+    EXPECT_EQ(r.code, 7) << r.message;  // PERMISSION_DENIED
+    EXPECT_NE(r.message.find("bob"), std::string::npos) << r.message;
+  }
+  // Stat tells a tenant nothing about what others store.
+  const Reply stat = One(kBob, "stat");
+  EXPECT_EQ(stat.code, 0);
+  EXPECT_NE(stat.message.find("has_counters=0"), std::string::npos) << stat.message;
+
+  // Alice's block survived it all and is hers to use.
+  const std::vector<Reply> mine =
+      As(kAlice, {"load:alice:" + a, "list:alice", "describe:" + a, "stat"});
+  EXPECT_EQ(mine[0].code, 0) << mine[0].message;
+  EXPECT_EQ(mine[1].code, 0);
+  EXPECT_NE(mine[1].message.find("blocks=1"), std::string::npos) << mine[1].message;
+  EXPECT_EQ(mine[2].code, 0);
+  // The admin sees everything.
+  const Reply all = One(0, "list-all");
+  EXPECT_EQ(all.code, 0);
+  EXPECT_NE(all.message.find("blocks=1"), std::string::npos) << all.message;
+}
+
+TEST_F(TenancyTest, UnknownUidIsRefusedEverything) {
+  StartWithPolicy(kPolicy);
+  for (const std::string op : {"save-session:alice:s1", "save-prefix:shared", "stat",
+                               "list:shared", "lookup:0123456789abcdef0123456789abcdef"}) {
+    SCOPED_TRACE(op);
+    const Reply r = One(kStranger, op);
+    EXPECT_EQ(r.code, 7) << r.message;
+    EXPECT_NE(r.message.find("uid 65532"), std::string::npos) << r.message;
+  }
+  // The daemon keeps serving its tenants.
+  EXPECT_EQ(One(kAlice, "save-session:alice:s1").code, 0);
+}
+
+TEST_F(TenancyTest, WithoutPolicyOnlyTheOwnerMayConnect) {
+  StartWithPolicy("");
+  const Reply r = One(kAlice, "save-session:alice:s1");
+  EXPECT_EQ(r.code, 7) << r.message;
+  EXPECT_EQ(One(0, "save-session:alice:s1").code, 0);
+}
+
+TEST_F(TenancyTest, NoOneCanPlantAPrefixBlock) {
+  StartWithPolicy(kPolicy);
+  // Alice's prefix id, which bob can compute: he tries to claim it without
+  // the tokens it must be verified against, in his namespace and in hers.
+  const Reply alice_prefix = One(kAlice, "save-prefix:alice");
+  ASSERT_EQ(alice_prefix.code, 0) << alice_prefix.message;
+  const std::string x = IdOf(alice_prefix);
+  const Reply mine = One(kBob, "save-prefix:bob");
+  ASSERT_EQ(mine.code, 0) << mine.message;
+  EXPECT_NE(IdOf(mine), x) << "prefix ids are salted by namespace";
+  for (const std::string op : {"save-prefix-bare:bob:", "save-prefix-bare:shared:"}) {
+    const Reply r = One(kBob, op + x);
+    EXPECT_EQ(r.code, 3) << r.message;  // INVALID_ARGUMENT
+    EXPECT_NE(r.message.find("tokens"), std::string::npos) << r.message;
+  }
+  // The shared namespace shares verified prefix blocks, and nothing else.
+  const Reply first = One(kAlice, "save-prefix:shared");
+  ASSERT_EQ(first.code, 0) << first.message;
+  const std::string s = IdOf(first);
+  const std::vector<Reply> bob =
+      As(kBob, {"save-prefix:shared", "load:shared:" + s, "save-session:shared:s1"});
+  EXPECT_EQ(bob[0].code, 0);
+  EXPECT_EQ(IdOf(bob[0]), s);
+  EXPECT_EQ(bob[1].code, 0) << bob[1].message;
+  EXPECT_EQ(bob[2].code, 3) << bob[2].message;
+  EXPECT_NE(bob[2].message.find("shared"), std::string::npos) << bob[2].message;
+}
+
+TEST_F(TenancyTest, RefusesABadPolicyAtStart) {
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
+  const std::string path = dir_.path() + "/policy.textproto";
+  // Two principals on one namespace that is not declared shared.
+  std::ofstream(path) << R"pb(
+    principals { name: "a" uids: 1 namespaces: "n" }
+    principals { name: "b" uids: 2 namespaces: "n" }
+  )pb";
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> d =
+      DaemonProcess::Start(dir_.path(), {"--policy", path});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("not declared shared"), std::string::npos)
+      << d.status();
+}
+
+}  // namespace
+}  // namespace evoke::testing

@@ -1,0 +1,182 @@
+// tenant_client: one tenant of the tenancy trials, run as a uid of the
+// test's choosing (the kernel, not the request, says who calls).
+//
+//   tenant_client SOCKET UID GID OP...
+//
+// It drops to UID/GID (when they differ from its own; needs root), connects,
+// runs each OP in order and prints one line per OP:
+//   <op> <grpc status code> <message>[ <extra>]
+// OPs (ids are hex):
+//   save-session:NS:SESSION   a 4-token session block (extra: id=<hex>)
+//   save-prefix:NS            a 4-token prefix block with its tokens (id=)
+//   save-prefix-bare:NS:HEX   a prefix block without tokens claiming HEX
+//   load:NS:HEX  describe:HEX  lookup:HEX  delete:HEX  verify:HEX  pin:HEX
+//   list:NS  list-all  drop:NS:SESSION  recover:NS:SESSION  stat  flush
+//   verify-all
+#include <grp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "tests/e2e_fixture.h"
+
+namespace evoke::testing {
+namespace {
+
+void Print(const std::string& op, const grpc::Status& s, const std::string& extra = "") {
+  std::string msg = s.error_message();
+  for (char& c : msg) {
+    if (c == '\n') c = ' ';
+  }
+  std::printf("%s %d %s%s%s\n", op.c_str(), static_cast<int>(s.error_code()), msg.c_str(),
+              extra.empty() ? "" : " ", extra.c_str());
+}
+
+std::string IdBytes(const std::string& hex) {
+  absl::StatusOr<BlockId> id = BlockId::FromHex(hex);
+  return id.ok() ? id->ToBytes() : std::string(16, '\0');
+}
+
+int Run(const std::string& socket, const std::vector<std::string>& ops) {
+  std::unique_ptr<v1::KvTier::Stub> stub = RawStub(socket);
+  for (const std::string& op : ops) {
+    const std::vector<std::string> f = absl::StrSplit(op, ':');
+    const std::string& verb = f[0];
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    if (verb == "save-session" || verb == "save-prefix" || verb == "save-prefix-bare") {
+      const v1::LayoutFingerprint fp = SmallFingerprint(f.at(1));
+      TestBlock b;
+      if (verb == "save-session") {
+        b = SessionBlock(f.at(2), 0, 4, fp);
+      } else {
+        const std::vector<int32_t> tokens = {11, 12, 13, 14};
+        b.meta = PrefixMeta(fp, BlockId(), tokens, 0, fp.n_layers(), 0);
+        if (verb == "save-prefix-bare") {
+          b.meta.clear_tokens();
+          b.meta.set_id(IdBytes(f.at(2)));
+        }
+        b.payload = CanonicalPayload(b.meta, 7);
+      }
+      v1::SaveRequest req;
+      v1::SaveBlock* block = req.add_blocks();
+      *block->mutable_meta() = b.meta;
+      block->set_inline_bytes(b.payload);
+      v1::SaveResponse resp;
+      Print(verb, stub->Save(&ctx, req, &resp), "id=" + BlockId::FromBytes(b.meta.id())->ToHex());
+    } else if (verb == "load") {
+      v1::LoadRequest req;
+      req.add_ids(IdBytes(f.at(2)));
+      *req.mutable_fingerprint() = SmallFingerprint(f.at(1));
+      v1::LoadResponse resp;
+      Print(verb, stub->Load(&ctx, req, &resp));
+    } else if (verb == "describe") {
+      v1::DescribeRequest req;
+      req.set_id(IdBytes(f.at(1)));
+      v1::BlockInfo resp;
+      Print(verb, stub->Describe(&ctx, req, &resp));
+    } else if (verb == "lookup") {
+      v1::LookupRequest req;
+      req.add_ids(IdBytes(f.at(1)));
+      v1::LookupResponse resp;
+      const grpc::Status s = stub->Lookup(&ctx, req, &resp);
+      Print(verb, s, "n_present=" + std::to_string(resp.n_present()));
+    } else if (verb == "delete") {
+      v1::DeleteRequest req;
+      req.add_ids(IdBytes(f.at(1)));
+      v1::DeleteResponse resp;
+      Print(verb, stub->Delete(&ctx, req, &resp));
+    } else if (verb == "verify" || verb == "verify-all") {
+      v1::VerifyRequest req;
+      if (verb == "verify") req.add_ids(IdBytes(f.at(1)));
+      v1::VerifyResponse resp;
+      const grpc::Status s = stub->Verify(&ctx, req, &resp);
+      Print(verb, s,
+            "checked=" + std::to_string(resp.blocks_checked()) +
+                " missing=" + std::to_string(resp.missing()));
+    } else if (verb == "pin") {
+      // A lease of this caller, then the pin.
+      grpc::ClientContext lease_ctx;
+      v1::OpenLeaseRequest lreq;
+      lreq.set_client_name("tenant");
+      auto reader = stub->OpenLease(&lease_ctx, lreq);
+      v1::LeaseEvent ev;
+      if (!reader->Read(&ev)) {
+        Print(verb, reader->Finish());
+        continue;
+      }
+      v1::PinRequest req;
+      req.add_ids(IdBytes(f.at(1)));
+      req.set_lease_id(ev.grant().lease_id());
+      v1::PinResponse resp;
+      Print(verb, stub->Pin(&ctx, req, &resp));
+      lease_ctx.TryCancel();
+      reader->Finish();
+    } else if (verb == "list" || verb == "list-all") {
+      v1::ListRequest req;
+      if (verb == "list") req.set_namespace_(f.at(1));
+      v1::ListResponse resp;
+      const grpc::Status s = stub->List(&ctx, req, &resp);
+      Print(verb, s, "blocks=" + std::to_string(resp.blocks_size()));
+    } else if (verb == "drop") {
+      v1::DropSessionRequest req;
+      req.set_namespace_(f.at(1));
+      req.set_session_id(f.at(2));
+      v1::DropSessionResponse resp;
+      Print(verb, stub->DropSession(&ctx, req, &resp));
+    } else if (verb == "recover") {
+      v1::RecoverRequest req;
+      req.mutable_session()->set_namespace_(f.at(1));
+      req.mutable_session()->set_session_id(f.at(2));
+      req.set_kind(v1::SUMMARY_MEAN_KEYS);
+      req.set_k(4);
+      const v1::LayoutFingerprint fp = SmallFingerprint(f.at(1));
+      req.set_n_query_heads(fp.n_kv_heads());
+      for (uint32_t i = 0; i < fp.n_kv_heads() * fp.head_dim(); ++i) req.add_queries(1.0f);
+      v1::RecoverResponse resp;
+      const grpc::Status s = stub->Recover(&ctx, req, &resp);
+      Print(verb, s, "found=" + std::to_string(resp.blocks_size()));
+    } else if (verb == "stat") {
+      v1::StatResponse resp;
+      const grpc::Status s = stub->Stat(&ctx, v1::StatRequest(), &resp);
+      Print(verb, s,
+            "has_counters=" + std::to_string(resp.has_counters() || resp.has_pinned()));
+    } else if (verb == "flush") {
+      v1::FlushRequest req;
+      v1::FlushResponse resp;
+      Print(verb, stub->Flush(&ctx, req, &resp));
+    } else {
+      std::fprintf(stderr, "unknown op %s\n", op.c_str());
+      return 2;
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace evoke::testing
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: tenant_client SOCKET UID GID OP...\n");
+    return 2;
+  }
+  uint32_t uid = 0, gid = 0;
+  if (!absl::SimpleAtoi(argv[2], &uid) || !absl::SimpleAtoi(argv[3], &gid)) return 2;
+  // Drop to the tenant's identity before anything connects: SO_PEERCRED
+  // records who connected, at connect time.
+  if (gid != getgid() && (setgroups(0, nullptr) != 0 || setgid(gid) != 0)) {
+    std::perror("setgid");
+    return 3;
+  }
+  if (uid != getuid() && setuid(uid) != 0) {
+    std::perror("setuid");
+    return 3;
+  }
+  return evoke::testing::Run(argv[1], std::vector<std::string>(argv + 4, argv + argc));
+}
