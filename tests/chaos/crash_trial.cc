@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/checksum.h"
 #include "common/subprocess.h"
 #include "evoke/client.h"
@@ -120,7 +121,8 @@ class TrialDaemon {
  public:
   static absl::StatusOr<std::unique_ptr<TrialDaemon>> Start(
       const std::string& dir, const std::vector<std::string>& flags,
-      const std::vector<std::string>& env, absl::Duration timeout, double* start_ms) {
+      const std::vector<std::string>& env, absl::Duration timeout, double* start_ms,
+      double* serving_ms) {
     std::unique_ptr<TrialDaemon> d(new TrialDaemon());
     d->socket_ = dir + "/evoked.sock";
     d->log_path_ = dir + "/evoked.log";
@@ -159,6 +161,7 @@ class TrialDaemon {
         },
         timeout, absl::Milliseconds(5));
     *start_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    *serving_ms = d->ServingAfter(t0);
     if (!exited.empty()) {
       return absl::UnavailableError(absl::StrCat("evoked exited during start (", exited,
                                                  "):\n", d->LogTail(4000)));
@@ -193,6 +196,25 @@ class TrialDaemon {
     std::stringstream s;
     s << in.rdbuf();
     return s.str();
+  }
+  // ServingAfter returns the milliseconds from `spawned` to the daemon's own
+  // "serving on" log line of this start (RocksDB open, the index rebuilt
+  // from tier 2), free of the trial's polling and scheduling; -1 when the
+  // line is missing.
+  double ServingAfter(absl::Time spawned) const {
+    const std::string log = Log();
+    const size_t start = log.rfind("---- start: ");
+    const size_t line = log.find(" serving on ", start == std::string::npos ? 0 : start);
+    if (line == std::string::npos) return -1;
+    const size_t begin = log.rfind('\n', line);
+    const size_t stamp = begin == std::string::npos ? 0 : begin + 1;
+    const size_t space = log.find(' ', stamp);
+    absl::Time t;
+    std::string err;
+    if (!absl::ParseTime(absl::RFC3339_full, log.substr(stamp, space - stamp), &t, &err)) {
+      return -1;
+    }
+    return absl::ToDoubleMilliseconds(t - spawned);
   }
   std::string LogTail(size_t bytes) const {
     const std::string log = Log();
@@ -527,12 +549,15 @@ void Verify(TrialDaemon& daemon, const Blocks& blocks, ExpectedState& model, boo
   }
 }
 
+// The failpoint kills at hit N, N uniform in [1, MaxHitFor(name)]: below
+// what the traffic reaches in a short window (4 threads make ~40 operations
+// a second on a busy 2-core machine: ~14 saves, ~5 deletes, ~1.6 flushes).
 uint64_t MaxHitFor(const std::string& name) {
-  if (name.rfind("flush.", 0) == 0) return 3;
+  if (name.rfind("flush.", 0) == 0) return 2;
   if (name.rfind("spill.", 0) == 0) return 20;
-  if (name.rfind("delete.", 0) == 0) return 30;
-  if (name.rfind("save.durable", 0) == 0) return 30;
-  return 100;
+  if (name.rfind("delete.", 0) == 0) return 10;
+  if (name.rfind("save.durable", 0) == 0) return 10;
+  return 30;
 }
 
 }  // namespace
@@ -562,9 +587,9 @@ std::vector<std::string> FailpointsIn(const std::string& binary,
   return out;
 }
 
-double CrashTrialReport::RecoveryPercentile(double p) const {
-  if (recovery_ms.empty()) return 0;
-  std::vector<double> v = recovery_ms;
+double CrashTrialReport::Percentile(const std::vector<double>& ms, double p) {
+  if (ms.empty()) return 0;
+  std::vector<double> v = ms;
   std::sort(v.begin(), v.end());
   const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * v.size())) - 1);
   return v[p <= 0 ? 0 : i];
@@ -593,9 +618,13 @@ std::string CrashTrialReport::Summary() const {
   std::vector<std::string> acks;
   for (const auto& [k, n] : acked) acks.push_back(absl::StrCat(k, " ", n));
   absl::StrAppend(&out, "\n  acknowledged: ", absl::StrJoin(acks, ", "));
-  absl::StrAppend(&out, "\n  recovery (spawn to SERVING) ms: p50 ", RecoveryPercentile(0.5),
-                  ", p99 ", RecoveryPercentile(0.99), ", max ", RecoveryPercentile(1.0),
-                  " over ", recovery_ms.size(), " restarts");
+  absl::StrAppend(&out, "\n  recovery (spawn to evoked's 'serving' line) ms: p50 ",
+                  Percentile(recovery_ms, 0.5), ", p99 ", Percentile(recovery_ms, 0.99),
+                  ", max ", Percentile(recovery_ms, 1.0), " over ", recovery_ms.size(),
+                  " restarts");
+  absl::StrAppend(&out, "\n  ready (spawn to a client's health check and Stat) ms: p50 ",
+                  Percentile(ready_ms, 0.5), ", p99 ", Percentile(ready_ms, 0.99), ", max ",
+                  Percentile(ready_ms, 1.0));
   for (const std::string& v : violations) absl::StrAppend(&out, "\n  ! ", v);
   return out;
 }
@@ -636,19 +665,22 @@ absl::StatusOr<CrashTrialReport> RunCrashTrials(const CrashTrialOptions& o) {
     }
     const absl::Duration traffic =
         o.min_traffic + (o.max_traffic - o.min_traffic) * plan_rng.Unit();
-    double start_ms = 0;
+    double start_ms = 0, serving_ms = 0;
     absl::StatusOr<std::unique_ptr<TrialDaemon>> daemon =
-        TrialDaemon::Start(o.dir, flags, env, absl::Seconds(60), &start_ms);
+        TrialDaemon::Start(o.dir, flags, env, absl::Seconds(60), &start_ms, &serving_ms);
     if (!daemon.ok()) {
       if (t == 0) return daemon.status();
       ++report.restarts_failed;
       shared.Violation(absl::StrCat("trial ", t, ": restart failed: ",
                                     daemon.status().ToString()));
       // Try once more without failpoints, so that the rest can go on.
-      daemon = TrialDaemon::Start(o.dir, flags, {}, absl::Seconds(60), &start_ms);
+      daemon = TrialDaemon::Start(o.dir, flags, {}, absl::Seconds(60), &start_ms, &serving_ms);
       if (!daemon.ok()) return report;
     }
-    if (t > 0) report.recovery_ms.push_back(start_ms);
+    if (t > 0) {
+      report.ready_ms.push_back(start_ms);
+      if (serving_ms >= 0) report.recovery_ms.push_back(serving_ms);
+    }
     Verify(**daemon, blocks, model, crashed, shared, absl::StrCat("trial ", t, " start"));
 
     std::atomic<bool> stop{false};
@@ -697,21 +729,24 @@ absl::StatusOr<CrashTrialReport> RunCrashTrials(const CrashTrialOptions& o) {
     ++report.trials;
     if (o.verbose) {
       absl::MutexLock lock(&shared.mu);
-      fprintf(stderr, "crash trial %zu/%zu: %s; recovery %.0f ms; violations so far %llu\n",
-              t + 1, plans.size(), how.c_str(), start_ms,
+      fprintf(stderr,
+              "crash trial %zu/%zu: %s; restart serving after %.0f ms (ready to the client "
+              "after %.0f ms); violations so far %llu\n",
+              t + 1, plans.size(), how.c_str(), serving_ms, start_ms,
               static_cast<unsigned long long>(report.Violations()));
     }
   }
   // The last kill's restart and check.
-  double start_ms = 0;
+  double start_ms = 0, serving_ms = 0;
   absl::StatusOr<std::unique_ptr<TrialDaemon>> daemon =
-      TrialDaemon::Start(o.dir, flags, {}, absl::Seconds(60), &start_ms);
+      TrialDaemon::Start(o.dir, flags, {}, absl::Seconds(60), &start_ms, &serving_ms);
   if (!daemon.ok()) {
     ++report.restarts_failed;
     shared.Violation(absl::StrCat("final restart failed: ", daemon.status().ToString()));
     return report;
   }
-  report.recovery_ms.push_back(start_ms);
+  report.ready_ms.push_back(start_ms);
+  if (serving_ms >= 0) report.recovery_ms.push_back(serving_ms);
   Verify(**daemon, blocks, model, crashed, shared, "final");
   return report;
 }

@@ -84,14 +84,18 @@ struct CrashTrialReport {
   uint64_t unexpected_errors = 0;   // Errors while evoked lived (other codes).
   std::map<std::string, uint64_t> acked;  // Acknowledged operations by kind.
 
-  std::vector<double> recovery_ms;  // Spawn to SERVING, after each kill.
+  // After each kill: spawn to evoked's own "serving on" log line (RocksDB
+  // open and the index rebuilt), and spawn to a client's first successful
+  // health check and Stat (adds the trial's polling and scheduling).
+  std::vector<double> recovery_ms;
+  std::vector<double> ready_ms;
   std::vector<std::string> violations;  // The first few, described.
 
   uint64_t Violations() const {
     return wrong_bytes + durable_lost + live_lost + resurrected + phantom +
            data_loss_errors + restarts_failed + checksum_failures;
   }
-  double RecoveryPercentile(double p) const;
+  static double Percentile(const std::vector<double>& ms, double p);
   // Several lines: every count above.
   std::string Summary() const;
 };
