@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <thread>
 #include <utility>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -17,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "common/log.h"
@@ -101,6 +104,12 @@ absl::Status PrepareSocketPath(const std::string& path) {
 
 class Daemon::Impl {
  public:
+  ~Impl() {
+    if (lease_reaper.joinable()) {  // A Start that failed after starting it.
+      stop_reaper.Notify();
+      lease_reaper.join();
+    }
+  }
   std::string socket_path;
   std::unique_ptr<CopyPool> scan_pool;      // Outlives the RecoveryIndex.
   std::unique_ptr<RecoveryIndex> recovery;  // Outlives the TierManager.
@@ -116,6 +125,9 @@ class Daemon::Impl {
   std::unique_ptr<AccessPolicy> policy;
   ConnectionTable connections;
   std::unique_ptr<PeerListener> listener;  // Stopped before the server.
+  // Ends leases idle past --lease-idle-ms; stopped before the leases go.
+  std::thread lease_reaper;
+  absl::Notification stop_reaper;
   bool cuda_available = false;
   DaemonOptions options;
   absl::Mutex mu;
@@ -224,9 +236,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   lease_options.max_leases = options.max_leases;
   lease_options.max_regions_per_lease = options.max_regions_per_lease;
   lease_options.max_region_bytes = options.max_region_bytes;
+  lease_options.max_mapped_bytes = options.max_mapped_bytes;
+  lease_options.max_mapped_bytes_per_uid = options.ResolvedMaxMappedBytesPerUid();
+  lease_options.max_mappings = options.max_mappings;
+  if (options.lease_idle_ms > 0) {
+    lease_options.idle_timeout = absl::Milliseconds(options.lease_idle_ms);
+  }
   impl->leases = std::make_unique<LeaseManager>(lease_options, impl->tiers.get());
   impl->copiers = std::make_unique<DeviceCopiers>();
 
+  if (options.lease_idle_ms > 0) {
+    const absl::Duration every =
+        std::clamp(absl::Milliseconds(options.lease_idle_ms) / 4, absl::Milliseconds(50),
+                   absl::Seconds(5));
+    LeaseManager* leases = impl->leases.get();
+    absl::Notification* stop = &impl->stop_reaper;
+    impl->lease_reaper = std::thread([leases, stop, every] {
+      while (!stop->WaitForNotificationWithTimeout(every)) {
+        if (const size_t n = leases->ExpireIdle(); n > 0) {
+          EVOKE_LOG_INFO("ended ", n, " idle lease(s) (--lease-idle-ms)");
+        }
+      }
+    });
+  }
   impl->executor = std::make_unique<Executor>(options.ResolvedWorkerThreads());
   const std::string fd_socket =
       std::filesystem::absolute(options.ResolvedFdSocket()).string();
@@ -256,7 +288,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       impl->copiers.get(), impl->recovery.get(), std::move(service_options));
 
   EVOKE_RETURN_IF_ERROR(PrepareSocketPath(impl->socket_path));
-  EVOKE_ASSIGN_OR_RETURN(impl->fd_channel, FdChannel::Start(fd_socket, impl->leases.get()));
+  FdChannelOptions fd_options;
+  fd_options.connection_timeout = absl::Milliseconds(options.fd_connection_deadline_ms);
+  // The same policy as the gRPC socket: a peer it refuses is refused here
+  // before anything it sends is read.
+  fd_options.admit = [raw](const PeerCred& peer) { return raw->policy->ForPeer(peer).status(); };
+  EVOKE_ASSIGN_OR_RETURN(impl->fd_channel,
+                         FdChannel::Start(fd_socket, impl->leases.get(), fd_options));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -329,6 +367,10 @@ absl::Status Daemon::Shutdown() {
   impl_->server.reset();
   impl_->fd_channel.reset();
   impl_->service.reset();
+  if (impl_->lease_reaper.joinable()) {
+    impl_->stop_reaper.Notify();
+    impl_->lease_reaper.join();
+  }
   impl_->leases.reset();        // Unmaps regions.
   impl_->copiers.reset();
   impl_->registration.reset();  // cudaHostUnregister before tier 1 goes.

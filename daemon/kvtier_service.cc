@@ -72,6 +72,12 @@ grpc::ServerUnaryReactor* FinishOnExecutor(Executor* executor,
   }                                                                             \
   std::shared_ptr<const Caller> caller = *std::move(caller##_or)
 
+// The uid a caller's leases belong to; TCP callers (no uid) share one that
+// no Unix peer has, so their leases take no shared-memory regions.
+uid_t OwnerUid(const Caller& caller) {
+  return caller.uid().value_or(static_cast<uid_t>(-1));
+}
+
 absl::Status NeedsAdmin(const Caller& caller, absl::string_view what) {
   if (caller.admin()) return absl::OkStatus();
   return absl::PermissionDeniedError(
@@ -308,10 +314,20 @@ void KvTierService::Forget(LeaseReactor* reactor) {
   reactors_.erase(reactor);
 }
 
-absl::StatusOr<std::optional<Lease>> KvTierService::OptionalLease(
-    absl::string_view lease_id) const {
-  if (lease_id.empty()) return std::optional<Lease>();
+absl::StatusOr<Lease> KvTierService::FindLease(const Caller& caller,
+                                               absl::string_view lease_id) const {
   EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(lease_id));
+  // Another uid's lease answers as an unknown one: leases cannot be probed.
+  if (lease.owner_uid != OwnerUid(caller)) {
+    return absl::NotFoundError("lease_id: unknown or ended lease");
+  }
+  return lease;
+}
+
+absl::StatusOr<std::optional<Lease>> KvTierService::OptionalLease(
+    const Caller& caller, absl::string_view lease_id) const {
+  if (lease_id.empty()) return std::optional<Lease>();
+  EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(caller, lease_id));
   return std::optional<Lease>(lease);
 }
 
@@ -325,7 +341,7 @@ grpc::ServerWriteReactor<v1::LeaseEvent>* KvTierService::OpenLease(
     absl::MutexLock lock(&reactors_mu_);
     lease = closing_ ? absl::StatusOr<Lease>(
                            absl::UnavailableError("evoked is shutting down"))
-                     : leases_->Grant(request->client_name());
+                     : leases_->Grant(request->client_name(), OwnerUid(**caller));
   }
   auto reactor = std::make_shared<LeaseReactor>(this, lease, options_.fd_socket,
                                                 leases_->options());
@@ -343,7 +359,7 @@ grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
     v1::RegisterRegionResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     if (request->size() > leases_->options().max_region_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "size: ", request->size(), " exceeds the region limit of ",
@@ -367,7 +383,7 @@ grpc::ServerUnaryReactor* KvTierService::UnregisterRegion(
     v1::UnregisterRegionResponse*) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     return leases_->RemoveRegion(lease.id, request->region_id());
   });
 }
@@ -380,7 +396,7 @@ grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* conte
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_RETURN_IF_ERROR(ValidateSaveRequest(*request, options_.limits));
     EVOKE_RETURN_IF_ERROR(CheckSaveAccess(*request, *caller));
-    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(*caller, request->lease_id()));
     EVOKE_ASSIGN_OR_RETURN(
         std::unique_ptr<SaveRequestSource> source,
         SaveRequestSource::Create(*request, lease, *leases_, copiers_));
@@ -410,7 +426,7 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids,
                            ValidateLoadRequest(*request, options_.limits));
-    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(*caller, request->lease_id()));
     // Leave room for metadata in the response message.
     EVOKE_ASSIGN_OR_RETURN(
         std::unique_ptr<LoadResponseSink> sink,
@@ -494,7 +510,7 @@ grpc::ServerUnaryReactor* KvTierService::Pin(grpc::CallbackServerContext* contex
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     return WithFieldPath(tiers_->Pin(ids, lease.owner, deadline, caller.get()), ItemsField::kIds);
   });
 }
@@ -507,7 +523,7 @@ grpc::ServerUnaryReactor* KvTierService::Unpin(grpc::CallbackServerContext* cont
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     return WithFieldPath(tiers_->Unpin(ids, lease.owner, caller.get()), ItemsField::kIds);
   });
 }

@@ -117,7 +117,11 @@ class KvTierService final : public v1::KvTier::CallbackService {
 
  private:
   // OptionalLease resolves a request's lease_id: nullopt when empty.
-  absl::StatusOr<std::optional<Lease>> OptionalLease(absl::string_view lease_id) const;
+  absl::StatusOr<std::optional<Lease>> OptionalLease(const Caller& caller,
+                                                     absl::string_view lease_id) const;
+  // FindLease resolves a lease_id of the caller's own uid (NOT_FOUND for
+  // another's, as for an unknown one).
+  absl::StatusOr<Lease> FindLease(const Caller& caller, absl::string_view lease_id) const;
   void Forget(LeaseReactor* reactor);
   absl::StatusOr<std::shared_ptr<const Caller>> Identify(
       const grpc::CallbackServerContext& context) const;
