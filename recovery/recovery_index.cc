@@ -3,27 +3,67 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include <algorithm>
-#include <cmath>
-#include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/fingerprint.h"
 
 namespace evoke {
 
+// A layout scope's rows of one kind and layer: the only copy of each
+// summary.
 struct RecoveryIndex::Table {
+  std::string key;  // In tables_.
   uint32_t heads = 0;
   uint32_t dim = 0;
   std::vector<BlockId> ids;
   std::vector<int8_t> codes;  // rows x heads x dim
   std::vector<float> scales;  // rows x heads
   std::vector<float> exact;   // rows x heads x dim
-  absl::flat_hash_map<BlockId, size_t> row_of;
+  // Per row: the session view that lists it too (null if none) and where.
+  std::vector<View*> view;
+  std::vector<uint32_t> view_pos;
 
   size_t rows() const { return ids.size(); }
   size_t width() const { return static_cast<size_t>(heads) * dim; }
+};
+
+// A session scope's rows of one kind and layer: references to the rows of
+// its blocks' layout tables (a session's blocks may span layouts of one
+// shape).
+struct RecoveryIndex::View {
+  std::string key;  // In views_.
+  uint32_t heads = 0;
+  uint32_t dim = 0;
+  std::vector<Table*> table;
+  std::vector<uint32_t> row;
+
+  size_t rows() const { return row.size(); }
+};
+
+// What a search scans: a table's rows in place, or a view's through their
+// references.
+struct RecoveryIndex::Scan {
+  const Table* table = nullptr;
+  const View* view = nullptr;
+  uint32_t heads = 0;
+  uint32_t dim = 0;
+
+  size_t rows() const { return table != nullptr ? table->rows() : view->rows(); }
+  size_t width() const { return static_cast<size_t>(heads) * dim; }
+  const BlockId& id(size_t i) const {
+    return table != nullptr ? table->ids[i] : view->table[i]->ids[view->row[i]];
+  }
+  const float* exact(size_t i) const {
+    return table != nullptr ? table->exact.data() + i * width()
+                            : view->table[i]->exact.data() + view->row[i] * width();
+  }
+  const int8_t* codes(size_t i) const {
+    return view->table[i]->codes.data() + view->row[i] * width();
+  }
+  const float* scales(size_t i) const {
+    return view->table[i]->scales.data() + static_cast<size_t>(view->row[i]) * heads;
+  }
 };
 
 namespace {
@@ -57,26 +97,46 @@ inline int32_t DotI16I8(const int16_t* __restrict q, const int8_t* __restrict c,
   return acc;
 }
 
+// One row's approximate score (inlined into each clone of the kernels).
+__attribute__((always_inline)) inline float ScanRow(const int16_t* q, const float* q_scale,
+                                                    uint32_t group, const int8_t* c,
+                                                    const float* sc, uint32_t heads,
+                                                    uint32_t dim, bool max) {
+  float total = 0, best = -INFINITY;
+  const int16_t* qv = q;
+  for (uint32_t h = 0; h < heads; ++h) {
+    const int8_t* ch = c + static_cast<size_t>(h) * dim;
+    for (uint32_t g = 0; g < group; ++g, qv += dim) {
+      const float score =
+          static_cast<float>(DotI16I8(qv, ch, dim)) * q_scale[h * group + g] * sc[h];
+      total += score;
+      best = std::max(best, score);
+    }
+  }
+  return max ? best : total;
+}
+
+// Rows [begin, end) of a table, in place.
 EVOKE_SCAN_CLONES
 void ScanRows(const int16_t* q, const float* q_scale, uint32_t group,
               const int8_t* codes, const float* scales, uint32_t heads, uint32_t dim,
               size_t begin, size_t end, bool max, float* out) {
   const size_t width = static_cast<size_t>(heads) * dim;
   for (size_t row = begin; row < end; ++row) {
-    const int8_t* c = codes + row * width;
-    const float* sc = scales + row * heads;
-    float total = 0, best = -INFINITY;
-    const int16_t* qv = q;
-    for (uint32_t h = 0; h < heads; ++h) {
-      const int8_t* ch = c + static_cast<size_t>(h) * dim;
-      for (uint32_t g = 0; g < group; ++g, qv += dim) {
-        const float score =
-            static_cast<float>(DotI16I8(qv, ch, dim)) * q_scale[h * group + g] * sc[h];
-        total += score;
-        best = std::max(best, score);
-      }
-    }
-    out[row - begin] = max ? best : total;
+    out[row - begin] = ScanRow(q, q_scale, group, codes + row * width, scales + row * heads,
+                               heads, dim, max);
+  }
+}
+
+// n rows of a view, through their references.
+EVOKE_SCAN_CLONES
+void ScanRefs(const int16_t* q, const float* q_scale, uint32_t group,
+              const int8_t* const* codes, const float* const* scales, uint32_t heads,
+              uint32_t dim, size_t n, bool max, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    // The next rows are elsewhere in memory: start loading them now.
+    if (i + 2 < n) __builtin_prefetch(codes[i + 2]);
+    out[i] = ScanRow(q, q_scale, group, codes[i], scales[i], heads, dim, max);
   }
 }
 
@@ -112,8 +172,7 @@ struct PreparedQuery {
   uint32_t scan_group = 1;  // Scan vectors per KV head.
 };
 
-float ScoreExact(const PreparedQuery& p, const RecoveryIndex::Table& t, size_t row) {
-  const float* v = t.exact.data() + row * t.width();
+float ScoreExact(const PreparedQuery& p, const float* v) {
   if (!p.max) {
     float s = 0;
     for (uint32_t h = 0; h < p.heads; ++h) {
@@ -129,8 +188,8 @@ float ScoreExact(const PreparedQuery& p, const RecoveryIndex::Table& t, size_t r
   return best;
 }
 
-double ScoreScalar(const RecoveryQuery& query, const RecoveryIndex::Table& t, size_t row) {
-  const float* v = t.exact.data() + row * t.width();
+double ScoreScalar(const RecoveryQuery& query, const RecoveryIndex::Scan& t, size_t row) {
+  const float* v = t.exact(row);
   const uint32_t group = query.n_query_heads / t.heads;
   double total = 0, best = -INFINITY;
   for (uint32_t q = 0; q < query.n_query_heads; ++q) {
@@ -141,7 +200,7 @@ double ScoreScalar(const RecoveryQuery& query, const RecoveryIndex::Table& t, si
   return query.aggregate_max ? best : total / query.n_query_heads;
 }
 
-absl::Status CheckShape(const RecoveryQuery& q, const RecoveryIndex::Table& t) {
+absl::Status CheckShape(const RecoveryQuery& q, const RecoveryIndex::Scan& t) {
   if (q.n_query_heads == 0 || q.n_query_heads % t.heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "n_query_heads: ", q.n_query_heads, " is not a positive multiple of the "
@@ -159,7 +218,7 @@ absl::Status CheckShape(const RecoveryQuery& q, const RecoveryIndex::Table& t) {
   return absl::OkStatus();
 }
 
-PreparedQuery Prepare(const RecoveryQuery& q, const RecoveryIndex::Table& t) {
+PreparedQuery Prepare(const RecoveryQuery& q, const RecoveryIndex::Scan& t) {
   PreparedQuery p;
   p.max = q.aggregate_max;
   p.heads = t.heads;
@@ -235,7 +294,7 @@ class Best {
 // BestHits sorts scored rows best first (ties: lower row) and returns up to
 // query.k of them, stopping below query.min_score when set.
 template <typename Score>
-std::vector<RecoveryHit> BestHits(const RecoveryQuery& query, const RecoveryIndex::Table& t,
+std::vector<RecoveryHit> BestHits(const RecoveryQuery& query, const RecoveryIndex::Scan& t,
                                   std::vector<std::pair<Score, uint32_t>> scored) {
   // A score that is not a number ranks last (the sort needs an ordering).
   for (auto& [score, row] : scored) {
@@ -248,7 +307,7 @@ std::vector<RecoveryHit> BestHits(const RecoveryQuery& query, const RecoveryInde
   for (const auto& [score, row] : scored) {
     if (hits.size() == query.k) break;
     if (query.has_min_score && score < query.min_score) break;
-    hits.push_back(RecoveryHit{t.ids[row], static_cast<float>(score)});
+    hits.push_back(RecoveryHit{t.id(row), static_cast<float>(score)});
   }
   return hits;
 }
@@ -273,146 +332,297 @@ std::string RecoveryIndex::TableKey(absl::string_view scope, v1::SummaryKind kin
 
 namespace {
 
-// The scopes a block's summaries are indexed under: its layout, and its
-// session when it is a session block.
-std::vector<std::string> ScopesOf(const v1::BlockMeta& meta) {
-  std::vector<std::string> scopes = {ModelScopeKey(DigestFingerprint(meta.fingerprint()))};
-  if (meta.kind() == v1::BLOCK_KIND_SESSION) {
-    scopes.push_back(SessionScopeKey(meta.fingerprint().namespace_(), meta.session_id()));
+// What memory_bytes() counts (see the header): a table row holds its
+// summary's f32 values, int8 codes and per-head scales, its id and its view
+// reference; a view row a table pointer and a row; a block its entry in
+// blocks_ (one slot inline, more on the heap); a table or view its struct,
+// key and map slot.
+constexpr uint64_t kTableRowFixed = sizeof(BlockId) + sizeof(void*) + sizeof(uint32_t);
+constexpr uint64_t kViewRow = sizeof(void*) + sizeof(uint32_t);
+constexpr uint64_t kSlot = sizeof(void*) + sizeof(uint32_t) + 4;  // RecoveryIndex::Slot, padded.
+constexpr uint64_t kBlockEntry = sizeof(BlockId) + 8 + kSlot + 1;  // Key, size, inline slot, ctrl.
+constexpr uint64_t kScopeFixed = 160;  // Table or View, its unique_ptr and map slot.
+
+uint64_t TableRowBytes(uint32_t heads, uint32_t dim) {
+  return uint64_t{heads} * dim * (sizeof(float) + sizeof(int8_t)) +
+         uint64_t{heads} * sizeof(float) + kTableRowFixed;
+}
+
+uint64_t BlockBytes(size_t slots) { return kBlockEntry + (slots > 1 ? slots * kSlot : 0); }
+
+// Records come from clients and from disk: a summary without a shape, of
+// the wrong size or with a value that is not finite (NaN would rank first
+// and break the sort's ordering) is never indexed.
+bool Indexable(const v1::Summary& s) {
+  const bool finite = std::all_of(s.values().begin(), s.values().end(),
+                                  [](float v) { return std::isfinite(v); });
+  return s.heads() != 0 && s.dim() != 0 && finite &&
+         static_cast<uint64_t>(s.values_size()) == uint64_t{s.heads()} * s.dim();
+}
+
+// The summaries Add indexes: of those that repeat a kind and layer, the last.
+std::vector<int> LastOfEachKindAndLayer(const v1::BlockMeta& meta) {
+  std::vector<int> keep;
+  keep.reserve(meta.summaries_size());
+  if (meta.summaries_size() <= 1) {
+    if (meta.summaries_size() == 1) keep.push_back(0);
+    return keep;
   }
-  return scopes;
+  absl::flat_hash_map<std::pair<int, uint32_t>, int> last;
+  for (int i = 0; i < meta.summaries_size(); ++i) {
+    const v1::Summary& s = meta.summaries(i);
+    last[{static_cast<int>(s.kind()), s.layer()}] = i;
+  }
+  for (int i = 0; i < meta.summaries_size(); ++i) {
+    const v1::Summary& s = meta.summaries(i);
+    if (last[{static_cast<int>(s.kind()), s.layer()}] == i) keep.push_back(i);
+  }
+  return keep;
+}
+
+// Vectors that shrank to a quarter of what they hold give the rest back.
+template <typename T>
+void MaybeShrink(std::vector<T>& v) {
+  if (v.capacity() >= 64 && v.size() < v.capacity() / 4) v.shrink_to_fit();
 }
 
 }  // namespace
 
+uint64_t RecoveryIndex::AccountedBytes(const v1::BlockMeta& meta) {
+  const bool session = meta.kind() == v1::BLOCK_KIND_SESSION;
+  uint64_t bytes = BlockBytes(meta.summaries_size());
+  for (const v1::Summary& s : meta.summaries()) {
+    const uint64_t values = static_cast<uint64_t>(s.values_size());
+    bytes += values * (sizeof(float) + sizeof(int8_t)) +
+             std::min<uint64_t>(s.heads(), values) * sizeof(float) + kTableRowFixed +
+             kScopeFixed;
+    if (session) bytes += kViewRow + kScopeFixed;
+  }
+  return bytes;
+}
+
 void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
-  if (meta.summaries().empty()) return;
-  const std::vector<std::string> scopes = ScopesOf(meta);
+  const std::vector<int> keep = LastOfEachKindAndLayer(meta);
+  const bool session = meta.kind() == v1::BLOCK_KIND_SESSION;
+  const std::string model_scope =
+      keep.empty() ? std::string() : ModelScopeKey(DigestFingerprint(meta.fingerprint()));
+  const std::string session_scope =
+      keep.empty() || !session
+          ? std::string()
+          : SessionScopeKey(meta.fingerprint().namespace_(), meta.session_id());
   absl::MutexLock lock(&mu_);
-  for (const v1::Summary& s : meta.summaries()) {
-    for (const std::string& scope : scopes) {
-      AddToTable(TableKey(scope, s.kind(), s.layer()), id, s);
+  // The meta is the block's whole truth: what the id indexed before goes,
+  // including kinds, layers or scopes this meta no longer has.
+  RemoveLocked(id);
+  absl::InlinedVector<Slot, 1> slots;
+  for (int i : keep) {
+    const v1::Summary& s = meta.summaries(i);
+    if (!Indexable(s)) {
+      rejected_ += session ? 2 : 1;  // Per scope it would have gone to.
+      continue;
     }
+    std::unique_ptr<Table>& t_slot = tables_[TableKey(model_scope, s.kind(), s.layer())];
+    if (t_slot == nullptr) {
+      t_slot = std::make_unique<Table>();
+      t_slot->key = TableKey(model_scope, s.kind(), s.layer());
+      t_slot->heads = s.heads();
+      t_slot->dim = s.dim();
+      bytes_ += kScopeFixed;
+    }
+    Table* t = t_slot.get();
+    // A table holds one shape; a summary of another shape (a client mixing
+    // embedding sizes in one scope) is not indexed.
+    if (s.heads() != t->heads || s.dim() != t->dim) continue;
+    const uint32_t row = static_cast<uint32_t>(t->rows());
+    t->ids.push_back(id);
+    t->exact.insert(t->exact.end(), s.values().begin(), s.values().end());
+    t->codes.resize(t->codes.size() + t->width());
+    t->scales.resize(t->scales.size() + t->heads);
+    for (uint32_t h = 0; h < t->heads; ++h) {
+      const float* v = s.values().data() + h * t->dim;
+      float maxabs = 0;
+      for (uint32_t d = 0; d < t->dim; ++d) maxabs = std::max(maxabs, std::fabs(v[d]));
+      const float scale = maxabs > 0 ? maxabs / 127.0f : 0.0f;
+      t->scales[size_t{row} * t->heads + h] = scale;
+      int8_t* c = t->codes.data() + size_t{row} * t->width() + h * t->dim;
+      for (uint32_t d = 0; d < t->dim; ++d) {
+        c[d] = scale > 0 ? static_cast<int8_t>(std::lround(v[d] / scale)) : 0;
+      }
+    }
+    t->view.push_back(nullptr);
+    t->view_pos.push_back(0);
+    bytes_ += TableRowBytes(t->heads, t->dim);
+    slots.push_back(Slot{t, row});
+    if (!session) continue;
+    std::unique_ptr<View>& v_slot = views_[TableKey(session_scope, s.kind(), s.layer())];
+    if (v_slot == nullptr) {
+      v_slot = std::make_unique<View>();
+      v_slot->key = TableKey(session_scope, s.kind(), s.layer());
+      v_slot->heads = s.heads();
+      v_slot->dim = s.dim();
+      bytes_ += kScopeFixed;
+    }
+    View* v = v_slot.get();
+    // A session whose blocks span layouts of different summary shapes:
+    // its view keeps the first shape.
+    if (s.heads() != v->heads || s.dim() != v->dim) continue;
+    t->view[row] = v;
+    t->view_pos[row] = static_cast<uint32_t>(v->rows());
+    v->table.push_back(t);
+    v->row.push_back(row);
+    bytes_ += kViewRow;
+  }
+  if (!slots.empty()) {
+    bytes_ += BlockBytes(slots.size());
+    blocks_.emplace(id, std::move(slots));
   }
 }
 
-void RecoveryIndex::Remove(const BlockId& id, const v1::BlockMeta& meta) {
-  if (meta.summaries().empty()) return;
-  const std::vector<std::string> scopes = ScopesOf(meta);
+void RecoveryIndex::Remove(const BlockId& id, const v1::BlockMeta& /*meta*/) {
   absl::MutexLock lock(&mu_);
-  for (const v1::Summary& s : meta.summaries()) {
-    for (const std::string& scope : scopes) {
-      RemoveFromTable(TableKey(scope, s.kind(), s.layer()), id);
-    }
-  }
+  RemoveLocked(id);
 }
 
-void RecoveryIndex::AddToTable(const std::string& key, const BlockId& id,
-                               const v1::Summary& s) {
-  // Records come from clients and from disk: a summary without a shape, of
-  // the wrong size or with a value that is not finite (NaN would rank first
-  // and break the sort's ordering) is never indexed.
-  const bool finite = std::all_of(s.values().begin(), s.values().end(),
-                                  [](float v) { return std::isfinite(v); });
-  if (s.heads() == 0 || s.dim() == 0 || !finite ||
-      static_cast<uint64_t>(s.values_size()) != uint64_t{s.heads()} * s.dim()) {
-    ++rejected_;
+void RecoveryIndex::RemoveLocked(const BlockId& id) {
+  auto it = blocks_.find(id);
+  if (it == blocks_.end()) return;
+  const absl::InlinedVector<Slot, 1> slots = std::move(it->second);
+  blocks_.erase(it);
+  bytes_ -= BlockBytes(slots.size());
+  // One slot per table: removing one row moves only other blocks' rows.
+  for (const Slot& s : slots) RemoveRow(s.table, s.row);
+}
+
+void RecoveryIndex::RemoveRow(Table* t, uint32_t row) {
+  if (t->view[row] != nullptr) RemoveFromView(t->view[row], t->view_pos[row]);
+  bytes_ -= TableRowBytes(t->heads, t->dim);
+  const size_t width = t->width();
+  const uint32_t last = static_cast<uint32_t>(t->rows() - 1);
+  if (row != last) {  // Move the last row into the hole.
+    t->ids[row] = t->ids[last];
+    std::copy_n(t->codes.begin() + size_t{last} * width, width,
+                t->codes.begin() + size_t{row} * width);
+    std::copy_n(t->exact.begin() + size_t{last} * width, width,
+                t->exact.begin() + size_t{row} * width);
+    std::copy_n(t->scales.begin() + size_t{last} * t->heads, t->heads,
+                t->scales.begin() + size_t{row} * t->heads);
+    t->view[row] = t->view[last];
+    t->view_pos[row] = t->view_pos[last];
+    if (t->view[row] != nullptr) t->view[row]->row[t->view_pos[row]] = row;
+    auto moved = blocks_.find(t->ids[row]);
+    if (moved != blocks_.end()) {
+      for (Slot& s : moved->second) {
+        if (s.table == t) s.row = row;
+      }
+    }
+  }
+  t->ids.pop_back();
+  t->codes.resize(size_t{last} * width);
+  t->exact.resize(size_t{last} * width);
+  t->scales.resize(size_t{last} * t->heads);
+  t->view.pop_back();
+  t->view_pos.pop_back();
+  if (t->ids.empty()) {
+    bytes_ -= kScopeFixed;
+    tables_.erase(tables_.find(t->key));  // Destroys *t.
     return;
   }
-  std::unique_ptr<Table>& slot = tables_[key];
-  if (slot == nullptr) {
-    slot = std::make_unique<Table>();
-    slot->heads = s.heads();
-    slot->dim = s.dim();
-  }
-  Table& t = *slot;
-  // A table holds one shape; a summary of another shape (a client mixing
-  // embedding sizes in one scope) replaces nothing and is not indexed.
-  if (s.heads() != t.heads || s.dim() != t.dim ||
-      static_cast<size_t>(s.values_size()) != t.width()) {
-    return;
-  }
-  if (t.row_of.contains(id)) RemoveFromTable(key, id);
-  const size_t row = t.rows();
-  t.ids.push_back(id);
-  t.row_of[id] = row;
-  t.exact.insert(t.exact.end(), s.values().begin(), s.values().end());
-  t.codes.resize(t.codes.size() + t.width());
-  t.scales.resize(t.scales.size() + t.heads);
-  for (uint32_t h = 0; h < t.heads; ++h) {
-    const float* v = s.values().data() + h * t.dim;
-    float maxabs = 0;
-    for (uint32_t d = 0; d < t.dim; ++d) maxabs = std::max(maxabs, std::fabs(v[d]));
-    const float scale = maxabs > 0 ? maxabs / 127.0f : 0.0f;
-    t.scales[row * t.heads + h] = scale;
-    int8_t* c = t.codes.data() + row * t.width() + h * t.dim;
-    for (uint32_t d = 0; d < t.dim; ++d) {
-      c[d] = scale > 0 ? static_cast<int8_t>(std::lround(v[d] / scale)) : 0;
-    }
-  }
+  MaybeShrink(t->ids);
+  MaybeShrink(t->codes);
+  MaybeShrink(t->exact);
+  MaybeShrink(t->scales);
+  MaybeShrink(t->view);
+  MaybeShrink(t->view_pos);
 }
 
-void RecoveryIndex::RemoveFromTable(const std::string& key, const BlockId& id) {
-  auto it = tables_.find(key);
-  if (it == tables_.end()) return;
-  Table& t = *it->second;
-  auto r = t.row_of.find(id);
-  if (r == t.row_of.end()) return;
-  const size_t row = r->second;
-  const size_t last = t.rows() - 1;
-  if (row != last) {  // Swap the last row into the hole.
-    t.ids[row] = t.ids[last];
-    t.row_of[t.ids[row]] = row;
-    std::copy_n(t.codes.begin() + last * t.width(), t.width(), t.codes.begin() + row * t.width());
-    std::copy_n(t.exact.begin() + last * t.width(), t.width(), t.exact.begin() + row * t.width());
-    std::copy_n(t.scales.begin() + last * t.heads, t.heads, t.scales.begin() + row * t.heads);
+void RecoveryIndex::RemoveFromView(View* v, uint32_t pos) {
+  bytes_ -= kViewRow;
+  const uint32_t last = static_cast<uint32_t>(v->rows() - 1);
+  if (pos != last) {  // Move the last reference into the hole.
+    v->table[pos] = v->table[last];
+    v->row[pos] = v->row[last];
+    v->table[pos]->view_pos[v->row[pos]] = pos;
   }
-  t.ids.pop_back();
-  t.codes.resize(last * t.width());
-  t.exact.resize(last * t.width());
-  t.scales.resize(last * t.heads);
-  t.row_of.erase(id);
-  if (t.ids.empty()) tables_.erase(it);
+  v->table.pop_back();
+  v->row.pop_back();
+  if (v->row.empty()) {
+    bytes_ -= kScopeFixed;
+    views_.erase(views_.find(v->key));  // Destroys *v.
+    return;
+  }
+  MaybeShrink(v->table);
+  MaybeShrink(v->row);
+}
+
+bool RecoveryIndex::Find(const RecoveryQuery& query, Scan* scan) const {
+  const std::string key = TableKey(query.scope, query.kind, query.layer);
+  if (auto it = tables_.find(key); it != tables_.end()) {
+    scan->table = it->second.get();
+    scan->heads = scan->table->heads;
+    scan->dim = scan->table->dim;
+  } else if (auto vit = views_.find(key); vit != views_.end()) {
+    scan->view = vit->second.get();
+    scan->heads = scan->view->heads;
+    scan->dim = scan->view->dim;
+  } else {
+    return false;
+  }
+  return scan->rows() > 0;
 }
 
 uint64_t RecoveryIndex::Rows(absl::string_view scope, v1::SummaryKind kind,
                              uint32_t layer) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = tables_.find(TableKey(scope, kind, layer));
-  return it == tables_.end() ? 0 : it->second->rows();
+  RecoveryQuery query;
+  query.scope = std::string(scope);
+  query.kind = kind;
+  query.layer = layer;
+  Scan scan;
+  return Find(query, &scan) ? scan.rows() : 0;
 }
 
 absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQuery& query,
                                                                uint64_t* candidates) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = tables_.find(TableKey(query.scope, query.kind, query.layer));
-  if (it == tables_.end() || it->second->rows() == 0) {
+  Scan t;
+  if (!Find(query, &t)) {
     return absl::NotFoundError(absl::StrCat(
         "scope: no block of this scope has a ", v1::SummaryKind_Name(query.kind),
         " summary", query.kind == v1::SUMMARY_EMBEDDING ? "" : absl::StrCat(" of layer ", query.layer)));
   }
-  const Table& t = *it->second;
   if (absl::Status s = CheckShape(query, t); !s.ok()) return s;
-  if (candidates != nullptr) *candidates = t.rows();
+  const size_t rows = t.rows();
+  if (candidates != nullptr) *candidates = rows;
   const PreparedQuery p = Prepare(query, t);
 
   // Scan: approximate scores of every row, chunk by chunk, keeping the best
   // k * oversample + 16 per chunk; large tables in parallel on the pool.
   const size_t keep = static_cast<size_t>(query.k) * std::max(1u, query.oversample) + 16;
-  const size_t chunks = (t.rows() + kScanChunkRows - 1) / kScanChunkRows;
+  const size_t chunks = (rows + kScanChunkRows - 1) / kScanChunkRows;
   std::vector<Best> best(chunks, Best(keep));
   auto scan_chunk = [&](size_t chunk) {
     const size_t begin = chunk * kScanChunkRows;
-    const size_t end = std::min(t.rows(), begin + kScanChunkRows);
+    const size_t end = std::min(rows, begin + kScanChunkRows);
     float scores[kScanChunkRows];
-    ScanRows(p.q16.data(), p.q_scale.data(), p.scan_group, t.codes.data(),
-             t.scales.data(), t.heads, t.dim, begin, end, p.max, scores);
+    if (t.table != nullptr) {
+      ScanRows(p.q16.data(), p.q_scale.data(), p.scan_group, t.table->codes.data(),
+               t.table->scales.data(), t.heads, t.dim, begin, end, p.max, scores);
+    } else {
+      const int8_t* codes[kScanChunkRows];
+      const float* scales[kScanChunkRows];
+      for (size_t i = begin; i < end; ++i) {
+        codes[i - begin] = t.codes(i);
+        scales[i - begin] = t.scales(i);
+      }
+      ScanRefs(p.q16.data(), p.q_scale.data(), p.scan_group, codes, scales, t.heads, t.dim,
+               end - begin, p.max, scores);
+    }
     for (size_t row = begin; row < end; ++row) {
-      if (query.exclude != nullptr && query.exclude->contains(t.ids[row])) continue;
+      if (query.exclude != nullptr && query.exclude->contains(t.id(row))) continue;
       best[chunk].Offer(scores[row - begin], static_cast<uint32_t>(row));
     }
   };
-  if (pool_ != nullptr && t.rows() >= kParallelScanRows) {
+  if (pool_ != nullptr && rows >= kParallelScanRows) {
     pool_->ParallelFor(chunks, scan_chunk);
   } else {
     for (size_t c = 0; c < chunks; ++c) scan_chunk(c);
@@ -420,22 +630,19 @@ absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQue
   for (size_t c = 1; c < chunks; ++c) best[0].Merge(best[c]);
   // Rescore the survivors exactly in f32, take the best k.
   std::vector<std::pair<float, uint32_t>> scored = best[0].Take();
-  for (auto& [score, row] : scored) score = ScoreExact(p, t, row);
+  for (auto& [score, row] : scored) score = ScoreExact(p, t.exact(row));
   return BestHits(query, t, std::move(scored));
 }
 
 absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::SearchExact(
     const RecoveryQuery& query) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = tables_.find(TableKey(query.scope, query.kind, query.layer));
-  if (it == tables_.end() || it->second->rows() == 0) {
-    return absl::NotFoundError("scope: no such summaries");
-  }
-  const Table& t = *it->second;
+  Scan t;
+  if (!Find(query, &t)) return absl::NotFoundError("scope: no such summaries");
   if (absl::Status s = CheckShape(query, t); !s.ok()) return s;
   std::vector<std::pair<double, uint32_t>> scored;
   for (size_t row = 0; row < t.rows(); ++row) {
-    if (query.exclude != nullptr && query.exclude->contains(t.ids[row])) continue;
+    if (query.exclude != nullptr && query.exclude->contains(t.id(row))) continue;
     scored.emplace_back(ScoreScalar(query, t, row), static_cast<uint32_t>(row));
   }
   return BestHits(query, t, std::move(scored));

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -47,17 +48,26 @@ struct RecoveryHit {
   float score = 0;
 };
 
-// RecoveryIndex keeps, per (scope, kind, layer), every summary in one
-// contiguous table: int8 codes with a scale per (row, head) for the scan, and
-// the f32 values for rescoring. A search quantizes the query to int16, scans
-// the codes with integer dot products (SIMD through the compiler's
-// multi-versioning: AVX-512BW, AVX2 or baseline at run time) in chunks of
-// 4096 rows (in parallel for large tables), keeps the best k * oversample + 16
-// rows in a bounded heap per chunk, rescores those exactly in f32, and
-// returns the best k. For the mean aggregation the query
-// heads of each GQA group are summed first, so a row costs one dot product
-// of n_kv_heads * head_dim. Summaries stay indexed while their block exists,
-// payload or not (breadcrumbs keep theirs).
+// RecoveryIndex keeps each block's summaries once. Per (layout scope, kind,
+// layer) a Table holds every row in contiguous storage: int8 codes with a
+// scale per (row, head) for the scan, and the f32 values for rescoring. A
+// session scope is a View: references to rows of its blocks' layout tables
+// (the session's blocks are always in their layout's scope too), 12 bytes a
+// row instead of a second copy.
+//
+// A search quantizes the query to int16, scans the codes with integer dot
+// products (SIMD through the compiler's multi-versioning: AVX-512BW, AVX2 or
+// baseline at run time) in chunks of 4096 rows (in parallel for large
+// tables), keeps the best k * oversample + 16 rows in a bounded heap per
+// chunk, rescores those exactly in f32, and returns the best k. A View's
+// scan reads the same rows through their references. For the mean
+// aggregation the query heads of each GQA group are summed first, so a row
+// costs one dot product of n_kv_heads * head_dim.
+//
+// Summaries stay indexed while their block exists, payload or not:
+// breadcrumbs (blocks whose payload was dropped) keep theirs on purpose, so
+// that Recover can still name an evicted span for the engine to re-prefill.
+// They are counted in memory_bytes() like every other row.
 //
 // Thread-safe: searches run concurrently with each other; Add and Remove
 // exclude them briefly.
@@ -71,12 +81,17 @@ class RecoveryIndex {
   RecoveryIndex& operator=(const RecoveryIndex&) = delete;
 
   // Add indexes every summary of a block under its scopes (its session, if
-  // a session block, and its layout). Replaces earlier entries of the id.
+  // a session block, and its layout), replacing whatever the id had indexed
+  // before (the meta is the block's whole current truth). Of summaries that
+  // repeat a kind and layer the last one counts.
   // A summary without a shape (heads or dim 0), of the wrong size, or with a
   // value that is not finite is not indexed and is counted in
-  // rejected_summaries() (records come from clients and from disk).
+  // rejected_summaries() (records come from clients and from disk). A
+  // summary whose shape differs from the rows already in its layout's table
+  // of that kind and layer is not indexed either (nor, then, in its session).
   void Add(const BlockId& id, const v1::BlockMeta& meta);
-  // Remove drops a block's summaries (no-op if absent).
+  // Remove drops every summary indexed for the id (no-op if absent). `meta`
+  // is not needed (kept for the BlockObserver's signature).
   void Remove(const BlockId& id, const v1::BlockMeta& meta);
 
   // Search returns the best blocks for `query`, best first, and the number of
@@ -92,6 +107,20 @@ class RecoveryIndex {
     return rejected_;
   }
 
+  // Bytes the index accounts for what it holds: each indexed summary once
+  // (f32 values, int8 codes, scales), the block ids and row references of
+  // the layout tables and session views, the per-block bookkeeping, and each
+  // table's fixed part. Breadcrumbs' summaries included. Capacity the
+  // vectors keep spare while they grow is not counted (at most as much
+  // again; tables that shrink to a quarter give theirs back).
+  uint64_t memory_bytes() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return bytes_;
+  }
+  // An upper bound of what Add(meta) adds to memory_bytes() for a block not
+  // yet indexed, for callers that budget before they save.
+  static uint64_t AccountedBytes(const v1::BlockMeta& meta);
+
   // Rows of one table (tests, Stat).
   uint64_t Rows(absl::string_view scope, v1::SummaryKind kind, uint32_t layer) const;
 
@@ -101,18 +130,36 @@ class RecoveryIndex {
   absl::StatusOr<std::vector<RecoveryHit>> SearchExact(const RecoveryQuery& query) const;
 
   struct Table;
+  struct View;
+  struct Scan;
+  // One row of a block: its table and its row there.
+  struct Slot {
+    Table* table;
+    uint32_t row;
+  };
 
  private:
   static std::string TableKey(absl::string_view scope, v1::SummaryKind kind, uint32_t layer);
-  void AddToTable(const std::string& key, const BlockId& id, const v1::Summary& s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveFromTable(const std::string& key, const BlockId& id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The table or view behind a query's (scope, kind, layer); false if none.
+  bool Find(const RecoveryQuery& query, Scan* scan) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void RemoveLocked(const BlockId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes row `row` of `t` (and its view reference); moves the last row
+  // into its place. Erases `t` when it empties: the caller must not use it
+  // afterwards.
+  void RemoveRow(Table* t, uint32_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveFromView(View* v, uint32_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CopyPool* const pool_;
   mutable absl::Mutex mu_;
+  // Layout scopes' tables: the only copy of every summary.
   absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+  // Session scopes' views of those rows.
+  absl::flat_hash_map<std::string, std::unique_ptr<View>> views_ ABSL_GUARDED_BY(mu_);
+  // Per block: its rows (one per kind and layer), so that Add replaces and
+  // Remove drops exactly what the id holds, whatever meta it is given.
+  absl::flat_hash_map<BlockId, absl::InlinedVector<Slot, 1>> blocks_ ABSL_GUARDED_BY(mu_);
   uint64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace evoke

@@ -1,5 +1,7 @@
 #include "recovery/recovery_index.h"
 
+#include <cstdio>
+#include <map>
 #include <random>
 
 #include "common/chain_hash.h"
@@ -190,6 +192,227 @@ TEST(RecoveryIndexTest, SummariesThatCannotBeScoredAreRefused) {
   ASSERT_EQ(hits.size(), 1u);
   EXPECT_EQ(hits[0].id, SessionBlockId("ns", "s", 4));
   EXPECT_TRUE(std::isfinite(hits[0].score));
+}
+
+}  // namespace
+}  // namespace evoke
+
+namespace evoke {
+namespace {
+
+// Re-adding an id that is the only row of its table: AddToTable removed the
+// old row first, which erased the now empty table, and then appended to the
+// freed table (heap-use-after-free; the row was lost). Reached at every
+// start by a spill record with two summaries of one kind and layer
+// (fuzz/regressions/fuzz_spill_record/uaf-duplicate-summaries-at-rebuild),
+// and by any re-Save of a block that is alone in its scope.
+TEST(RecoveryIndexTest, ReAddingTheOnlyRowOfATableKeepsIt) {
+  RecoveryIndex index;
+  const std::vector<float> keys(kHeads * kDim, 0.5f);
+  const BlockId id = SessionBlockId("ns", "s", 0);
+  index.Add(id, Block("s", 0, keys));
+  index.Add(id, Block("s", 0, keys));
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), 1u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 1), 1u);
+  const std::vector<float> q(kHeads * kDim, 1.0f);
+  ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> hits,
+                       index.Search(Query(SessionScopeKey("ns", "s"), q, kHeads, 4), nullptr));
+  ASSERT_EQ(hits.size(), 1u);
+  EXPECT_EQ(hits[0].id, id);
+  index.Remove(id, Block("s", 0, keys));
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), 0u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 1), 0u);
+}
+
+// The fuzzer's input, reduced: one record whose summaries repeat a kind and
+// layer. The last one wins (as for any re-Add), once per scope.
+TEST(RecoveryIndexTest, DuplicateSummariesInOneBlockIndexTheLast) {
+  RecoveryIndex index;
+  const BlockId id = SessionBlockId("ns", "s", 0);
+  v1::BlockMeta meta = Block("s", 0, std::vector<float>(kHeads * kDim, -1.0f));
+  *meta.add_summaries() = meta.summaries(0);
+  meta.mutable_summaries(1)->mutable_values()->Set(0, 3.0f);
+  index.Add(id, meta);
+  for (const std::string& scope :
+       {SessionScopeKey("ns", "s"), ModelScopeKey(DigestFingerprint(Fp()))}) {
+    EXPECT_EQ(index.Rows(scope, v1::SUMMARY_MEAN_KEYS, 1), 1u) << scope;
+    std::vector<float> q(kHeads * kDim, 0.0f);
+    q[0] = 1.0f;
+    ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> hits,
+                         index.Search(Query(scope, q, kHeads, 4), nullptr));
+    ASSERT_EQ(hits.size(), 1u);
+    EXPECT_EQ(hits[0].id, id);
+    EXPECT_NEAR(hits[0].score, 3.0f / kHeads, 1e-5) << "the second summary wins";
+  }
+  index.Remove(id, meta);
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), 0u);
+}
+
+}  // namespace
+}  // namespace evoke
+
+namespace evoke {
+namespace {
+
+v1::BlockMeta BlockOfShape(const std::string& session, uint64_t seq, uint32_t heads,
+                           uint32_t dim, uint32_t layer, std::mt19937& rng) {
+  v1::BlockMeta m = Block(session, seq, Random(rng, heads * dim));
+  m.mutable_summaries(0)->set_heads(heads);
+  m.mutable_summaries(0)->set_dim(dim);
+  m.mutable_summaries(0)->set_layer(layer);
+  return m;
+}
+
+// A session block's summary is in two scopes (its session and its layout):
+// the index used to hold it twice (f32 values, int8 codes and scales per
+// scope, 2.5x its f32 bytes), now once plus a 12-byte reference. The bound
+// is 1.25x the f32 bytes + 256 bytes a block; the double storage needed 2.5x.
+TEST(RecoveryIndexTest, SessionBlocksKeepTheirSummaryOnce) {
+  constexpr uint32_t kH = 8, kD = 128, kBlocks = 200;
+  constexpr uint64_t kF32 = uint64_t{kH} * kD * sizeof(float);
+  RecoveryIndex index;
+  EXPECT_EQ(index.memory_bytes(), 0u);
+  std::mt19937 rng(5);
+  std::vector<v1::BlockMeta> metas;
+  uint64_t estimated = 0;
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    metas.push_back(BlockOfShape(i % 2 ? "a" : "b", i, kH, kD, 1, rng));
+    estimated += RecoveryIndex::AccountedBytes(metas.back());
+    const uint64_t before = index.memory_bytes();
+    index.Add(SessionBlockId("ns", i % 2 ? "a" : "b", i), metas.back());
+    EXPECT_LE(index.memory_bytes() - before, RecoveryIndex::AccountedBytes(metas.back()));
+  }
+  const uint64_t bytes = index.memory_bytes();
+  const double per_block = static_cast<double>(bytes) / kBlocks;
+  std::printf("recovery index: %.0f bytes per session block of a %llu-byte summary\n", per_block,
+              static_cast<unsigned long long>(kF32));
+  EXPECT_GE(per_block, 1.25 * kF32);  // Values, codes and scales are counted.
+  EXPECT_LE(per_block, 1.25 * kF32 + 256);
+  EXPECT_LE(bytes, estimated);
+  // Both scopes still see every block.
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "a"), v1::SUMMARY_MEAN_KEYS, 1), kBlocks / 2);
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "b"), v1::SUMMARY_MEAN_KEYS, 1), kBlocks / 2);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 1), kBlocks);
+  // Re-adding changes nothing; removing everything gives every byte back.
+  auto id_of = [](uint32_t i) { return SessionBlockId("ns", i % 2 ? "a" : "b", i); };
+  for (uint32_t i = 0; i < kBlocks; ++i) index.Add(id_of(i), metas[i]);
+  EXPECT_EQ(index.memory_bytes(), bytes);
+  for (uint32_t i = 0; i < kBlocks; ++i) index.Remove(id_of(i), metas[i]);
+  EXPECT_EQ(index.memory_bytes(), 0u);
+}
+
+// Add takes the meta as the block's whole truth: summaries of a kind, layer
+// or session the id no longer has are not left behind (they were, and
+// Remove with the new meta could never drop them: a deleted block stayed a
+// Recover answer).
+TEST(RecoveryIndexTest, AddReplacesEverythingTheIdIndexed) {
+  RecoveryIndex index;
+  std::mt19937 rng(6);
+  const BlockId id = SessionBlockId("ns", "s", 0);
+  index.Add(id, BlockOfShape("s", 0, kHeads, kDim, 1, rng));
+  const v1::BlockMeta moved = BlockOfShape("t", 0, kHeads, kDim, 0, rng);
+  index.Add(id, moved);
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), 0u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 1), 0u);
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "t"), v1::SUMMARY_MEAN_KEYS, 0), 1u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 0), 1u);
+  // Remove drops what the id holds, whatever meta it is given.
+  index.Remove(id, v1::BlockMeta());
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "t"), v1::SUMMARY_MEAN_KEYS, 0), 0u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 0), 0u);
+  EXPECT_EQ(index.memory_bytes(), 0u);
+}
+
+// A session whose blocks span two layouts of one summary shape (another
+// model id): its scope sees both, each layout its own.
+TEST(RecoveryIndexTest, SessionScopeSpansLayouts) {
+  RecoveryIndex index;
+  std::mt19937 rng(7);
+  v1::BlockMeta a = BlockOfShape("s", 0, kHeads, kDim, 1, rng);
+  v1::BlockMeta b = BlockOfShape("s", 1, kHeads, kDim, 1, rng);
+  b.mutable_fingerprint()->set_model_id("m2");
+  index.Add(SessionBlockId("ns", "s", 0), a);
+  index.Add(SessionBlockId("ns", "s", 1), b);
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), 2u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(a.fingerprint())), v1::SUMMARY_MEAN_KEYS, 1),
+            1u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(b.fingerprint())), v1::SUMMARY_MEAN_KEYS, 1),
+            1u);
+  const std::vector<float> q(b.summaries(0).values().begin(), b.summaries(0).values().end());
+  ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> hits,
+                       index.Search(Query(SessionScopeKey("ns", "s"), q, kHeads, 2), nullptr));
+  ASSERT_EQ(hits.size(), 2u);
+  EXPECT_EQ(hits[0].id, SessionBlockId("ns", "s", 1));
+  index.Remove(SessionBlockId("ns", "s", 1), b);
+  EXPECT_EQ(index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), 1u);
+}
+
+// Random Adds, re-Adds (other sessions, layers, duplicate summaries) and
+// Removes: every scope answers as an index built afresh from the blocks
+// that are left, the bytes included (the references that rows moved by a
+// removal leave behind are kept right).
+TEST(RecoveryIndexTest, ChurnAnswersAsAFreshIndex) {
+  RecoveryIndex index;
+  std::mt19937 rng(8);
+  std::map<int, std::pair<BlockId, v1::BlockMeta>> live;
+  const std::vector<std::string> sessions = {"s0", "s1", "s2"};
+  for (int step = 0; step < 3000; ++step) {
+    const int key = static_cast<int>(rng() % 200);
+    if (rng() % 3 == 0) {
+      auto it = live.find(key);
+      if (it != live.end()) {
+        index.Remove(it->second.first, it->second.second);
+        live.erase(it);
+      }
+      continue;
+    }
+    const std::string& session = sessions[rng() % sessions.size()];
+    v1::BlockMeta meta = BlockOfShape(session, key, kHeads, kDim, rng() % 2, rng);
+    if (rng() % 4 == 0) meta.set_kind(v1::BLOCK_KIND_PREFIX);
+    if (rng() % 5 == 0) {  // A second layer, or a repeat of the first.
+      v1::Summary* s = meta.add_summaries();
+      *s = meta.summaries(0);
+      s->set_layer(rng() % 2);
+      for (float& v : *s->mutable_values()) v = std::normal_distribution<float>()(rng);
+    }
+    const BlockId id = SessionBlockId("ns", "ids", key);  // The id need not match its session.
+    index.Add(id, meta);
+    live[key] = {id, meta};
+  }
+  RecoveryIndex fresh;
+  for (const auto& [key, block] : live) fresh.Add(block.first, block.second);
+  EXPECT_EQ(index.memory_bytes(), fresh.memory_bytes());
+  std::vector<std::string> scopes = {ModelScopeKey(DigestFingerprint(Fp()))};
+  for (const std::string& s : sessions) scopes.push_back(SessionScopeKey("ns", s));
+  for (const std::string& scope : scopes) {
+    for (uint32_t layer : {0u, 1u}) {
+      ASSERT_EQ(index.Rows(scope, v1::SUMMARY_MEAN_KEYS, layer),
+                fresh.Rows(scope, v1::SUMMARY_MEAN_KEYS, layer))
+          << scope << " layer " << layer;
+      if (fresh.Rows(scope, v1::SUMMARY_MEAN_KEYS, layer) == 0) continue;
+      for (int trial = 0; trial < 5; ++trial) {
+        const std::vector<float> q = Random(rng, 8 * kDim);
+        RecoveryQuery query = Query(scope, q, 8, 10);
+        query.layer = layer;
+        ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> got, index.SearchExact(query));
+        ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> want, fresh.SearchExact(query));
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i].id, want[i].id) << scope << " " << i;
+          EXPECT_EQ(got[i].score, want[i].score);
+        }
+        ASSERT_OK_AND_ASSIGN(got, index.Search(query, nullptr));
+        ASSERT_OK_AND_ASSIGN(want, fresh.Search(query, nullptr));
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i].id, want[i].id) << scope << " " << i;
+        }
+      }
+    }
+  }
+  for (const auto& [key, block] : live) index.Remove(block.first, block.second);
+  EXPECT_EQ(index.memory_bytes(), 0u);
+  EXPECT_EQ(index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 1), 0u);
 }
 
 }  // namespace
