@@ -21,6 +21,7 @@
 #include "common/checksum.h"
 #include "evoke/block_file.h"
 #include "evoke/hash128.h"
+#include "google/protobuf/stubs/logging.h"
 
 #define FUZZ_CHECK(cond)                                                   \
   do {                                                                     \
@@ -30,6 +31,13 @@
       abort();                                                             \
     }                                                                      \
   } while (0)
+
+// protobuf logs every string field with invalid UTF-8 it parses; thousands
+// of lines a second would drown the fuzzer's own output.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace evoke;

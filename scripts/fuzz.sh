@@ -16,6 +16,11 @@
 #                       the run (the repo corpus only grows deliberately:
 #                       otherwise the run works on a temporary copy)
 #   EVOKE_FUZZ_ARGS     extra libFuzzer flags for every run (e.g. -jobs=2)
+#   EVOKE_FUZZ_STRICT=1 the harnesses stop skipping the inputs of known bugs
+#                       that are reported but not fixed yet (each harness
+#                       names them; fuzz/regressions/ holds one input each)
+#
+# Long runs (recorded in RELIABILITY.md): scripts/fuzz.sh 3600
 #
 # The clang tree is separate from the main build because every evoke library
 # the fuzzers link is compiled with clang, ASan, UBSan and coverage hooks.
