@@ -109,8 +109,9 @@ bool TrialLong() {
 
 class HostileTest : public E2eTest {
  protected:
+  // Call as ASSERT_NO_FATAL_FAILURE(Start(...)).
   void Start(const std::vector<std::string>& flags = {}) {
-    StartDaemon(flags);
+    ASSERT_NO_FATAL_FAILURE(StartDaemon(flags));
     // A lease of our own through the raw API, so the test knows its id.
     stub_ = RawStub(daemon_->socket());
     lease_context_ = std::make_unique<grpc::ClientContext>();
@@ -168,7 +169,7 @@ class HostileTest : public E2eTest {
 // Finding: registration mapped with MAP_POPULATE, so the daemon allocated
 // whatever size a sparse memfd claimed (1 GiB per registration).
 TEST_F(HostileTest, SparseGigabyteMemfdCostsTheDaemonNothing) {
-  Start();
+  ASSERT_NO_FATAL_FAILURE(Start());
   const pid_t pid = daemon_->pid();
   const uint64_t before = StatusBytes(pid, "VmRSS");
   const int fd = Memfd(1ull << 30);
@@ -187,7 +188,7 @@ TEST_F(HostileTest, SparseGigabyteMemfdCostsTheDaemonNothing) {
 // global and a per-uid cap refuse them well before, RESOURCE_EXHAUSTED.
 TEST_F(HostileTest, FloodOfTinyRegistrationsIsCappedAndTheDaemonStaysHealthy) {
   // No per-lease limit in the way: one lease tries them all.
-  Start({"--max-regions-per-lease", "1000000"});
+  ASSERT_NO_FATAL_FAILURE(Start({"--max-regions-per-lease", "1000000"}));
   const pid_t pid = daemon_->pid();
   const int fds_before = CountFds(pid);
   const int attempts = TrialLong() ? 70000 : 10000;
@@ -244,7 +245,7 @@ TEST_F(HostileTest, FloodOfTinyRegistrationsIsCappedAndTheDaemonStaysHealthy) {
 // timeout: five idle connections delayed a valid registration by 10 s, a
 // trickling one by 17 s.
 TEST_F(HostileTest, IdleAndTricklingConnectionsDoNotDelayARegistration) {
-  Start();
+  ASSERT_NO_FATAL_FAILURE(Start());
   std::vector<UniqueFd> idle;
   for (int i = 0; i < 5; ++i) {
     ASSERT_OK_AND_ASSIGN(UniqueFd s, ConnectUnixSocket(fd_socket_));
@@ -302,7 +303,7 @@ TEST_F(HostileTest, IdleAndTricklingConnectionsDoNotDelayARegistration) {
 // Checklist item 9: undersized, shrunk, unsealed, wrong file type, offset +
 // len overflow, len 0 or above the cap: all refused, no SIGBUS, no fd leak.
 TEST_F(HostileTest, HostileDescriptorsAreRefusedWithoutLeaksOrSignals) {
-  Start({"--max-region-bytes", "1MiB"});
+  ASSERT_NO_FATAL_FAILURE(Start({"--max-region-bytes", "1MiB"}));
   const pid_t pid = daemon_->pid();
   const int fds_before = CountFds(pid);
   TempDir scratch;
@@ -419,7 +420,7 @@ TEST_F(HostileTest, HostileDescriptorsAreRefusedWithoutLeaksOrSignals) {
 // indistinguishable from a lease that does not exist.
 TEST_F(HostileTest, AnotherUidCannotAddRegionsToMyLease) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 65534";
-  Start();
+  ASSERT_NO_FATAL_FAILURE(Start());
   // Let uid 65534 reach the socket at all (the test directory is 0700).
   ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
   const std::string parent = fd_socket_.substr(0, fd_socket_.rfind('/'));
