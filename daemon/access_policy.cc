@@ -217,6 +217,16 @@ const v1::NamespacePolicy* AccessPolicy::Namespace(absl::string_view ns) const {
                                  : &proto_.namespaces(static_cast<int>(it->second));
 }
 
+NamespaceQuota AccessPolicy::QuotaOf(absl::string_view ns) const {
+  NamespaceQuota q;
+  if (const v1::NamespacePolicy* p = Namespace(ns); p != nullptr) {
+    q.tier1_bytes = p->tier1_bytes();
+    q.tier2_bytes = p->tier2_bytes();
+    q.metadata_bytes = p->metadata_bytes();
+  }
+  return q;
+}
+
 std::string AccessPolicy::Summary() const {
   if (owner_.has_value()) {
     return absl::StrCat("access: no --policy; uid ", *owner_, " and root only");

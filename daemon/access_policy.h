@@ -37,6 +37,8 @@ class Caller final : public NamespaceScope {
   const std::string& name() const { return name_; }
   // The Unix uid, or nullopt for a TCP caller.
   std::optional<uid_t> uid() const { return uid_; }
+  // The namespaces named for it (without "*").
+  const absl::flat_hash_set<std::string>& namespaces() const { return namespaces_; }
 
  private:
   friend class AccessPolicy;
@@ -74,6 +76,8 @@ class AccessPolicy {
   }
   const v1::AccessPolicy& proto() const { return proto_; }
   bool has_tokens() const { return !tokens_.empty(); }
+  // The quotas of `ns` (zeros: none).
+  NamespaceQuota QuotaOf(absl::string_view ns) const;
   // One line per principal, for the start log (no tokens).
   std::string Summary() const;
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -600,9 +601,28 @@ grpc::ServerUnaryReactor* KvTierService::Stat(grpc::CallbackServerContext* conte
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishInline(context, [&]() -> absl::Status {
     response->set_version(options_.version);
+    auto add_namespace = [&](const std::string& ns, const NamespaceUsage& usage) {
+      const AccessPolicy* policy = options_.policy;
+      ToProto(ns, usage, policy != nullptr ? policy->QuotaOf(ns) : NamespaceQuota(),
+              policy != nullptr && policy->IsShared(ns), response->add_namespaces());
+    };
     // The daemon-wide figures say how much other tenants store: admins only.
-    if (!caller->admin()) return absl::OkStatus();
-    ToProto(tiers_->Stats(), response);
+    if (!caller->admin()) {
+      std::vector<std::string> mine;
+      if (caller->SeesAll()) {
+        for (const auto& [ns, usage] : tiers_->Stats().namespaces) mine.push_back(ns);
+      } else {
+        mine.assign(caller->namespaces().begin(), caller->namespaces().end());
+      }
+      std::sort(mine.begin(), mine.end());
+      for (const std::string& ns : mine) add_namespace(ns, tiers_->Usage(ns));
+      return absl::OkStatus();
+    }
+    TierStats stats = tiers_->Stats();
+    std::sort(stats.namespaces.begin(), stats.namespaces.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [ns, usage] : stats.namespaces) add_namespace(ns, usage);
+    ToProto(stats, response);
     response->set_version(options_.version);
     response->set_data_dir(options_.data_dir);
     response->set_pid(static_cast<uint32_t>(getpid()));

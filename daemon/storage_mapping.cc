@@ -89,6 +89,33 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   out->set_high_watermark(in.high_watermark);
   out->set_low_watermark(in.low_watermark);
   out->set_uptime_seconds(static_cast<uint64_t>(absl::ToInt64Seconds(in.uptime)));
+  out->set_metadata_bytes(in.metadata_bytes);
+  out->set_metadata_budget_bytes(in.metadata_budget_bytes);
+  const TierHealth& h = in.disk_health;
+  v1::DiskHealth* d = out->mutable_disk_health();
+  d->set_writable(h.writable);
+  d->set_reason(h.reason);
+  d->set_opened_read_only(h.opened_read_only);
+  d->set_write_failures(h.write_failures);
+  d->set_refused_writes(h.refused_writes);
+  d->set_resumes(h.resumes);
+  d->set_last_outage_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(h.last_outage)));
+  d->set_corrupt_files(h.corrupt_files);
+  d->set_unreadable_records(h.unreadable_records);
+  for (const std::string& step : h.recovery) d->add_recovery(step);
+}
+
+void ToProto(absl::string_view ns, const NamespaceUsage& usage, const NamespaceQuota& quota,
+             bool shared, v1::NamespaceStat* out) {
+  out->set_name(std::string(ns));
+  out->set_blocks(usage.blocks);
+  out->set_tier1_bytes(usage.tier1_bytes);
+  out->set_tier2_bytes(usage.tier2_bytes);
+  out->set_metadata_bytes(usage.metadata_bytes);
+  out->set_tier1_quota_bytes(quota.tier1_bytes);
+  out->set_tier2_quota_bytes(quota.tier2_bytes);
+  out->set_metadata_quota_bytes(quota.metadata_bytes);
+  out->set_shared(shared);
 }
 
 void ToProto(const VerifyReport& in, v1::VerifyResponse* out) {

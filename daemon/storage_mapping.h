@@ -18,6 +18,9 @@ std::optional<BlockLocation> LocationFromProto(v1::Tier tier);
 void ToProto(const BlockInfo& in, v1::BlockInfo* out);
 void ToProto(const SavedBlock& in, v1::SaveResult* out);
 void ToProto(const TierStats& in, v1::StatResponse* out);
+// A namespace's line of Stat.
+void ToProto(absl::string_view ns, const NamespaceUsage& usage, const NamespaceQuota& quota,
+             bool shared, v1::NamespaceStat* out);
 void ToProto(const VerifyReport& in, v1::VerifyResponse* out);
 void ToProto(const FlushResult& in, v1::FlushResponse* out);
 

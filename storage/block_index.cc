@@ -63,13 +63,33 @@ IndexEntry* BlockIndex::FindGen(const BlockId& id, uint64_t gen) const {
 
 // ------------------------------------------------------------ state
 
+void BlockIndex::Charge(const IndexEntry& e, int sign) {
+  NamespaceUsage& u = usage_[e.meta.fingerprint().namespace_()];
+  auto add = [sign](uint64_t& field, uint64_t n) {
+    field = sign > 0 ? field + n : field - n;
+  };
+  add(u.blocks, 1);
+  add(u.metadata_bytes, e.meta_bytes);
+  add(metadata_bytes_, e.meta_bytes);
+  if (e.in_ram()) add(u.tier1_bytes, e.payload_bytes);
+  if (e.on_disk()) add(u.tier2_bytes, e.payload_bytes);
+  if (u.blocks == 0) usage_.erase(e.meta.fingerprint().namespace_());
+}
+
+NamespaceUsage BlockIndex::Usage(absl::string_view ns) const {
+  auto it = usage_.find(ns);
+  return it == usage_.end() ? NamespaceUsage() : it->second;
+}
+
 void BlockIndex::SetState(IndexEntry* e, BlockState to) {
+  if (e->indexed) Charge(*e, -1);
   const int from = static_cast<int>(e->state);
   --count_[from];
   if (HasBytesTracked(e->state)) bytes_[from] -= e->payload_bytes;
   e->state = to;
   ++count_[static_cast<int>(to)];
   if (HasBytesTracked(to)) bytes_[static_cast<int>(to)] += e->payload_bytes;
+  if (e->indexed) Charge(*e, +1);
   Relink(e);
 }
 
@@ -100,6 +120,8 @@ void BlockIndex::Relink(IndexEntry* e) {
 
 void BlockIndex::IndexSecondary(IndexEntry& e) {
   e.indexed = true;
+  e.meta_bytes = MetadataBytes(e.meta);
+  Charge(e, +1);
   const std::string& ns = e.meta.fingerprint().namespace_();
   by_namespace_[ns].insert(e.id);
   if (!e.meta.session_id().empty()) {
@@ -110,6 +132,7 @@ void BlockIndex::IndexSecondary(IndexEntry& e) {
 
 void BlockIndex::UnindexSecondary(IndexEntry& e) {
   if (!e.indexed) return;
+  Charge(e, -1);
   e.indexed = false;
   const std::string& ns = e.meta.fingerprint().namespace_();
   if (auto it = by_namespace_.find(ns); it != by_namespace_.end()) {

@@ -54,6 +54,7 @@ struct IndexEntry {
   v1::BlockMeta meta;
   FingerprintDigest fp_digest;
   uint64_t payload_bytes = 0;
+  uint64_t meta_bytes = 0;  // MetadataBytes(meta), while indexed.
   uint64_t checksum = 0;
 
   BlockState state = BlockState::kWriting;
@@ -189,6 +190,11 @@ class BlockIndex {
   // Reserved tier-1 bytes the spiller could free (extents in the ram LRU).
   uint64_t evictable_bytes() const { return evictable_bytes_; }
   uint64_t pinned_blocks() const { return pinned_blocks_; }
+  // Accounted metadata bytes of every visible block (MetadataBytes).
+  uint64_t metadata_bytes() const { return metadata_bytes_; }
+  // What `ns` holds now (zeros when nothing).
+  NamespaceUsage Usage(absl::string_view ns) const;
+  const absl::flat_hash_map<std::string, NamespaceUsage>& usage() const { return usage_; }
   uint64_t pin_count() const { return pin_count_; }
 
  private:
@@ -197,6 +203,8 @@ class BlockIndex {
   void Relink(IndexEntry* e);
   void IndexSecondary(IndexEntry& e);
   void UnindexSecondary(IndexEntry& e);
+  // Charge adds (sign +1) or removes (-1) e's bytes in its namespace.
+  void Charge(const IndexEntry& e, int sign);
 
   absl::btree_map<BlockId, std::unique_ptr<IndexEntry>> entries_;
   absl::flat_hash_map<IndexEntry*, std::unique_ptr<IndexEntry>> graveyard_;
@@ -212,6 +220,10 @@ class BlockIndex {
   std::array<uint64_t, kBlockStates> count_{};
   std::array<uint64_t, kBlockStates> bytes_{};
   uint64_t evictable_bytes_ = 0;
+  // Per namespace, over indexed (visible) entries; kept by IndexSecondary,
+  // UnindexSecondary and SetState.
+  absl::flat_hash_map<std::string, NamespaceUsage> usage_;
+  uint64_t metadata_bytes_ = 0;
   uint64_t pinned_blocks_ = 0;
   uint64_t pin_count_ = 0;
   std::vector<IndexEntry*> loading_;  // AddRecovered payload holders.

@@ -111,6 +111,7 @@ TierStats EngineCore::Stats() {
   TierStats out;
   const PinnedArena::Stats arena = host.arena_stats();
   out.disk.used_bytes = disk->UsedBytes();  // I/O: outside the lock.
+  out.disk_health = disk->Health();
   absl::MutexLock lock(&mu);
   out.host = TierOccupancy{index.ram_blocks(), index.ram_payload_bytes(), arena.used_bytes,
                            arena.capacity_bytes};
@@ -127,6 +128,14 @@ TierStats EngineCore::Stats() {
   out.high_watermark = options.high_watermark;
   out.low_watermark = options.low_watermark;
   out.uptime = clock->Now() - start;
+  out.metadata_bytes = index.metadata_bytes();
+  out.metadata_budget_bytes = options.metadata_bytes;
+  // Bounded: a daemon with a million namespaces answers Stat with a sample.
+  constexpr size_t kMaxStatNamespaces = 4096;
+  for (const auto& [ns, usage] : index.usage()) {
+    if (out.namespaces.size() == kMaxStatNamespaces) break;
+    out.namespaces.emplace_back(ns, usage);
+  }
   return out;
 }
 

@@ -50,22 +50,7 @@ struct SpillStoreOptions {
 
 // What the store went through: degraded modes and what start-up recovery
 // had to do. For Stat, logs and tests.
-struct SpillStoreHealth {
-  // Writes are accepted. False while degraded: opened read-only on a full
-  // disk, or stopped by a failed write until space (or the device) returns.
-  bool writable = true;
-  std::string reason;                // Why not writable.
-  bool opened_read_only = false;     // The last open was read-only.
-  uint64_t write_failures = 0;       // Writes or flushes RocksDB failed.
-  uint64_t refused_writes = 0;       // Writes refused for lack of free space.
-  uint64_t resumes = 0;              // Times writes resumed after a stop.
-  absl::Duration last_outage;        // Length of the last stop.
-  uint64_t corrupt_files = 0;        // SST files found corrupt (start, compaction).
-  uint64_t unreadable_records = 0;   // Records the start-up scan could not read.
-  // The recovery steps Open took, in order, with what each cost (empty for
-  // a clean open).
-  std::vector<std::string> recovery;
-};
+using SpillStoreHealth = TierHealth;
 
 using SpillWrite = TierWrite;
 
@@ -108,7 +93,7 @@ class SpillStore : public Tier {
 
   // Health reports degraded modes and start-up recovery (a wrapper that
   // does not forward it reports a healthy store).
-  virtual SpillStoreHealth Health() const { return SpillStoreHealth(); }
+  TierHealth Health() const override { return TierHealth(); }
 };
 
 }  // namespace evoke

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "common/failpoint.h"
 #include "common/log.h"
 #include "storage/tier_types.h"
 
@@ -101,7 +103,9 @@ absl::Status Spiller::WriteBack(const std::vector<IndexEntry*>& entries, bool sy
           e->id, &records[i],
           absl::string_view(reinterpret_cast<const char*>(e->ram.data()), e->payload_bytes)});
     }
+    EVOKE_FAILPOINT("spill.before_put");
     absl::Status s = core_->disk->Put(writes, sync);
+    if (s.ok()) EVOKE_FAILPOINT("spill.after_put");
     if (!s.ok()) core_->LogTierError(s);
     absl::MutexLock lock(&core_->mu);
     for (IndexEntry* e : batch) {
@@ -118,6 +122,7 @@ absl::Status Spiller::WriteBack(const std::vector<IndexEntry*>& entries, bool sy
     }
     *blocks += batch.size();
     *bytes += batch_bytes;
+    EVOKE_FAILPOINT("spill.after_mark");
   }
   return absl::OkStatus();
 }
@@ -131,16 +136,35 @@ void Spiller::EnforceBudget() {
     std::vector<BlockId> forget;  // Disk copies of blocks also in tier 1.
     {
       absl::MutexLock lock(&core_->mu);
+      // Past the spill budget, the coldest payloads go; else past a
+      // namespace's tier-2 quota, that namespace's coldest.
       const uint64_t on_disk = core_->index.disk_payload_bytes();
-      if (on_disk <= core_->options.spill_bytes) return;
-      const uint64_t excess = on_disk - core_->options.spill_bytes;
+      uint64_t excess = 0;
+      std::optional<std::string> only_ns;
+      if (on_disk > core_->options.spill_bytes) {
+        excess = on_disk - core_->options.spill_bytes;
+      } else if (core_->options.quota) {
+        for (const auto& [ns, usage] : core_->index.usage()) {
+          const uint64_t quota = core_->options.quota(ns).tier2_bytes;
+          if (quota > 0 && usage.tier2_bytes > quota) {
+            excess = usage.tier2_bytes - quota;
+            only_ns = ns;
+            break;
+          }
+        }
+      }
+      if (excess == 0) return;
       uint64_t freed = 0;
+      size_t visits = 0;
       const std::list<IndexEntry*>& lru = core_->index.disk_lru();
-      for (auto it = lru.rbegin(); it != lru.rend() && freed < excess && chosen.size() < 4096;
+      for (auto it = lru.rbegin(); it != lru.rend() && freed < excess && chosen.size() < 4096 &&
+                                   visits++ < (1u << 20);
            ++it) {
+        if (only_ns && (*it)->meta.fingerprint().namespace_() != *only_ns) continue;
         chosen.push_back(*it);
         freed += (*it)->payload_bytes;
       }
+      if (chosen.empty()) return;
       records.reserve(chosen.size());  // TierWrite points into it.
       for (IndexEntry* e : chosen) {
         breadcrumb.push_back(!e->in_ram());
@@ -263,6 +287,7 @@ absl::StatusOr<FlushResult> Spiller::Flush(bool evict) {
     dirty = core_->index.DirtyByAccess();
   }
   absl::Status s = WriteBack(dirty, /*sync=*/true, &out.blocks_written, &out.bytes_written);
+  if (s.ok()) EVOKE_FAILPOINT("flush.after_writeback");
   if (!s.ok()) return s;
   if (evict) {
     // Before enforcing the spill budget, so that the budget drops the coldest
@@ -280,6 +305,7 @@ absl::StatusOr<FlushResult> Spiller::Flush(bool evict) {
   }
   EnforceBudget();
   s = core_->disk->Persist();
+  if (s.ok()) EVOKE_FAILPOINT("flush.after_persist");
   if (!s.ok()) return s;
   return out;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/hash128.h"
+#include "storage/tier_types.h"
 
 namespace evoke {
 
@@ -91,6 +92,10 @@ class Tier {
 
   // UsedBytes returns the bytes the tier occupies (approximate).
   virtual uint64_t UsedBytes() = 0;
+
+  // Health reports degraded modes (full disk, stopped writes) and what the
+  // last open recovered. Default: healthy, nothing to report.
+  virtual TierHealth Health() const { return TierHealth(); }
 
   // Persist makes everything written so far durable and compact. Blocks.
   virtual absl::Status Persist() = 0;

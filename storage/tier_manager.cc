@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/checksum.h"
+#include "common/failpoint.h"
 #include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -108,8 +109,10 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
     plans[i].digest = DigestFingerprint(items[i].meta->fingerprint());
     EVOKE_RETURN_IF_ERROR(WithItem(CheckFits(items[i].size), i, ItemPart::kBlock));
   }
+  EVOKE_RETURN_IF_ERROR(EnforceQuotas(items, plans, durable, deadline));
   EVOKE_RETURN_IF_ERROR(ReserveForSave(items, deadline, &plans));
   absl::Status copied = CopyIn(items, source, &plans);
+  if (copied.ok()) EVOKE_FAILPOINT("save.copied");
   std::vector<SavedBlock> results;
   std::vector<size_t> pin_later;  // Items deduplicated against spilled blocks.
   EVOKE_RETURN_IF_ERROR(CommitSave(items, owner, std::move(copied), &plans, &results, &pin_later));
@@ -123,12 +126,137 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
     EVOKE_RETURN_IF_ERROR(pinned);
   }
   if (durable) EVOKE_RETURN_IF_ERROR(WriteDurably(plans, &results));
+  EVOKE_FAILPOINT("save.before_ack");
   return results;
 }
 
 // Phase 1 (locked): classify each id, reserve tier-1 room for new bytes (one
 // contiguous range when possible, so copies coalesce), and insert
 // placeholders so that concurrent saves of an id serialize.
+absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
+                                            absl::Span<const SavePlan> plans, bool durable,
+                                            absl::Time deadline) {
+  if (core_.options.metadata_bytes == 0 && !core_.options.quota) return absl::OkStatus();
+  struct Need {
+    size_t first = 0;  // The first item of the namespace, for the error.
+    uint64_t tier1 = 0, tier2 = 0, meta = 0;
+  };
+  for (int attempt = 0;; ++attempt) {
+    std::vector<std::pair<std::string, uint64_t>> write_back;  // ns, bytes.
+    {
+      absl::MutexLock lock(&core_.mu);
+      absl::flat_hash_map<std::string, Need> needs;
+      uint64_t meta_total = 0;
+      std::optional<size_t> first_fresh;
+      for (size_t i = 0; i < items.size(); ++i) {
+        const IndexEntry* e = core_.index.Find(plans[i].id);
+        if (e != nullptr && e->bytes_available()) continue;  // Deduplicated.
+        if (!first_fresh) first_fresh = i;
+        const uint64_t meta = MetadataBytes(*items[i].meta);
+        auto [it, added] = needs.try_emplace(items[i].meta->fingerprint().namespace_());
+        if (added) it->second.first = i;
+        it->second.tier1 += items[i].size;
+        if (durable) it->second.tier2 += items[i].size;
+        it->second.meta += meta;
+        meta_total += meta;
+      }
+      if (!first_fresh) return absl::OkStatus();
+      const uint64_t budget = core_.options.metadata_bytes;
+      if (budget > 0 && core_.index.metadata_bytes() + meta_total > budget) {
+        return ItemError(absl::StatusCode::kResourceExhausted, *first_fresh, ItemPart::kBlock,
+                         absl::StrCat("the metadata budget is full (", core_.index.metadata_bytes(),
+                                      " of ", budget, " bytes in use, ", meta_total,
+                                      " more asked): delete blocks or sessions, or raise "
+                                      "--metadata-bytes"));
+      }
+      if (!core_.options.quota) return absl::OkStatus();
+      for (auto& [ns, need] : needs) {
+        const NamespaceQuota q = core_.options.quota(ns);
+        NamespaceUsage u = core_.index.Usage(ns);
+        auto over = [&](absl::string_view what, uint64_t used, uint64_t more, uint64_t quota) {
+          return ItemError(absl::StatusCode::kResourceExhausted, need.first, ItemPart::kBlock,
+                           absl::StrCat("namespace \"", ns, "\" is over its ", what, " quota (",
+                                        used, " of ", quota, " bytes in use, ", more,
+                                        " more asked)"));
+        };
+        if (q.metadata_bytes > 0 && u.metadata_bytes + need.meta > q.metadata_bytes) {
+          return over("metadata", u.metadata_bytes, need.meta, q.metadata_bytes);
+        }
+        if (q.tier2_bytes > 0 && need.tier2 > 0 && u.tier2_bytes + need.tier2 > q.tier2_bytes) {
+          return over("tier-2", u.tier2_bytes, need.tier2, q.tier2_bytes);
+        }
+        if (q.tier1_bytes == 0 || u.tier1_bytes + need.tier1 <= q.tier1_bytes) continue;
+        if (need.tier1 > q.tier1_bytes) {
+          return over("tier-1", u.tier1_bytes, need.tier1, q.tier1_bytes);
+        }
+        const uint64_t excess = u.tier1_bytes + need.tier1 - q.tier1_bytes;
+        const uint64_t freed = EvictCleanOf(ns, excess);
+        if (freed >= excess) continue;
+        if (attempt >= 3 || absl::Now() >= deadline) {
+          return over("tier-1", core_.index.Usage(ns).tier1_bytes, need.tier1, q.tier1_bytes);
+        }
+        write_back.emplace_back(ns, excess - freed);
+      }
+      if (write_back.empty()) return absl::OkStatus();
+    }
+    for (const auto& [ns, want] : write_back) EVOKE_RETURN_IF_ERROR(WriteBackOf(ns, want));
+  }
+}
+
+uint64_t TierManagerImpl::EvictCleanOf(absl::string_view ns, uint64_t want) {
+  // A bounded walk from the cold end: a Save never scans all of tier 1.
+  constexpr size_t kMaxVisits = 1 << 16;
+  uint64_t freed = 0;
+  size_t visits = 0;
+  const std::list<IndexEntry*>& lru = core_.index.ram_lru();
+  auto it = lru.end();
+  while (it != lru.begin() && freed < want && visits++ < kMaxVisits) {
+    auto cur = std::prev(it);
+    IndexEntry* e = *cur;
+    if (e->state != BlockState::kClean || e->readers > 0 ||
+        e->meta.fingerprint().namespace_() != ns) {
+      it = cur;
+      continue;
+    }
+    freed += e->payload_bytes;
+    core_.index.DetachRam(e).Release();  // Erases `cur`; `it` stays valid.
+    ++core_.counters.evictions;
+  }
+  if (freed > 0) core_.room_cv.SignalAll();
+  return freed;
+}
+
+absl::Status TierManagerImpl::WriteBackOf(const std::string& ns, uint64_t want) {
+  constexpr size_t kMaxVisits = 1 << 16;
+  absl::MutexLock disk(&core_.disk_mu);  // Entries stay in the index.
+  std::vector<IndexEntry*> victims;
+  {
+    absl::MutexLock lock(&core_.mu);
+    uint64_t chosen = 0;
+    size_t visits = 0;
+    const std::list<IndexEntry*>& lru = core_.index.ram_lru();
+    for (auto it = lru.rbegin(); it != lru.rend() && chosen < want && visits++ < kMaxVisits;
+         ++it) {
+      IndexEntry* e = *it;
+      if (e->state != BlockState::kDirty || e->meta.fingerprint().namespace_() != ns) continue;
+      victims.push_back(e);
+      chosen += e->payload_bytes;
+    }
+  }
+  if (victims.empty()) return absl::OkStatus();
+  uint64_t blocks = 0, bytes = 0;
+  EVOKE_RETURN_IF_ERROR(spiller_.WriteBack(victims, /*sync=*/false, &blocks, &bytes));
+  absl::MutexLock lock(&core_.mu);
+  for (IndexEntry* e : victims) {
+    if (e->state == BlockState::kClean && e->readers == 0 && e->pins == 0) {
+      core_.index.DetachRam(e).Release();
+      ++core_.counters.evictions;
+    }
+  }
+  core_.room_cv.SignalAll();
+  return absl::OkStatus();
+}
+
 absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
                                              absl::Time deadline,
                                              std::vector<SavePlan>* plans) {
@@ -329,6 +457,7 @@ absl::Status TierManagerImpl::WriteDurably(std::vector<SavePlan>& plans,
   // The spiller may have written some of these blocks without an fsync
   // between the commit and now; make them durable too.
   if (s.ok() && written_by_others) s = core_.disk->Persist();
+  if (s.ok()) EVOKE_FAILPOINT("save.durable.synced");
   if (!s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("blocks are in tier 1 but the durable write failed: ", s.message()));
@@ -623,7 +752,9 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
   }
   // Tier 2 first: if it fails, the index is unchanged and nothing
   // resurrects after a restart.
+  EVOKE_FAILPOINT("delete.before_disk");
   if (!on_disk.empty()) EVOKE_RETURN_IF_ERROR(core_.disk->Delete(on_disk));
+  EVOKE_FAILPOINT("delete.after_disk");
   absl::MutexLock lock(&core_.mu);
   uint32_t n = 0;
   for (const BlockId& id : ids) {
@@ -639,6 +770,7 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
     ++core_.counters.deletes;
     ++n;
   }
+  EVOKE_FAILPOINT("delete.after_index");
   return n;
 }
 

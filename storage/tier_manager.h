@@ -72,6 +72,11 @@ struct TierManagerOptions {
   // on disk, out of the index, counted in invalid_records, and removed by
   // Delete or Verify. The daemon passes its request limits.
   BlockLimits limits;
+  // Budget of accounted metadata bytes (MetadataBytes) over every
+  // namespace; a Save past it is RESOURCE_EXHAUSTED. 0: none.
+  uint64_t metadata_bytes = 0;
+  // Each namespace's quotas (NamespaceQuota); unset: none.
+  std::function<NamespaceQuota(absl::string_view ns)> quota;
   // Where timestamps come from (last access, uptime). Null: the wall clock.
   const Clock* clock = nullptr;
 };
@@ -271,6 +276,9 @@ class TierManager {
 
   // Stats returns occupancy and counters.
   virtual TierStats Stats() = 0;
+
+  // Usage reports what namespace `ns` holds now.
+  virtual NamespaceUsage Usage(absl::string_view ns) = 0;
 
   // Verify re-reads `ids` (all blocks when empty) from every tier holding
   // them and checks checksums; corrupt copies are dropped and counted.

@@ -61,6 +61,10 @@ class TierManagerImpl final : public TierManager {
   std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after, size_t limit,
                               bool* more) override;
   TierStats Stats() override { return core_.Stats(); }
+  NamespaceUsage Usage(absl::string_view ns) override {
+    absl::MutexLock lock(&core_.mu);
+    return core_.index.Usage(ns);
+  }
   absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids,
                                       const NamespaceScope* scope) override;
   absl::StatusOr<FlushResult> Flush(bool evict) override;
@@ -71,6 +75,19 @@ class TierManagerImpl final : public TierManager {
 
  private:
   // Save, in three phases.
+  // EnforceQuotas refuses a Save past the metadata budget or a namespace's
+  // quota. Over a tier-1 quota it first makes room from the namespace's own
+  // blocks: clean ones leave tier 1, dirty ones are written back first.
+  absl::Status EnforceQuotas(absl::Span<const SaveItem> items,
+                             absl::Span<const SavePlan> plans, bool durable,
+                             absl::Time deadline);
+  // EvictCleanOf drops up to `want` bytes of `ns`'s clean, unread, unpinned
+  // tier-1 copies, coldest first; returns the bytes freed.
+  uint64_t EvictCleanOf(absl::string_view ns, uint64_t want)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // WriteBackOf writes up to `want` bytes of `ns`'s coldest dirty blocks to
+  // tier 2 and evicts them from tier 1.
+  absl::Status WriteBackOf(const std::string& ns, uint64_t want);
   absl::Status ReserveForSave(absl::Span<const SaveItem> items, absl::Time deadline,
                               std::vector<SavePlan>* plans);
   absl::Status CopyIn(absl::Span<const SaveItem> items, SaveSource& source,

@@ -15,6 +15,12 @@ constexpr char kLimitUrl[] = "type.evoke.dev/storage.Limit";
 
 }  // namespace
 
+uint64_t MetadataBytes(const v1::BlockMeta& meta) {
+  // The entry, its list and index nodes, and the recovery index's entry.
+  constexpr uint64_t kEntryOverhead = 512;
+  return meta.ByteSizeLong() + kEntryOverhead;
+}
+
 absl::Status ItemError(absl::StatusCode code, size_t index, ItemPart part,
                        absl::string_view message) {
   return WithItem(absl::Status(code, message), index, part);

@@ -39,6 +39,44 @@ class NamespaceScope {
   virtual bool Sees(absl::string_view ns) const = 0;
 };
 
+// TierHealth: a lower tier's degraded modes and start-up recovery.
+struct TierHealth {
+  // Writes are accepted. False while degraded: opened read-only on a full
+  // disk, or stopped by a failed write until space (or the device) returns.
+  bool writable = true;
+  std::string reason;                // Why not writable.
+  bool opened_read_only = false;     // The last open was read-only.
+  uint64_t write_failures = 0;       // Writes or flushes RocksDB failed.
+  uint64_t refused_writes = 0;       // Writes refused for lack of free space.
+  uint64_t resumes = 0;              // Times writes resumed after a stop.
+  absl::Duration last_outage;        // Length of the last stop.
+  uint64_t corrupt_files = 0;        // SST files found corrupt (start, compaction).
+  uint64_t unreadable_records = 0;   // Records the start-up scan could not read.
+  // The recovery steps Open took, in order, with what each cost (empty for
+  // a clean open).
+  std::vector<std::string> recovery;
+};
+
+// A namespace's quotas (0: none); Saves past them are RESOURCE_EXHAUSTED.
+struct NamespaceQuota {
+  uint64_t tier1_bytes = 0;     // Payload bytes resident in tier 1.
+  uint64_t tier2_bytes = 0;     // Payload bytes in tier 2.
+  uint64_t metadata_bytes = 0;  // Accounted metadata bytes (see MetadataBytes).
+};
+
+// What one namespace holds now.
+struct NamespaceUsage {
+  uint64_t blocks = 0;  // Visible blocks, breadcrumbs included.
+  uint64_t tier1_bytes = 0;
+  uint64_t tier2_bytes = 0;
+  uint64_t metadata_bytes = 0;
+};
+
+// MetadataBytes is what one block's metadata is charged in memory: its
+// serialized size plus the index's per-entry overhead. Summaries, tokens and
+// positions dominate for real blocks.
+uint64_t MetadataBytes(const v1::BlockMeta& meta);
+
 struct ListFilter {
   std::string ns;          // Empty: any.
   std::string session_id;  // Empty: any.
@@ -95,6 +133,12 @@ struct TierStats {
   double high_watermark = 0;
   double low_watermark = 0;
   absl::Duration uptime;
+  TierHealth disk_health;
+  uint64_t metadata_bytes = 0;         // Accounted, every namespace.
+  uint64_t metadata_budget_bytes = 0;  // 0: none.
+  // The namespaces that hold blocks (at most 4096 of them, in no
+  // particular order), with their usage.
+  std::vector<std::pair<std::string, NamespaceUsage>> namespaces;
 };
 
 struct FlushResult {

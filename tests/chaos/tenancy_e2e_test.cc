@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tests/e2e_fixture.h"
 
@@ -197,6 +198,89 @@ TEST_F(TenancyTest, RefusesABadPolicyAtStart) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("not declared shared"), std::string::npos)
       << d.status();
+}
+
+
+// Quotas: tier 1 bounds what a namespace keeps resident (its own blocks
+// leave first; every Save still succeeds), tier 2 and metadata refuse.
+TEST_F(TenancyTest, NamespaceQuotasBoundUsage) {
+  const TestBlock probe = SessionBlock("q", 0, 4, SmallFingerprint("alice"));
+  const uint64_t block = probe.payload.size();
+  const std::string policy = absl::StrCat(R"pb(
+    principals { name: "ops" uids: 0 namespaces: "*" admin: true }
+    namespaces { name: "alice" tier1_bytes: )pb", 4 * block, R"pb( tier2_bytes: )pb",
+                                          6 * block, R"pb( }
+    namespaces { name: "bob" metadata_bytes: 4096 }
+  )pb");
+  StartWithPolicy(policy);
+  // 12 blocks through a 4-block tier-1 quota: all stored, at most 4 resident.
+  std::vector<BlockId> ids;
+  for (uint64_t seq = 0; seq < 12; ++seq) {
+    const TestBlock b = SessionBlock("q", seq, 4, SmallFingerprint("alice"));
+    ASSERT_OK(SaveBlocks(*client_, {b}));
+    ids.push_back(b.id());
+    const v1::StatResponse s = Stat();
+    for (const v1::NamespaceStat& ns : s.namespaces()) {
+      if (ns.name() != "alice") continue;
+      EXPECT_LE(ns.tier1_bytes(), 4 * block) << "after block " << seq;
+      EXPECT_EQ(ns.tier1_quota_bytes(), 4 * block);
+    }
+  }
+  absl::StatusOr<std::vector<LoadedBlock>> loaded =
+      client_->Load(ids, SmallFingerprint("alice"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // Durable saves past the tier-2 quota are refused, naming it.
+  absl::Status over;
+  for (uint64_t seq = 100; seq < 120 && over.ok(); ++seq) {
+    over = SaveBlocks(*client_, {SessionBlock("q", seq, 4, SmallFingerprint("alice"))},
+                      /*durable=*/true);
+  }
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_NE(over.message().find("tier-2 quota"), absl::string_view::npos) << over;
+  // Metadata: a few blocks fit in 4 KiB, then RESOURCE_EXHAUSTED.
+  absl::Status meta;
+  int saved = 0;
+  for (uint64_t seq = 0; seq < 64 && meta.ok(); ++seq) {
+    meta = SaveBlocks(*client_, {SessionBlock("m", seq, 4, SmallFingerprint("bob"))});
+    if (meta.ok()) ++saved;
+  }
+  EXPECT_EQ(meta.code(), absl::StatusCode::kResourceExhausted) << meta;
+  EXPECT_NE(meta.message().find("metadata quota"), absl::string_view::npos) << meta;
+  EXPECT_GT(saved, 0);
+  // The daemon serves on, and Stat shows the usage.
+  bool seen = false;
+  const v1::StatResponse stat = Stat();
+  for (const v1::NamespaceStat& ns : stat.namespaces()) {
+    if (ns.name() != "bob") continue;
+    seen = true;
+    EXPECT_EQ(ns.blocks(), static_cast<uint64_t>(saved));
+    EXPECT_LE(ns.metadata_bytes(), 4096u);
+  }
+  EXPECT_TRUE(seen);
+}
+
+// The global metadata budget: a flood of metadata-heavy saves is refused
+// past --metadata-bytes, and the daemon (and listing) keep working.
+TEST_F(TenancyTest, MetadataBudgetStopsAFlood) {
+  StartDaemon({"--metadata-bytes", "1MiB"});
+  absl::Status s;
+  int saved = 0;
+  for (uint64_t seq = 0; seq < 4096 && s.ok(); ++seq) {
+    TestBlock b = SessionBlock("flood", seq, 64, SmallFingerprint("flood"));
+    s = SaveBlocks(*client_, {b});
+    if (s.ok()) ++saved;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("--metadata-bytes"), absl::string_view::npos) << s;
+  const v1::StatResponse stat = Stat();
+  EXPECT_LE(stat.metadata_bytes(), stat.metadata_budget_bytes());
+  EXPECT_EQ(stat.metadata_budget_bytes(), 1u << 20);
+  const CommandResult ls = RunEvokectl(daemon_->socket(), {"ls", "--namespace", "flood"});
+  EXPECT_EQ(ls.exit_code, 0) << ls.err;
+  // Deleting the session makes room again.
+  ASSERT_OK(client_->DropSession("flood", "flood").status());
+  EXPECT_OK(SaveBlocks(*client_, {SessionBlock("flood", 9999, 64, SmallFingerprint("flood"))}));
+  EXPECT_GT(saved, 0);
 }
 
 }  // namespace
