@@ -10,22 +10,48 @@
 
 namespace evoke {
 
+namespace {
+
+// Rows per scan task and per storage chunk: big enough to amortize a task,
+// small enough that the score buffer stays in L1/L2. Storing rows in chunks
+// of this size bounds the spare capacity of a table to one chunk, and a
+// growing table never copies (or briefly holds twice) all of its rows.
+constexpr size_t kScanChunkRows = 4096;
+// Tables below this many rows are scanned on the calling thread.
+constexpr size_t kParallelScanRows = 32768;
+
+}  // namespace
+
 // A layout scope's rows of one kind and layer: the only copy of each
-// summary.
+// summary. Row r is row r % kScanChunkRows of chunk r / kScanChunkRows.
 struct RecoveryIndex::Table {
+  struct Chunk {
+    std::vector<int8_t> codes;  // rows x heads x dim
+    std::vector<float> scales;  // rows x heads
+    std::vector<float> exact;   // rows x heads x dim
+  };
   std::string key;  // In tables_.
   uint32_t heads = 0;
   uint32_t dim = 0;
   std::vector<BlockId> ids;
-  std::vector<int8_t> codes;  // rows x heads x dim
-  std::vector<float> scales;  // rows x heads
-  std::vector<float> exact;   // rows x heads x dim
+  std::vector<Chunk> chunks;
   // Per row: the session view that lists it too (null if none) and where.
   std::vector<View*> view;
   std::vector<uint32_t> view_pos;
 
   size_t rows() const { return ids.size(); }
   size_t width() const { return static_cast<size_t>(heads) * dim; }
+  const Chunk& chunk_of(size_t r) const { return chunks[r / kScanChunkRows]; }
+  Chunk& chunk_of(size_t r) { return chunks[r / kScanChunkRows]; }
+  const int8_t* codes(size_t r) const {
+    return chunk_of(r).codes.data() + (r % kScanChunkRows) * width();
+  }
+  const float* scales(size_t r) const {
+    return chunk_of(r).scales.data() + (r % kScanChunkRows) * heads;
+  }
+  const float* exact(size_t r) const {
+    return chunk_of(r).exact.data() + (r % kScanChunkRows) * width();
+  }
 };
 
 // A session scope's rows of one kind and layer: references to the rows of
@@ -55,15 +81,11 @@ struct RecoveryIndex::Scan {
     return table != nullptr ? table->ids[i] : view->table[i]->ids[view->row[i]];
   }
   const float* exact(size_t i) const {
-    return table != nullptr ? table->exact.data() + i * width()
-                            : view->table[i]->exact.data() + view->row[i] * width();
+    return table != nullptr ? table->exact(i) : view->table[i]->exact(view->row[i]);
   }
-  const int8_t* codes(size_t i) const {
-    return view->table[i]->codes.data() + view->row[i] * width();
-  }
-  const float* scales(size_t i) const {
-    return view->table[i]->scales.data() + static_cast<size_t>(view->row[i]) * heads;
-  }
+  // A view's row i.
+  const int8_t* codes(size_t i) const { return view->table[i]->codes(view->row[i]); }
+  const float* scales(size_t i) const { return view->table[i]->scales(view->row[i]); }
 };
 
 namespace {
@@ -257,12 +279,6 @@ PreparedQuery Prepare(const RecoveryQuery& q, const RecoveryIndex::Scan& t) {
   return p;
 }
 
-// Rows per scan task: big enough to amortize a task, small enough that the
-// score buffer stays in L1/L2.
-constexpr size_t kScanChunkRows = 4096;
-// Tables below this many rows are scanned on the calling thread.
-constexpr size_t kParallelScanRows = 32768;
-
 // Candidates: the best `keep` (score, row) pairs seen, as a min-heap on score.
 class Best {
  public:
@@ -332,23 +348,48 @@ std::string RecoveryIndex::TableKey(absl::string_view scope, v1::SummaryKind kin
 
 namespace {
 
-// What memory_bytes() counts (see the header): a table row holds its
-// summary's f32 values, int8 codes and per-head scales, its id and its view
-// reference; a view row a table pointer and a row; a block its entry in
-// blocks_ (one slot inline, more on the heap); a table or view its struct,
-// key and map slot.
-constexpr uint64_t kTableRowFixed = sizeof(BlockId) + sizeof(void*) + sizeof(uint32_t);
-constexpr uint64_t kViewRow = sizeof(void*) + sizeof(uint32_t);
-constexpr uint64_t kSlot = sizeof(void*) + sizeof(uint32_t) + 4;  // RecoveryIndex::Slot, padded.
-constexpr uint64_t kBlockEntry = sizeof(BlockId) + 8 + kSlot + 1;  // Key, size, inline slot, ctrl.
-constexpr uint64_t kScopeFixed = 160;  // Table or View, its unique_ptr and map slot.
+using Table = RecoveryIndex::Table;
+using View = RecoveryIndex::View;
+using BlockSlots = absl::InlinedVector<RecoveryIndex::Slot, 1>;
 
-uint64_t TableRowBytes(uint32_t heads, uint32_t dim) {
-  return uint64_t{heads} * dim * (sizeof(float) + sizeof(int8_t)) +
-         uint64_t{heads} * sizeof(float) + kTableRowFixed;
+// What memory_bytes() counts is what the index has allocated: every
+// vector's capacity (summary values, codes and scales in the tables'
+// chunks; ids and view references per row; a view's references), the
+// blocks_ map's slots and the slot lists that do not fit inline, and per
+// table or view its struct, key and map entry. Only malloc's own headers
+// and the small tables_/views_ maps' spare slots are left out.
+template <typename T>
+uint64_t Cap(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
 }
 
-uint64_t BlockBytes(size_t slots) { return kBlockEntry + (slots > 1 ? slots * kSlot : 0); }
+uint64_t ChunkBytes(const Table::Chunk& c) {
+  return Cap(c.codes) + Cap(c.scales) + Cap(c.exact);
+}
+
+// A table's per-row vectors (its chunks are counted as they change).
+uint64_t RowVectorBytes(const Table& t) {
+  return Cap(t.ids) + Cap(t.chunks) + Cap(t.view) + Cap(t.view_pos);
+}
+
+uint64_t ViewBytes(const View& v) { return Cap(v.table) + Cap(v.row); }
+
+template <typename T>
+uint64_t ScopeBytes(const T& scope) {
+  // The struct, its key if not inline, and its entry in tables_ / views_.
+  return sizeof(T) + (scope.key.capacity() > 15 ? scope.key.capacity() + 1 : 0) +
+         sizeof(std::pair<const std::string, std::unique_ptr<T>>) + 1;
+}
+
+uint64_t SlotHeapBytes(const BlockSlots& slots) {
+  return slots.capacity() > 1 ? slots.capacity() * sizeof(RecoveryIndex::Slot) : 0;
+}
+
+// A map's slots and control bytes.
+template <typename Map>
+uint64_t MapBytes(const Map& m) {
+  return m.capacity() * (sizeof(typename Map::value_type) + 1);
+}
 
 // Records come from clients and from disk: a summary without a shape, of
 // the wrong size or with a value that is not finite (NaN would rank first
@@ -380,23 +421,36 @@ std::vector<int> LastOfEachKindAndLayer(const v1::BlockMeta& meta) {
   return keep;
 }
 
-// Vectors that shrank to a quarter of what they hold give the rest back.
+// Vectors that shrank to a quarter of their capacity give the rest back.
 template <typename T>
 void MaybeShrink(std::vector<T>& v) {
   if (v.capacity() >= 64 && v.size() < v.capacity() / 4) v.shrink_to_fit();
+}
+
+// Makes room for one more row in chunk `c` that holds `rows` rows: its
+// capacity grows by half (not double: summaries can be large), up to a
+// whole chunk.
+void ReserveRow(Table::Chunk& c, size_t rows, size_t width, uint32_t heads) {
+  if ((rows + 1) * width <= c.exact.capacity()) return;
+  const size_t want = std::min(kScanChunkRows, std::max(rows + 1, rows + rows / 2));
+  c.codes.reserve(want * width);
+  c.exact.reserve(want * width);
+  c.scales.reserve(want * heads);
 }
 
 }  // namespace
 
 uint64_t RecoveryIndex::AccountedBytes(const v1::BlockMeta& meta) {
   const bool session = meta.kind() == v1::BLOCK_KIND_SESSION;
-  uint64_t bytes = BlockBytes(meta.summaries_size());
+  const uint64_t n = static_cast<uint64_t>(meta.summaries_size());
+  uint64_t bytes = sizeof(std::pair<const BlockId, BlockSlots>) + 1 +
+                   (n > 1 ? n * sizeof(Slot) : 0);
   for (const v1::Summary& s : meta.summaries()) {
     const uint64_t values = static_cast<uint64_t>(s.values_size());
     bytes += values * (sizeof(float) + sizeof(int8_t)) +
-             std::min<uint64_t>(s.heads(), values) * sizeof(float) + kTableRowFixed +
-             kScopeFixed;
-    if (session) bytes += kViewRow + kScopeFixed;
+             std::min<uint64_t>(s.heads(), values) * sizeof(float) + sizeof(BlockId) +
+             sizeof(View*) + sizeof(uint32_t);
+    if (session) bytes += sizeof(Table*) + sizeof(uint32_t);
   }
   return bytes;
 }
@@ -414,7 +468,7 @@ void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
   // The meta is the block's whole truth: what the id indexed before goes,
   // including kinds, layers or scopes this meta no longer has.
   RemoveLocked(id);
-  absl::InlinedVector<Slot, 1> slots;
+  BlockSlots slots;
   for (int i : keep) {
     const v1::Summary& s = meta.summaries(i);
     if (!Indexable(s)) {
@@ -427,31 +481,39 @@ void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
       t_slot->key = TableKey(model_scope, s.kind(), s.layer());
       t_slot->heads = s.heads();
       t_slot->dim = s.dim();
-      bytes_ += kScopeFixed;
+      bytes_ += ScopeBytes(*t_slot);
     }
     Table* t = t_slot.get();
     // A table holds one shape; a summary of another shape (a client mixing
     // embedding sizes in one scope) is not indexed.
     if (s.heads() != t->heads || s.dim() != t->dim) continue;
+    const uint64_t vectors_before = RowVectorBytes(*t);
     const uint32_t row = static_cast<uint32_t>(t->rows());
-    t->ids.push_back(id);
-    t->exact.insert(t->exact.end(), s.values().begin(), s.values().end());
-    t->codes.resize(t->codes.size() + t->width());
-    t->scales.resize(t->scales.size() + t->heads);
+    const size_t in_chunk = row % kScanChunkRows;
+    if (in_chunk == 0) t->chunks.emplace_back();
+    Table::Chunk& c = t->chunks.back();
+    const uint64_t chunk_before = ChunkBytes(c);
+    ReserveRow(c, in_chunk, t->width(), t->heads);
+    c.exact.insert(c.exact.end(), s.values().begin(), s.values().end());
+    c.codes.resize(c.codes.size() + t->width());
+    c.scales.resize(c.scales.size() + t->heads);
     for (uint32_t h = 0; h < t->heads; ++h) {
       const float* v = s.values().data() + h * t->dim;
       float maxabs = 0;
       for (uint32_t d = 0; d < t->dim; ++d) maxabs = std::max(maxabs, std::fabs(v[d]));
       const float scale = maxabs > 0 ? maxabs / 127.0f : 0.0f;
-      t->scales[size_t{row} * t->heads + h] = scale;
-      int8_t* c = t->codes.data() + size_t{row} * t->width() + h * t->dim;
+      c.scales[in_chunk * t->heads + h] = scale;
+      int8_t* code = c.codes.data() + in_chunk * t->width() + h * t->dim;
       for (uint32_t d = 0; d < t->dim; ++d) {
-        c[d] = scale > 0 ? static_cast<int8_t>(std::lround(v[d] / scale)) : 0;
+        code[d] = scale > 0 ? static_cast<int8_t>(std::lround(v[d] / scale)) : 0;
       }
     }
+    t->ids.push_back(id);
     t->view.push_back(nullptr);
     t->view_pos.push_back(0);
-    bytes_ += TableRowBytes(t->heads, t->dim);
+    // Unsigned deltas: the sum comes out right even when a term shrinks.
+    bytes_ += ChunkBytes(c) - chunk_before;
+    bytes_ += RowVectorBytes(*t) - vectors_before;
     slots.push_back(Slot{t, row});
     if (!session) continue;
     std::unique_ptr<View>& v_slot = views_[TableKey(session_scope, s.kind(), s.layer())];
@@ -460,21 +522,23 @@ void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
       v_slot->key = TableKey(session_scope, s.kind(), s.layer());
       v_slot->heads = s.heads();
       v_slot->dim = s.dim();
-      bytes_ += kScopeFixed;
+      bytes_ += ScopeBytes(*v_slot);
     }
     View* v = v_slot.get();
     // A session whose blocks span layouts of different summary shapes:
     // its view keeps the first shape.
     if (s.heads() != v->heads || s.dim() != v->dim) continue;
+    const uint64_t view_before = ViewBytes(*v);
     t->view[row] = v;
     t->view_pos[row] = static_cast<uint32_t>(v->rows());
     v->table.push_back(t);
     v->row.push_back(row);
-    bytes_ += kViewRow;
+    bytes_ += ViewBytes(*v) - view_before;
   }
   if (!slots.empty()) {
-    bytes_ += BlockBytes(slots.size());
-    blocks_.emplace(id, std::move(slots));
+    const uint64_t map_before = MapBytes(blocks_);
+    auto [it, inserted] = blocks_.emplace(id, std::move(slots));
+    bytes_ += MapBytes(blocks_) - map_before + SlotHeapBytes(it->second);
   }
 }
 
@@ -486,26 +550,31 @@ void RecoveryIndex::Remove(const BlockId& id, const v1::BlockMeta& /*meta*/) {
 void RecoveryIndex::RemoveLocked(const BlockId& id) {
   auto it = blocks_.find(id);
   if (it == blocks_.end()) return;
-  const absl::InlinedVector<Slot, 1> slots = std::move(it->second);
+  const BlockSlots slots = std::move(it->second);
+  bytes_ -= SlotHeapBytes(slots);
   blocks_.erase(it);
-  bytes_ -= BlockBytes(slots.size());
+  if (blocks_.empty()) {  // Give the map's slots back too.
+    bytes_ -= MapBytes(blocks_);
+    blocks_ = {};
+    bytes_ += MapBytes(blocks_);
+  }
   // One slot per table: removing one row moves only other blocks' rows.
   for (const Slot& s : slots) RemoveRow(s.table, s.row);
 }
 
 void RecoveryIndex::RemoveRow(Table* t, uint32_t row) {
   if (t->view[row] != nullptr) RemoveFromView(t->view[row], t->view_pos[row]);
-  bytes_ -= TableRowBytes(t->heads, t->dim);
+  const uint64_t vectors_before = RowVectorBytes(*t);
   const size_t width = t->width();
   const uint32_t last = static_cast<uint32_t>(t->rows() - 1);
   if (row != last) {  // Move the last row into the hole.
+    Table::Chunk& to = t->chunk_of(row);
+    const Table::Chunk& from = t->chunk_of(last);
+    const size_t r = row % kScanChunkRows, l = last % kScanChunkRows;
+    std::copy_n(from.codes.begin() + l * width, width, to.codes.begin() + r * width);
+    std::copy_n(from.exact.begin() + l * width, width, to.exact.begin() + r * width);
+    std::copy_n(from.scales.begin() + l * t->heads, t->heads, to.scales.begin() + r * t->heads);
     t->ids[row] = t->ids[last];
-    std::copy_n(t->codes.begin() + size_t{last} * width, width,
-                t->codes.begin() + size_t{row} * width);
-    std::copy_n(t->exact.begin() + size_t{last} * width, width,
-                t->exact.begin() + size_t{row} * width);
-    std::copy_n(t->scales.begin() + size_t{last} * t->heads, t->heads,
-                t->scales.begin() + size_t{row} * t->heads);
     t->view[row] = t->view[last];
     t->view_pos[row] = t->view_pos[last];
     if (t->view[row] != nullptr) t->view[row]->row[t->view_pos[row]] = row;
@@ -516,27 +585,37 @@ void RecoveryIndex::RemoveRow(Table* t, uint32_t row) {
       }
     }
   }
+  // The last row is in the last chunk.
+  Table::Chunk& c = t->chunks.back();
+  const uint64_t chunk_before = ChunkBytes(c);
+  const size_t left = last % kScanChunkRows;
+  if (left == 0) {
+    bytes_ -= chunk_before;
+    t->chunks.pop_back();
+  } else {
+    c.codes.resize(left * width);
+    c.exact.resize(left * width);
+    c.scales.resize(left * t->heads);
+    MaybeShrink(c.codes);
+    MaybeShrink(c.exact);
+    MaybeShrink(c.scales);
+    bytes_ += ChunkBytes(c) - chunk_before;
+  }
   t->ids.pop_back();
-  t->codes.resize(size_t{last} * width);
-  t->exact.resize(size_t{last} * width);
-  t->scales.resize(size_t{last} * t->heads);
   t->view.pop_back();
   t->view_pos.pop_back();
-  if (t->ids.empty()) {
-    bytes_ -= kScopeFixed;
-    tables_.erase(tables_.find(t->key));  // Destroys *t.
-    return;
-  }
   MaybeShrink(t->ids);
-  MaybeShrink(t->codes);
-  MaybeShrink(t->exact);
-  MaybeShrink(t->scales);
   MaybeShrink(t->view);
   MaybeShrink(t->view_pos);
+  bytes_ += RowVectorBytes(*t) - vectors_before;
+  if (t->ids.empty()) {
+    bytes_ -= RowVectorBytes(*t) + ScopeBytes(*t);
+    tables_.erase(tables_.find(t->key));  // Destroys *t.
+  }
 }
 
 void RecoveryIndex::RemoveFromView(View* v, uint32_t pos) {
-  bytes_ -= kViewRow;
+  const uint64_t before = ViewBytes(*v);
   const uint32_t last = static_cast<uint32_t>(v->rows() - 1);
   if (pos != last) {  // Move the last reference into the hole.
     v->table[pos] = v->table[last];
@@ -545,13 +624,13 @@ void RecoveryIndex::RemoveFromView(View* v, uint32_t pos) {
   }
   v->table.pop_back();
   v->row.pop_back();
-  if (v->row.empty()) {
-    bytes_ -= kScopeFixed;
-    views_.erase(views_.find(v->key));  // Destroys *v.
-    return;
-  }
   MaybeShrink(v->table);
   MaybeShrink(v->row);
+  bytes_ += ViewBytes(*v) - before;
+  if (v->row.empty()) {
+    bytes_ -= ViewBytes(*v) + ScopeBytes(*v);
+    views_.erase(views_.find(v->key));  // Destroys *v.
+  }
 }
 
 bool RecoveryIndex::Find(const RecoveryQuery& query, Scan* scan) const {
@@ -605,8 +684,9 @@ absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQue
     const size_t end = std::min(rows, begin + kScanChunkRows);
     float scores[kScanChunkRows];
     if (t.table != nullptr) {
-      ScanRows(p.q16.data(), p.q_scale.data(), p.scan_group, t.table->codes.data(),
-               t.table->scales.data(), t.heads, t.dim, begin, end, p.max, scores);
+      const Table::Chunk& c = t.table->chunks[chunk];
+      ScanRows(p.q16.data(), p.q_scale.data(), p.scan_group, c.codes.data(), c.scales.data(),
+               t.heads, t.dim, 0, end - begin, p.max, scores);
     } else {
       const int8_t* codes[kScanChunkRows];
       const float* scales[kScanChunkRows];

@@ -49,8 +49,9 @@ struct RecoveryHit {
 };
 
 // RecoveryIndex keeps each block's summaries once. Per (layout scope, kind,
-// layer) a Table holds every row in contiguous storage: int8 codes with a
-// scale per (row, head) for the scan, and the f32 values for rescoring. A
+// layer) a Table holds every row, in chunks of 4096 contiguous rows: int8
+// codes with a scale per (row, head) for the scan, and the f32 values for
+// rescoring. A
 // session scope is a View: references to rows of its blocks' layout tables
 // (the session's blocks are always in their layout's scope too), 12 bytes a
 // row instead of a second copy.
@@ -107,18 +108,22 @@ class RecoveryIndex {
     return rejected_;
   }
 
-  // Bytes the index accounts for what it holds: each indexed summary once
-  // (f32 values, int8 codes, scales), the block ids and row references of
-  // the layout tables and session views, the per-block bookkeeping, and each
-  // table's fixed part. Breadcrumbs' summaries included. Capacity the
-  // vectors keep spare while they grow is not counted (at most as much
-  // again; tables that shrink to a quarter give theirs back).
+  // Bytes the index has allocated for what it holds (for Stat and a
+  // metadata budget): each indexed summary once (f32 values, int8 codes,
+  // scales), the ids and references per row of the layout tables and
+  // session views, the per-block slots, each table's and view's fixed part,
+  // and the spare capacity of all of these (rows grow by half up to chunks
+  // of 4096 rows, so a table's spare is bounded by a chunk; vectors that
+  // fall to a quarter of their capacity give the rest back). Breadcrumbs'
+  // summaries are included. Left out: malloc's headers and the scope maps'
+  // spare slots.
   uint64_t memory_bytes() const {
     absl::ReaderMutexLock lock(&mu_);
     return bytes_;
   }
-  // An upper bound of what Add(meta) adds to memory_bytes() for a block not
-  // yet indexed, for callers that budget before they save.
+  // What a block's rows take in memory_bytes() once indexed, without the
+  // tables' spare capacity: an estimate for callers that budget before they
+  // save (1.25x the summaries' f32 bytes plus about 60 bytes a summary).
   static uint64_t AccountedBytes(const v1::BlockMeta& meta);
 
   // Rows of one table (tests, Stat).
