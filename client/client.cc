@@ -141,14 +141,34 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
-  impl->channel = grpc::CreateCustomChannel(
-      impl->target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  const bool tls = !options.tls_root_cert_pem.empty();
+  if (tls) {
+    if (absl::StartsWith(impl->target, "unix:")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tls_root_cert_pem: TLS is for TCP targets (HOST:PORT), not ", impl->target));
+    }
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_cert_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.bearer_token.empty()) {
+      // Call credentials of this kind are sent only over TLS.
+      credentials = grpc::CompositeChannelCredentials(
+          credentials, grpc::AccessTokenCredentials(options.bearer_token));
+    }
+  } else if (!options.bearer_token.empty()) {
+    return absl::InvalidArgumentError(
+        "bearer_token: needs tls_root_cert_pem (a token is never sent in the clear)");
+  }
+  impl->channel = grpc::CreateCustomChannel(impl->target, credentials, args);
   const auto deadline = std::chrono::system_clock::now() +
                         absl::ToChronoMilliseconds(options.connect_timeout);
   if (!impl->channel->WaitForConnected(deadline)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach evoked at ", impl->target,
-        " (is it running? set --socket or EVOKE_SOCKET)"));
+        tls ? " (is it serving TCP there? does its certificate chain to "
+              "tls_root_cert_pem and name that host?)"
+            : " (is it running? set --socket or EVOKE_SOCKET)"));
   }
   impl->stub = v1::KvTier::NewStub(impl->channel);
   impl->health = grpc::health::v1::Health::NewStub(impl->channel);

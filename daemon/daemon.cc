@@ -32,6 +32,7 @@
 #include "daemon/lease_manager.h"
 #include "daemon/payload_paths.h"
 #include "daemon/peer_listener.h"
+#include "daemon/tcp_auth.h"
 #include "gpu/cuda_ipc.h"
 #include "gpu/device.h"
 #include "common/copy_pool.h"
@@ -124,6 +125,7 @@ class Daemon::Impl {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<AccessPolicy> policy;
   ConnectionTable connections;
+  int tcp_port = 0;  // The bound --tcp-listen port; 0 when not serving TCP.
   std::unique_ptr<PeerListener> listener;  // Stopped before the server.
   // Ends leases idle past --lease-idle-ms; stopped before the leases go.
   std::thread lease_reaper;
@@ -150,6 +152,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     impl->policy = std::make_unique<AccessPolicy>(std::move(policy));
   }
   EVOKE_LOG_INFO(impl->policy->Summary());
+  // TLS files and tokens are checked before any storage is opened.
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
+  if (!options.tcp_listen.empty()) {
+    EVOKE_ASSIGN_OR_RETURN(
+        tcp_credentials,
+        TcpServerCredentials(options.tls_cert, options.tls_key, impl->policy.get()));
+  }
 
   SpillStoreOptions spill_options;
   spill_options.path = data_dir;
@@ -202,6 +211,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return std::move(s).value();
   };
   tier_options.limits.max_block_bytes = options.max_block_bytes;
+  tier_options.metadata_bytes = options.metadata_bytes;
+  if (!impl->policy->proto().namespaces().empty()) {
+    const AccessPolicy* policy = impl->policy.get();
+    tier_options.quota = [policy](absl::string_view ns) { return policy->QuotaOf(ns); };
+  }
   tier_options.high_watermark = options.high_watermark;
   tier_options.low_watermark = options.low_watermark;
   tier_options.spill_bytes = options.spill_bytes;
@@ -270,8 +284,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   service_options.fd_socket = fd_socket;
   Impl* raw = impl.get();
   service_options.policy = impl->policy.get();
+  // TCP calls by their own bearer token, Unix-socket calls by their
+  // connection's SO_PEERCRED; neither path can resolve the other's calls.
   service_options.identify = [raw](const grpc::CallbackServerContext& context) {
-    return raw->connections.Lookup(context.peer());
+    return IdentifyCaller(context, *raw->policy, raw->connections);
   };
   service_options.gpu_stats = [raw](v1::StatResponse* s) {
     s->set_cuda_available(raw->cuda_available);
@@ -298,15 +314,30 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  // No listening port: PeerListener accepts on the socket and hands each
-  // connection over once it knows who connected.
+  // No listening port for the Unix socket: PeerListener accepts on it and
+  // hands each connection over once it knows who connected. TCP, when
+  // configured, is a listening port with TLS and bearer tokens only.
+  if (tcp_credentials != nullptr) {
+    builder.AddListeningPort(options.tcp_listen, tcp_credentials, &impl->tcp_port);
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(impl->service.get());
   impl->server = builder.BuildAndStart();
+  if (!options.tcp_listen.empty() && (impl->server == nullptr || impl->tcp_port == 0)) {
+    return absl::UnavailableError(absl::StrCat(
+        "--tcp-listen: cannot serve TLS on ", options.tcp_listen,
+        " (address in use or not local, or --tls-cert and --tls-key not a matching "
+        "certificate and key)"));
+  }
   if (impl->server == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("--socket: cannot serve on ", impl->socket_path));
+  }
+  if (impl->tcp_port != 0) {
+    EVOKE_LOG_INFO("serving TCP on ", options.tcp_listen, " (port ", impl->tcp_port,
+                   "): TLS with ", options.tls_cert,
+                   ", every call needs a principal's bearer token");
   }
   EVOKE_ASSIGN_OR_RETURN(
       impl->listener,

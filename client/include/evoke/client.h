@@ -49,6 +49,16 @@ struct ClientOptions {
   // one larger block is still sent). Smaller requests fit in a small tier 1
   // and are acknowledged sooner. Default: 16 MiB.
   uint64_t max_batch_bytes = 16ull << 20;
+  // TCP only (a "HOST:PORT" target; evoked serves TCP only with TLS and a
+  // bearer token per principal, see --tcp-listen). PEM root certificates
+  // that evoked's certificate must chain to (for a self-signed certificate,
+  // that certificate). Non-empty turns TLS on. Default: "" (plain text, for
+  // the Unix socket).
+  std::string tls_root_cert_pem;
+  // TCP only: the principal's bearer token (its token_file's line), sent as
+  // "authorization: Bearer <token>" with every call. Needs
+  // tls_root_cert_pem: a token is never sent in the clear. Default: "".
+  std::string bearer_token;
 };
 
 // ResolveTarget turns ClientOptions::target (or $EVOKE_SOCKET, or the
