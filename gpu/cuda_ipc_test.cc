@@ -99,32 +99,8 @@ TEST(CudaIpcMappingTest, OpensAnotherProcessAllocation) {
       << "exporter saw other bytes than we wrote (status " << status << ")";
 }
 
-// Issue #11: when cuMemGetAddressRange was missing or failed, Open trusted
-// the client's size. CheckMappedRegion is the decision Open makes; it needs
-// no device (and runs wherever this file builds).
-TEST(CheckMappedRegionTest, RefusesWhatTheDriverCannotVouchFor) {
-  const DeviceAddressRange range{true, 0x10000, 0x4000};
-  EXPECT_EQ(CheckMappedRegion(0x10000, 0x4000, range).value(), 0x4000u);
-  EXPECT_EQ(CheckMappedRegion(0x11000, 1, range).value(), 0x3000u);
-  EXPECT_THAT(CheckMappedRegion(0x11000, 0x3001, range),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::HasSubstr("size: 12289 bytes exceed the exported allocation "
-                                            "(12288 bytes)")));
-  EXPECT_THAT(CheckMappedRegion(0x10000, 0, range),
-              StatusIs(absl::StatusCode::kInvalidArgument));
-  // The pointer outside the range the driver reports.
-  EXPECT_THAT(CheckMappedRegion(0xf000, 16, range),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("outside")));
-  EXPECT_THAT(CheckMappedRegion(0x14000, 16, range),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("outside")));
-  // A range that wraps around 2^64.
-  EXPECT_THAT(CheckMappedRegion(~0ull - 8, 4, DeviceAddressRange{true, ~0ull - 16, 64}),
-              StatusIs(absl::StatusCode::kInvalidArgument));
-  // Unknown: refused, however small the size.
-  EXPECT_THAT(CheckMappedRegion(0x10000, 1, DeviceAddressRange{}),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       ::testing::HasSubstr("cuMemGetAddressRange")));
-}
+// CheckMappedRegionTest, the size decision of Open, runs without a device
+// in gpu_test (mapped_region_test.cc).
 
 TEST(CudaIpcMappingTest, RejectsBogusHandlesAndDevices) {
   EVOKE_REQUIRE_CUDA_DEVICE();

@@ -1,6 +1,8 @@
 #include "gpu/cuda_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gpu/cuda_ipc.h"
 
 namespace evoke {
 
@@ -47,18 +49,28 @@ absl::Status CheckDeviceMemory(const void* payload, uint64_t bytes, int device,
         field, ": memory of CUDA device ", attrs.device, ", not of device ",
         device));
   }
-  if (GetAddressRangeFn range = AddressRangeFn(); range != nullptr) {
+  // Bound `bytes` by the allocation the driver reports; when it cannot
+  // report one, refuse rather than trust the size (issue #11: a kernel
+  // running past the allocation touches foreign memory or faults the
+  // context of the whole process). Zero bytes touch nothing.
+  if (bytes == 0) return absl::OkStatus();
+  const uint64_t ptr = reinterpret_cast<uint64_t>(payload);
+  DeviceAddressRange range;
+  if (GetAddressRangeFn query = AddressRangeFn(); query != nullptr) {
     CUdeviceptr base = 0;
     size_t alloc = 0;
-    const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(payload);
-    if (range(&base, &alloc, ptr) == CUDA_SUCCESS && base + alloc - ptr < bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", bytes, " bytes run past the allocation (",
-          base + alloc - ptr, " bytes left)"));
+    if (query(&base, &alloc, static_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS) {
+      range = {true, static_cast<uint64_t>(base), static_cast<uint64_t>(alloc)};
     }
+  }
+  if (const absl::StatusOr<uint64_t> checked = CheckMappedRegion(ptr, bytes, range);
+      !checked.ok()) {
+    // CheckMappedRegion names its field "size"; this check's is `field`.
+    absl::string_view why = checked.status().message();
+    absl::ConsumePrefix(&why, "size: ");
+    return absl::Status(checked.status().code(), absl::StrCat(field, ": ", why));
   }
   return absl::OkStatus();
 }
-
 
 }  // namespace evoke
