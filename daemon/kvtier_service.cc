@@ -570,7 +570,21 @@ grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* conte
     bool more = false;
     const std::vector<BlockInfo> blocks =
         tiers_->List(filter, has_after ? &after : nullptr, page_size, &more);
-    for (const BlockInfo& b : blocks) ToProto(b, response->add_blocks());
+    // Paged by bytes as well: metadata-heavy blocks (summaries, tokens) end
+    // a page early rather than overflow the message limit for everyone.
+    const uint64_t budget = options_.max_message_bytes / 2;
+    uint64_t bytes = 0;
+    for (const BlockInfo& b : blocks) {
+      v1::BlockInfo info;
+      ToProto(b, &info);
+      const uint64_t size = info.ByteSizeLong() + 8;
+      if (response->blocks_size() > 0 && bytes + size > budget) {
+        more = true;
+        break;
+      }
+      bytes += size;
+      *response->add_blocks() = std::move(info);
+    }
     if (more && response->blocks_size() > 0) {
       response->set_next_page_token(
           BlockId::FromBytes(response->blocks().rbegin()->meta().id())->ToHex());

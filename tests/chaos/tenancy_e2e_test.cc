@@ -283,5 +283,37 @@ TEST_F(TenancyTest, MetadataBudgetStopsAFlood) {
   EXPECT_GT(saved, 0);
 }
 
+
+// List pages by bytes as well as by count: metadata-heavy blocks (here 200k
+// tokens each) end a page early instead of overflowing the message limit,
+// which made List fail for everyone.
+TEST_F(TenancyTest, ListPagesByBytes) {
+  StartDaemon({"--max-block-bytes", "1MiB", "--max-message-bytes", "4MiB"});
+  const v1::LayoutFingerprint fp = OpaqueFingerprint("heavy");
+  std::vector<int32_t> tokens(200000);
+  BlockId parent;
+  for (int i = 0; i < 12; ++i) {
+    for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<int32_t>(t * 7 + i);
+    v1::BlockMeta meta = PrefixMeta(fp, parent, tokens, 0, 1, 0);
+    parent = ::evoke::testing::IdOf(meta);
+    ASSERT_OK(SaveBlocks(*client_, {TestBlock{meta, std::string(64, 'x')}}));
+  }
+  v1::ListRequest req;
+  req.set_namespace_("heavy");
+  req.set_page_size(100);
+  size_t seen = 0, pages = 0;
+  for (;;) {
+    absl::StatusOr<v1::ListResponse> page = client_->List(req);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LT(page->ByteSizeLong(), 4u << 20);
+    seen += page->blocks_size();
+    ++pages;
+    if (page->next_page_token().empty()) break;
+    req.set_page_token(page->next_page_token());
+  }
+  EXPECT_EQ(seen, 12u);
+  EXPECT_GT(pages, 1u);
+}
+
 }  // namespace
 }  // namespace evoke::testing
