@@ -688,14 +688,16 @@ absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQue
       ScanRows(p.q16.data(), p.q_scale.data(), p.scan_group, c.codes.data(), c.scales.data(),
                t.heads, t.dim, 0, end - begin, p.max, scores);
     } else {
-      const int8_t* codes[kScanChunkRows];
-      const float* scales[kScanChunkRows];
+      // The rows' addresses first (on the heap: a server thread's stack
+      // may be small), then the kernel.
+      std::vector<const int8_t*> codes(end - begin);
+      std::vector<const float*> scales(end - begin);
       for (size_t i = begin; i < end; ++i) {
         codes[i - begin] = t.codes(i);
         scales[i - begin] = t.scales(i);
       }
-      ScanRefs(p.q16.data(), p.q_scale.data(), p.scan_group, codes, scales, t.heads, t.dim,
-               end - begin, p.max, scores);
+      ScanRefs(p.q16.data(), p.q_scale.data(), p.scan_group, codes.data(), scales.data(),
+               t.heads, t.dim, end - begin, p.max, scores);
     }
     for (size_t row = begin; row < end; ++row) {
       if (query.exclude != nullptr && query.exclude->contains(t.id(row))) continue;
