@@ -152,7 +152,29 @@ void PrintBlock(const v1::BlockInfo& info) {
             << "\n";
 }
 
+void PrintNamespaces(const v1::StatResponse& s) {
+  if (s.namespaces().empty()) return;
+  auto quota = [](uint64_t used, uint64_t q) {
+    return q == 0 ? FormatByteSize(used)
+                  : absl::StrCat(FormatByteSize(used), "/", FormatByteSize(q));
+  };
+  std::cout << absl::StrFormat("%-24s %10s %22s %22s %22s\n", "namespace", "blocks",
+                               "tier 1", "tier 2", "metadata");
+  for (const v1::NamespaceStat& n : s.namespaces()) {
+    std::cout << absl::StrFormat("%-24s %10d %22s %22s %22s%s\n", n.name(), n.blocks(),
+                                 quota(n.tier1_bytes(), n.tier1_quota_bytes()),
+                                 quota(n.tier2_bytes(), n.tier2_quota_bytes()),
+                                 quota(n.metadata_bytes(), n.metadata_quota_bytes()),
+                                 n.shared() ? "  shared" : "");
+  }
+}
+
 void PrintStat(const v1::StatResponse& s) {
+  if (!s.has_counters()) {  // A tenant's Stat: its own namespaces only.
+    std::cout << "evoked " << s.version() << "\n";
+    PrintNamespaces(s);
+    return;
+  }
   std::cout << "evoked " << s.version() << "  data_dir " << s.data_dir() << "  up "
             << s.uptime_seconds() << "s\n";
   std::cout << absl::StrFormat("%-16s %10s %14s %14s %14s\n", "tier", "blocks",
@@ -179,6 +201,20 @@ void PrintStat(const v1::StatResponse& s) {
             << " deletes=" << c.deletes() << " spill_errors=" << c.spill_errors()
             << " invalid_records=" << c.invalid_records()
             << "\n";
+  std::cout << "metadata: " << FormatByteSize(s.metadata_bytes());
+  if (s.metadata_budget_bytes() > 0) {
+    std::cout << " of " << FormatByteSize(s.metadata_budget_bytes()) << " (--metadata-bytes)";
+  }
+  std::cout << "\n";
+  const v1::DiskHealth& d = s.disk_health();
+  std::cout << "disk: " << (d.writable() ? "writable" : "NOT WRITABLE: " + d.reason())
+            << (d.opened_read_only() ? " (opened read-only)" : "")
+            << "  write_failures=" << d.write_failures()
+            << " refused_writes=" << d.refused_writes() << " resumes=" << d.resumes()
+            << " corrupt_files=" << d.corrupt_files()
+            << " unreadable_records=" << d.unreadable_records() << "\n";
+  for (const std::string& step : d.recovery()) std::cout << "  recovered at start: " << step << "\n";
+  PrintNamespaces(s);
 }
 
 int Run(int argc, char** argv) {
@@ -244,7 +280,9 @@ int Run(int argc, char** argv) {
         absl::StartsWith(target, "unix:") && !std::filesystem::exists(target.substr(5), ec)) {
       Check(absl::UnavailableError(absl::StrCat(
           "cannot reach evoked at ", target,
-          ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
+          ec == std::errc::permission_denied
+              ? ": permission denied on its directory (is this user in the socket's group?)"
+              : ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
     }
     ClientOptions options;
     options.target = socket;

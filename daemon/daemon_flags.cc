@@ -289,7 +289,7 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
       ->capture_default_str();
   app.add_option("--policy", o->policy,
                  "Access policy file: namespaces per uid/gid, admins, TCP bearer "
-                 "tokens (default: none, every local peer may use every namespace)");
+                 "tokens (default: none: only evoked's own uid and root may call)");
   app.add_option("--tcp-listen", o->tcp_listen,
                  "Also serve the API on TCP HOST:PORT, with TLS and bearer tokens "
                  "(requires --tls-cert, --tls-key and --policy; default: off)");

@@ -112,10 +112,10 @@ struct DaemonOptions {
   // Default: "info".
   std::string log_level = "info";
 
-  // Access policy file: which uids/gids may use which namespaces, which are
-  // admins, and the bearer tokens of TCP clients. Empty means no policy:
-  // every local peer that can open the sockets may use every namespace (the
-  // sockets' file modes are then the only access control).
+  // Access policy file (docs/ACCESS.md): which uids/gids (and, over TCP,
+  // which bearer tokens) may use which namespaces, which are admins, which
+  // namespaces are shared and their quotas. Empty means no policy: only
+  // evoked's own uid and root may call.
   // Default: "" (none).
   std::string policy;
 
