@@ -143,29 +143,6 @@ class RecoveryFeed final : public BlockObserver {
   RecoveryIndex* const index_;
 };
 
-// Known bug, reported, not yet fixed in recovery/recovery_index.cc:
-// RecoveryIndex::AddToTable re-adding an id that is the only row of its
-// table calls RemoveFromTable, which erases the table, and then uses it
-// (heap-use-after-free). A record with two summaries of one kind and layer
-// reaches it at every start (Rebuild -> RecoveryIndex::Add;
-// fuzz/regressions/fuzz_spill_record/). Until it is fixed such records are
-// skipped here so that fuzzing reaches past them; EVOKE_FUZZ_STRICT=1 keeps
-// them. Remove this once AddToTable survives it.
-bool DuplicateSummaryBug(const storage::SpillRecord& record) {
-  static const bool strict = [] {
-    const char* v = getenv("EVOKE_FUZZ_STRICT");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  if (strict) return false;
-  const auto& s = record.meta().summaries();
-  for (int i = 0; i < s.size(); ++i) {
-    for (int j = 0; j < i; ++j) {
-      if (s[i].kind() == s[j].kind() && s[i].layer() == s[j].layer()) return true;
-    }
-  }
-  return false;
-}
-
 void Run(FuzzedDataProvider& in) {
   std::map<std::string, Stored> blocks;
   std::vector<storage::SpillRecord> parsed;  // Records that parse, for the queries.
@@ -182,7 +159,6 @@ void Run(FuzzedDataProvider& in) {
       if (how & 4) record.mutable_meta()->set_payload_bytes(payload.size());
       if (how & 8) record.set_payload_present(true);
       if (how & 15) record_bytes = record.SerializeAsString();
-      if (DuplicateSummaryBug(record)) return;
       parsed.push_back(record);
     }
     blocks[key] = {std::move(record_bytes), std::move(payload)};
