@@ -51,10 +51,9 @@ struct RecoveryHit {
 // RecoveryIndex keeps each block's summaries once. Per (layout scope, kind,
 // layer) a Table holds every row, in chunks of 4096 contiguous rows: int8
 // codes with a scale per (row, head) for the scan, and the f32 values for
-// rescoring. A
-// session scope is a View: references to rows of its blocks' layout tables
-// (the session's blocks are always in their layout's scope too), 12 bytes a
-// row instead of a second copy.
+// rescoring. A session scope is a View: references to rows of its blocks'
+// layout tables (a session's blocks are always in their layout's scope
+// too), 12 bytes a row instead of a second copy.
 //
 // A search quantizes the query to int16, scans the codes with integer dot
 // products (SIMD through the compiler's multi-versioning: AVX-512BW, AVX2 or
@@ -123,7 +122,8 @@ class RecoveryIndex {
   }
   // What a block's rows take in memory_bytes() once indexed, without the
   // tables' spare capacity: an estimate for callers that budget before they
-  // save (1.25x the summaries' f32 bytes plus about 60 bytes a summary).
+  // save (1.25x the summaries' f32 bytes, plus 28 bytes a summary, 12 more
+  // in a session, and 41 a block).
   static uint64_t AccountedBytes(const v1::BlockMeta& meta);
 
   // Rows of one table (tests, Stat).
