@@ -28,42 +28,12 @@
     }                                                                      \
   } while (0)
 
-namespace {
-
-// Known bug, reported, not yet fixed in client/llama/seq_state.cc:
-// ParseSeqState sizes `positions` from cell_count and `k`/`v` from n_layer
-// before checking that the blob holds that many cells (12 bytes each) and
-// layers (at least 12 bytes each), so an 18-byte blob allocates 11 GiB
-// (fuzz/regressions/fuzz_seq_state/). Until it is fixed, such blobs are
-// skipped here so that fuzzing reaches past them; EVOKE_FUZZ_STRICT=1 feeds
-// them anyway. Remove this once seq_state.cc checks the counts.
-bool UncheckedCountBug(absl::string_view blob) {
-  static const bool strict = [] {
-    const char* v = getenv("EVOKE_FUZZ_STRICT");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  if (strict || blob.size() < 16) return false;
-  auto u32 = [&](size_t at) {
-    uint32_t v = 0;
-    std::memcpy(&v, blob.data() + at, 4);
-    return v;
-  };
-  const uint64_t cells = u32(12);
-  if (cells > (blob.size() - 16) / 12) return true;
-  const uint64_t layers_at = 16 + 12 * cells + 4;
-  if (blob.size() < layers_at + 4) return false;
-  return u32(layers_at) > (blob.size() - layers_at - 4) / 12;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace evoke;
   using namespace evoke::llama;
   if (size < 2 || size > (1u << 20)) return 0;
   const uint32_t n_kv_heads = 1u + data[0] % 16;
   const absl::string_view blob(reinterpret_cast<const char*>(data) + 2, size - 2);
-  if (UncheckedCountBug(blob)) return 0;
   absl::StatusOr<SeqState> state = ParseSeqState(blob);
   if (!state.ok()) return 0;
   // Views point into the blob and cover cell_count rows per layer.

@@ -170,7 +170,10 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
                                       "--metadata-bytes"));
       }
       if (!core_.options.quota) return absl::OkStatus();
-      for (auto& [ns, need] : needs) {
+      // Not a structured binding: clang 14 cannot capture one in a lambda.
+      for (const auto& entry : needs) {
+        const std::string& ns = entry.first;
+        const Need& need = entry.second;
         const NamespaceQuota q = core_.options.quota(ns);
         NamespaceUsage u = core_.index.Usage(ns);
         auto over = [&](absl::string_view what, uint64_t used, uint64_t more, uint64_t quota) {
