@@ -60,14 +60,6 @@ absl::Status Parse(const std::vector<std::string>& args, DaemonOptions* options,
                           exit_now);
 }
 
-bool Strict() {
-  static const bool strict = [] {
-    const char* v = getenv("EVOKE_FUZZ_STRICT");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return strict;
-}
-
 bool RoundTripAlways() {
   static const bool always = [] {
     const char* v = getenv("EVOKE_FUZZ_ROUNDTRIP");
