@@ -15,6 +15,7 @@
 #include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "daemon/ring_service.h"
 #include "daemon/storage_mapping.h"
 
 namespace evoke {
@@ -167,7 +168,8 @@ KvTierService::KvTierService(TierManager* tiers, Executor* executor,
       leases_(leases),
       copiers_(copiers),
       recovery_(recovery),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      rings_(std::make_unique<RingSet>(options_.rings)) {}
 
 absl::StatusOr<std::shared_ptr<const Caller>> KvTierService::Identify(
     const grpc::CallbackServerContext& context) const {
@@ -305,6 +307,7 @@ void KvTierService::CloseLeases() {
       if (std::shared_ptr<LeaseReactor> r = weak.lock()) open.push_back(std::move(r));
     }
   }
+  rings_->StopAll();
   for (const auto& r : open) {
     r->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "evoked is shutting down"));
   }
@@ -389,34 +392,89 @@ grpc::ServerUnaryReactor* KvTierService::UnregisterRegion(
   });
 }
 
+absl::Status KvTierService::DoSave(const Caller& caller, const v1::SaveRequest& request,
+                                   absl::Time deadline, v1::SaveResponse* response) {
+  EVOKE_RETURN_IF_ERROR(ValidateSaveRequest(request, options_.limits));
+  EVOKE_RETURN_IF_ERROR(CheckSaveAccess(request, caller));
+  EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(caller, request.lease_id()));
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SaveRequestSource> source,
+                         SaveRequestSource::Create(request, lease, *leases_, copiers_));
+  std::vector<SaveItem> items;
+  items.reserve(request.blocks_size());
+  for (const v1::SaveBlock& block : request.blocks()) {
+    items.push_back(SaveItem{&block.meta(), PayloadLength(block), block.pin()});
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<SavedBlock>> results = tiers_->Save(
+      items, *source, request.durable(), deadline, lease ? lease->owner : PinOwner{0});
+  if (!results.ok()) return WithFieldPath(results.status(), ItemsField::kSaveBlocks);
+  EVOKE_LOG_DEBUG("Save: ", items.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
+  response->mutable_results()->Reserve(results->size());
+  for (const SavedBlock& r : *results) ToProto(r, response->add_results());
+  return absl::OkStatus();
+}
+
+absl::Status KvTierService::DoLoad(const Caller& caller, const v1::LoadRequest& request,
+                                   v1::LoadResponse* response) {
+  EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids, ValidateLoadRequest(request, options_.limits));
+  EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(caller, request.lease_id()));
+  // Leave room for metadata in the response message.
+  EVOKE_ASSIGN_OR_RETURN(
+      std::unique_ptr<LoadResponseSink> sink,
+      LoadResponseSink::Create(request, response, options_.max_message_bytes - (1u << 20),
+                               lease, *leases_, copiers_));
+  std::vector<v1::BlockMeta> metas;
+  std::vector<LoadedInfo> infos;
+  const absl::Time start = absl::Now();
+  absl::Status s = tiers_->Load(ids, request.fingerprint(), *sink, &metas, &infos, &caller);
+  EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
+  if (!s.ok()) {
+    response->Clear();
+    return WithFieldPath(s, ItemsField::kIds);
+  }
+  sink->ApplyNewPositions(&metas);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::LoadedBlock* block = response->mutable_blocks(i);
+    *block->mutable_meta() = std::move(metas[i]);
+    block->mutable_meta()->clear_summaries();
+    block->set_served_from(ToProto(infos[i].served_from));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext* context,
+                                                    const v1::AttachRingRequest* request,
+                                                    v1::AttachRingResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
+  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                           leases_->GetRegion(lease.id, request->region_id(), "ring"));
+    if (region->kind() != Region::Kind::kSharedMemory) {
+      return absl::FailedPreconditionError(
+          "region_id: a ring must be a shared-memory region, not a CUDA one");
+    }
+    EVOKE_ASSIGN_OR_RETURN(
+        ring::RingGeometry g,
+        rings_->Attach(absl::StrCat(lease.id.ToHex(), "/", request->region_id()),
+                       lease.owner_uid, std::move(region),
+                       MakeServiceRingHandler(this, caller, lease, request->region_id(),
+                                              leases_)));
+    response->set_sq_entries(g.sq_entries);
+    response->set_cq_entries(g.cq_entries);
+    response->set_arg_bytes(g.arg_bytes);
+    response->set_msg_bytes(g.msg_bytes);
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* context,
                                               const v1::SaveRequest* request,
                                               v1::SaveResponse* response) {
   const absl::Time deadline = DeadlineOf(context);
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
-    EVOKE_RETURN_IF_ERROR(ValidateSaveRequest(*request, options_.limits));
-    EVOKE_RETURN_IF_ERROR(CheckSaveAccess(*request, *caller));
-    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(*caller, request->lease_id()));
-    EVOKE_ASSIGN_OR_RETURN(
-        std::unique_ptr<SaveRequestSource> source,
-        SaveRequestSource::Create(*request, lease, *leases_, copiers_));
-    std::vector<SaveItem> items;
-    items.reserve(request->blocks_size());
-    for (const v1::SaveBlock& block : request->blocks()) {
-      const uint64_t size = block.payload_case() == v1::SaveBlock::kRegion
-                                ? block.region().length()
-                                : block.inline_bytes().size();
-      items.push_back(SaveItem{&block.meta(), size, block.pin()});
-    }
-    const absl::Time start = absl::Now();
-    absl::StatusOr<std::vector<SavedBlock>> results = tiers_->Save(
-        items, *source, request->durable(), deadline, lease ? lease->owner : PinOwner{0});
-    if (!results.ok()) return WithFieldPath(results.status(), ItemsField::kSaveBlocks);
-    EVOKE_LOG_DEBUG("Save: ", items.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
-    response->mutable_results()->Reserve(results->size());
-    for (const SavedBlock& r : *results) ToProto(r, response->add_results());
-    return absl::OkStatus();
+    return DoSave(*caller, *request, deadline, response);
   });
 }
 
@@ -425,32 +483,7 @@ grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* conte
                                               v1::LoadResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
-    EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids,
-                           ValidateLoadRequest(*request, options_.limits));
-    EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(*caller, request->lease_id()));
-    // Leave room for metadata in the response message.
-    EVOKE_ASSIGN_OR_RETURN(
-        std::unique_ptr<LoadResponseSink> sink,
-        LoadResponseSink::Create(*request, response,
-                                 options_.max_message_bytes - (1u << 20), lease,
-                                 *leases_, copiers_));
-    std::vector<v1::BlockMeta> metas;
-    std::vector<LoadedInfo> infos;
-    const absl::Time start = absl::Now();
-    absl::Status s = tiers_->Load(ids, request->fingerprint(), *sink, &metas, &infos, caller.get());
-    EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
-    if (!s.ok()) {
-      response->Clear();
-      return WithFieldPath(s, ItemsField::kIds);
-    }
-    sink->ApplyNewPositions(&metas);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      v1::LoadedBlock* block = response->mutable_blocks(i);
-      *block->mutable_meta() = std::move(metas[i]);
-      block->mutable_meta()->clear_summaries();
-      block->set_served_from(ToProto(infos[i].served_from));
-    }
-    return absl::OkStatus();
+    return DoLoad(*caller, *request, response);
   });
 }
 
@@ -642,6 +675,10 @@ grpc::ServerUnaryReactor* KvTierService::Stat(grpc::CallbackServerContext* conte
     response->set_pid(static_cast<uint32_t>(getpid()));
     const uint64_t lease_pins = response->leases().lease_pins();
     *response->mutable_leases() = leases_->Stats();
+    const RingSet::Counters rings = rings_->counters();
+    response->mutable_leases()->set_rings(rings.rings);
+    response->mutable_leases()->set_ring_ops(rings.ops);
+    response->mutable_leases()->set_rings_broken(rings.broken);
     response->mutable_leases()->set_lease_pins(lease_pins);
     if (options_.gpu_stats) options_.gpu_stats(response);
     return absl::OkStatus();

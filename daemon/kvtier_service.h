@@ -15,11 +15,13 @@
 #include "daemon/lease_manager.h"
 #include "daemon/payload_paths.h"
 #include "daemon/request_validation.h"
+#include "daemon/ring_server.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
 #include "recovery/recovery_index.h"
 #include "storage/tier_manager.h"
 
 namespace evoke {
+
 
 struct KvTierServiceOptions {
   RequestLimits limits;
@@ -39,6 +41,8 @@ struct KvTierServiceOptions {
       identify;
   // Shared namespaces and quotas; null: none.
   const AccessPolicy* policy = nullptr;
+  // The command rings' limits and polling.
+  RingOptions rings;
 };
 
 // KvTierService validates each request (INVALID_ARGUMENT naming the field),
@@ -59,7 +63,7 @@ class KvTierService final : public v1::KvTier::CallbackService {
   ~KvTierService() override;
 
   // CloseLeases ends every open lease stream (UNAVAILABLE "shutting down"),
-  // so that server shutdown does not wait for them.
+  // so that server shutdown does not wait for them, and stops every ring.
   void CloseLeases();
 
   grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* context,
@@ -113,6 +117,18 @@ class KvTierService final : public v1::KvTier::CallbackService {
       const v1::UnregisterRegionRequest* request,
       v1::UnregisterRegionResponse* response) override;
 
+  grpc::ServerUnaryReactor* AttachRing(grpc::CallbackServerContext* context,
+                                       const v1::AttachRingRequest* request,
+                                       v1::AttachRingResponse* response) override;
+
+  // The bodies of Save and Load, shared by the RPCs and the command rings:
+  // validate, check access, resolve the lease and run against the
+  // TierManager. Errors name the request's fields.
+  absl::Status DoSave(const Caller& caller, const v1::SaveRequest& request,
+                      absl::Time deadline, v1::SaveResponse* response);
+  absl::Status DoLoad(const Caller& caller, const v1::LoadRequest& request,
+                      v1::LoadResponse* response);
+
   class LeaseReactor;
 
  private:
@@ -141,6 +157,9 @@ class KvTierService final : public v1::KvTier::CallbackService {
   absl::flat_hash_map<LeaseReactor*, std::weak_ptr<LeaseReactor>> reactors_
       ABSL_GUARDED_BY(reactors_mu_);
   bool closing_ ABSL_GUARDED_BY(reactors_mu_) = false;
+  // The command rings (daemon/ring_server.h); declared last so that they
+  // stop before anything they use goes.
+  std::unique_ptr<RingSet> rings_;
 };
 
 }  // namespace evoke

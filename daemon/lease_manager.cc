@@ -196,6 +196,12 @@ absl::StatusOr<std::shared_ptr<Region>> LeaseManager::GetRegion(
   return r->second;
 }
 
+bool LeaseManager::HasRegion(const BlockId& lease, uint64_t region_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease);
+  return it != leases_.end() && it->second.regions.contains(region_id);
+}
+
 absl::Status LeaseManager::RemoveRegion(const BlockId& lease, uint64_t region_id) {
   std::shared_ptr<Region> dropped;  // Unmapped outside the lock.
   const absl::Time now = clock_->Now();

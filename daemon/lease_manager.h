@@ -113,6 +113,9 @@ class LeaseManager {
   absl::StatusOr<std::shared_ptr<Region>> GetRegion(const BlockId& lease,
                                                     uint64_t region_id,
                                                     const std::string& field) const;
+  // HasRegion says whether the lease is open and holds the region, without
+  // marking the lease used (a ring's idle liveness check).
+  bool HasRegion(const BlockId& lease, uint64_t region_id) const;
   // RemoveRegion unregisters a region. NOT_FOUND.
   absl::Status RemoveRegion(const BlockId& lease, uint64_t region_id);
 

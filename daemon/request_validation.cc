@@ -35,6 +35,25 @@ absl::StatusOr<std::vector<BlockId>> ParseIds(
   return out;
 }
 
+uint64_t PayloadLength(const v1::SaveBlock& block) {
+  switch (block.payload_case()) {
+    case v1::SaveBlock::kInlineBytes:
+      return block.inline_bytes().size();
+    case v1::SaveBlock::kRegion:
+      return block.region().length();
+    case v1::SaveBlock::kGather: {
+      uint64_t total = 0;
+      for (const v1::RegionSlice& slice : block.gather().slices()) {
+        if (__builtin_add_overflow(total, slice.length(), &total)) return UINT64_MAX;
+      }
+      return total;
+    }
+    case v1::SaveBlock::PAYLOAD_NOT_SET:
+      break;
+  }
+  return 0;
+}
+
 absl::Status ValidateSaveRequest(const v1::SaveRequest& request,
                                  const RequestLimits& limits) {
   if (request.blocks().empty() ||

@@ -33,6 +33,11 @@ absl::StatusOr<std::vector<BlockId>> ParseIds(
     const google::protobuf::RepeatedPtrField<std::string>& ids,
     absl::string_view field, size_t min_count, size_t max_count, bool unique);
 
+// PayloadLength is the length of a SaveBlock's payload: its inline bytes,
+// its region slice, or the sum of its gather slices (saturating at
+// UINT64_MAX, which no limit admits).
+uint64_t PayloadLength(const v1::SaveBlock& block);
+
 // ValidateSaveRequest checks the batch size, each block (identity, shape,
 // payload present and of the right length) and that ids are unique.
 absl::Status ValidateSaveRequest(const v1::SaveRequest& request,
