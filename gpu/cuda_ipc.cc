@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -11,8 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/rope.h"
 #include "gpu/cuda_status.h"
 #include "gpu/cuda_util.h"
+#include "gpu/xxh3_parallel.h"
 
 namespace evoke {
 
@@ -67,72 +70,319 @@ CudaIpcMapping::~CudaIpcMapping() {
   cudaIpcCloseMemHandle(ptr_);
 }
 
+// Defined in gpu/xxh3_kernel.cu and gpu/rope_kernel.cu (kept free of absl).
+namespace xxh3 {
+cudaError_t LaunchChunkChecksumsAsync(const ChunkDesc* dev_descs, size_t n, uint64_t* dev_out,
+                                      cudaStream_t stream);
+}  // namespace xxh3
+extern "C++" cudaError_t LaunchRopeReanchor(void* payload, uint64_t layer_stride_bytes,
+                                            uint32_t n_layers, uint32_t n_tokens,
+                                            uint32_t n_heads, uint32_t head_dim,
+                                            uint32_t rotary_dim, int rope_type,
+                                            int k_dtype, const double* omega,
+                                            const int64_t* delta, cudaStream_t stream);
+
+namespace {
+
+constexpr int kMaxLaneStreams = TransferPlan::kFirstCopyStream + 8;
+
+size_t Align16(size_t n) { return (n + 15) & ~size_t{15}; }
+
+// A re-anchor job of a plan that has work to do: its shape and where its
+// angle table and deltas are in the lane's staging buffer.
+struct ReadyJob {
+  const DeviceReanchorJob* job;
+  CanonicalKSections sections;
+  size_t table_offset;
+};
+
+}  // namespace
+
+// Lane: what one call in flight owns: streams, events, a device buffer for
+// checksum descriptors, results and re-anchor tables, and its pinned host
+// staging twin. Made on demand, reused, never shared by two calls.
+struct CopierLane {
+  cudaStream_t streams[kMaxLaneStreams] = {};
+  std::vector<cudaEvent_t> events;
+  void* dev = nullptr;
+  void* host = nullptr;  // Pinned.
+  size_t capacity = 0;
+
+  ~CopierLane() {
+    for (cudaStream_t s : streams) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (dev != nullptr) cudaFree(dev);
+    if (host != nullptr) cudaFreeHost(host);
+  }
+  cudaError_t Prepare(int n_streams, int n_events, size_t bytes) {
+    for (int i = 0; i < n_streams && i < kMaxLaneStreams; ++i) {
+      if (streams[i] != nullptr) continue;
+      if (cudaError_t e = cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking);
+          e != cudaSuccess) {
+        streams[i] = nullptr;
+        return e;
+      }
+    }
+    while (events.size() < static_cast<size_t>(n_events)) {
+      cudaEvent_t e;
+      if (cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+          err != cudaSuccess) {
+        return err;
+      }
+      events.push_back(e);
+    }
+    if (bytes <= capacity) return cudaSuccess;
+    size_t cap = 64 << 10;
+    while (cap < bytes) cap *= 2;
+    void* d = nullptr;
+    void* h = nullptr;
+    if (cudaError_t e = cudaMalloc(&d, cap); e != cudaSuccess) return e;
+    if (cudaError_t e = cudaMallocHost(&h, cap); e != cudaSuccess) {
+      cudaFree(d);
+      return e;
+    }
+    if (dev != nullptr) cudaFree(dev);
+    if (host != nullptr) cudaFreeHost(host);
+    dev = d;
+    host = h;
+    capacity = cap;
+    return cudaSuccess;
+  }
+  // Drain waits for every stream (after an error, so that nothing issued
+  // outlives the call) and returns the first error seen.
+  cudaError_t Drain(int n_streams) {
+    cudaError_t first = cudaSuccess;
+    for (int i = 0; i < n_streams && i < kMaxLaneStreams; ++i) {
+      if (streams[i] == nullptr) continue;
+      const cudaError_t e = cudaStreamSynchronize(streams[i]);
+      if (first == cudaSuccess) first = e;
+    }
+    return first;
+  }
+};
+
 class DeviceCopier::Impl {
  public:
   int device;
   absl::Mutex mu;
-  std::vector<cudaStream_t> free_streams ABSL_GUARDED_BY(mu);
-  std::vector<cudaStream_t> all_streams;
+  std::vector<std::unique_ptr<CopierLane>> idle ABSL_GUARDED_BY(mu);
+  // Cleared when the driver refuses cudaMemcpyBatchAsync (older than 12.8,
+  // or a kind of memory it does not batch): then one cudaMemcpyAsync per
+  // piece.
+  std::atomic<bool> batch_ok{true};
 
-  cudaStream_t Acquire() {
+  std::unique_ptr<CopierLane> Acquire() {
     absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](std::vector<cudaStream_t>* v) { return !v->empty(); }, &free_streams));
-    cudaStream_t s = free_streams.back();
-    free_streams.pop_back();
-    return s;
+    if (idle.empty()) return std::make_unique<CopierLane>();
+    std::unique_ptr<CopierLane> lane = std::move(idle.back());
+    idle.pop_back();
+    return lane;
   }
-  void Release(cudaStream_t s) {
+  void Release(std::unique_ptr<CopierLane> lane) {
     absl::MutexLock lock(&mu);
-    free_streams.push_back(s);
+    idle.push_back(std::move(lane));
   }
 
-  absl::Status Copy(absl::Span<const CopyOp> ops, cudaMemcpyKind kind) {
-    const std::vector<CopyOp> merged = CoalesceCopies(ops);
-    if (merged.empty()) return absl::OkStatus();
+  // IssueCopies: pieces [begin, end) of the plan as one batched copy.
+  cudaError_t IssueCopies(const TransferPlan& plan, const PlanStep& step, cudaStream_t stream) {
+    const cudaMemcpyKind kind = plan.direction == CopyDirection::kToHost
+                                    ? cudaMemcpyDeviceToHost
+                                    : cudaMemcpyHostToDevice;
+    const size_t n = step.end - step.begin;
+#if CUDART_VERSION >= 12080
+    if (n > 1 && batch_ok.load(std::memory_order_relaxed)) {
+      std::vector<void*> dsts(n);
+      std::vector<const void*> srcs(n);
+      std::vector<size_t> sizes(n);
+      for (size_t k = 0; k < n; ++k) {
+        const CopyOp& op = plan.copies[step.begin + k];
+        dsts[k] = op.dst;
+        srcs[k] = op.src;
+        sizes[k] = op.bytes;
+      }
+      cudaMemcpyAttributes attr = {};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      const cudaMemLocation host{cudaMemLocationTypeHost, 0};
+      const cudaMemLocation dev{cudaMemLocationTypeDevice, device};
+      attr.srcLocHint = kind == cudaMemcpyHostToDevice ? host : dev;
+      attr.dstLocHint = kind == cudaMemcpyHostToDevice ? dev : host;
+      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
+      const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n,
+                                                 &attr, &attr_index, 1, stream);
+#else
+      size_t fail_index = 0;
+      const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n,
+                                                 &attr, &attr_index, 1, &fail_index, stream);
+#endif
+      if (e == cudaSuccess) return cudaSuccess;
+      // Not batched by this driver: fall back for good (a real fault shows
+      // again below, on the first piece).
+      cudaGetLastError();
+      batch_ok.store(false, std::memory_order_relaxed);
+    }
+#endif
+    for (size_t k = step.begin; k < step.end; ++k) {
+      const CopyOp& op = plan.copies[k];
+      if (cudaError_t e = cudaMemcpyAsync(op.dst, op.src, op.bytes, kind, stream);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+    return cudaSuccess;
+  }
+
+  absl::Status Execute(const TransferPlan& plan, absl::Span<uint64_t> sums) {
+    if (absl::Status s = CheckChecksumRanges(plan.ranges, sums.size()); !s.ok()) return s;
+    if (plan.streams > kMaxLaneStreams || plan.streams < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: ", plan.streams, " streams, at most ", kMaxLaneStreams));
+    }
+    if (plan.steps.empty()) return absl::OkStatus();
     if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
       return CudaStatus(e, "cudaSetDevice");
     }
-    cudaStream_t stream = Acquire();
-    absl::Status status;
-    for (const CopyOp& op : merged) {
-      const cudaError_t e = cudaMemcpyAsync(op.dst, op.src, op.bytes, kind, stream);
-      if (e != cudaSuccess) {
-        status = CudaStatus(e, "cudaMemcpyAsync");
-        break;
+    // Re-anchor jobs are checked before anything is issued; their tables
+    // go to the device once, behind the checksum descriptors.
+    const size_t n_ranges = plan.ranges.size();
+    size_t bytes = Align16(n_ranges * sizeof(xxh3::ChunkDesc)) + Align16(n_ranges * 8);
+    std::vector<ReadyJob> ready(plan.jobs.size(), ReadyJob{nullptr, {}, 0});
+    const size_t tables = bytes;
+    for (size_t k = 0; k < plan.jobs.size(); ++k) {
+      const DeviceReanchorJob& job = plan.jobs[k];
+      absl::StatusOr<CanonicalKSections> sections =
+          CheckCanonicalReanchor(*job.plan, *job.meta, job.payload_bytes, job.delta);
+      if (!sections.ok()) return sections.status();
+      if (job.plan->type == v1::ROPE_NONE ||
+          std::all_of(job.delta.begin(), job.delta.end(), [](int64_t d) { return d == 0; })) {
+        continue;  // Nothing to rotate: no launch.
+      }
+      if (job.device_payload == nullptr) {
+        return absl::InvalidArgumentError("device_payload: is null");
+      }
+      if (absl::Status s =
+              CheckDeviceMemory(job.device_payload, job.payload_bytes, device, "device_payload");
+          !s.ok()) {
+        return s;
+      }
+      ready[k] = ReadyJob{&job, *sections, bytes};
+      bytes += Align16((job.plan->omega.size() + job.delta.size()) * 8);
+    }
+    std::unique_ptr<CopierLane> lane = Acquire();
+    if (cudaError_t e = lane->Prepare(plan.streams, plan.events, bytes); e != cudaSuccess) {
+      Release(std::move(lane));
+      return CudaStatus(e, "DeviceCopier: lane");
+    }
+    uint8_t* host = static_cast<uint8_t*>(lane->host);
+    uint8_t* dev = static_cast<uint8_t*>(lane->dev);
+    auto* host_descs = reinterpret_cast<xxh3::ChunkDesc*>(host);
+    const size_t out_offset = Align16(n_ranges * sizeof(xxh3::ChunkDesc));
+    for (size_t k = 0; k < n_ranges; ++k) {
+      host_descs[k] = xxh3::ChunkDesc{plan.ranges[k].ptr, plan.ranges[k].bytes};
+    }
+    for (const ReadyJob& r : ready) {
+      if (r.job == nullptr) continue;
+      const size_t n_pairs = r.job->plan->omega.size();
+      std::memcpy(host + r.table_offset, r.job->plan->omega.data(), n_pairs * 8);
+      std::memcpy(host + r.table_offset + n_pairs * 8, r.job->delta.data(),
+                  r.job->delta.size() * 8);
+    }
+    cudaStream_t* st = lane->streams;
+    const cudaStream_t sums_stream = st[TransferPlan::kChecksumStream];
+    const cudaStream_t rope_stream = st[TransferPlan::kReanchorStream];
+    cudaError_t err = cudaSuccess;
+    const char* what = "";
+    // Uploads first, each on the stream that will use it.
+    if (n_ranges > 0) {
+      err = cudaMemcpyAsync(dev, host, n_ranges * sizeof(xxh3::ChunkDesc),
+                            cudaMemcpyHostToDevice, sums_stream);
+      what = "cudaMemcpyAsync (checksum descriptors)";
+    }
+    if (err == cudaSuccess && bytes > tables) {
+      err = cudaMemcpyAsync(dev + tables, host + tables, bytes - tables, cudaMemcpyHostToDevice,
+                            rope_stream);
+      what = "cudaMemcpyAsync (re-anchor tables)";
+    }
+    for (size_t i = 0; i < plan.steps.size() && err == cudaSuccess; ++i) {
+      const PlanStep& step = plan.steps[i];
+      const cudaStream_t stream = st[step.stream];
+      switch (step.kind) {
+        case StepKind::kCopy:
+          err = IssueCopies(plan, step, stream);
+          what = "copy";
+          break;
+        case StepKind::kChecksum:
+          err = xxh3::LaunchChunkChecksumsAsync(
+              reinterpret_cast<const xxh3::ChunkDesc*>(dev) + step.begin, step.end - step.begin,
+              reinterpret_cast<uint64_t*>(dev + out_offset) + step.begin, stream);
+          what = "checksum kernel launch";
+          break;
+        case StepKind::kReanchor:
+          for (size_t k = step.begin; k < step.end && err == cudaSuccess; ++k) {
+            const ReadyJob& r = ready[k];
+            if (r.job == nullptr) continue;
+            const uint8_t* base = dev + r.table_offset;
+            err = LaunchRopeReanchor(
+                r.job->device_payload, r.sections.layer_stride_bytes, r.sections.n_layers,
+                r.sections.n_tokens, r.sections.n_heads, r.sections.head_dim,
+                r.job->plan->rotary_dim, static_cast<int>(r.job->plan->type),
+                static_cast<int>(r.sections.k_dtype), reinterpret_cast<const double*>(base),
+                reinterpret_cast<const int64_t*>(base + r.job->plan->omega.size() * 8), stream);
+          }
+          what = "rope re-anchor kernel launch";
+          break;
+        case StepKind::kRecord:
+          err = cudaEventRecord(lane->events[step.event], stream);
+          what = "cudaEventRecord";
+          break;
+        case StepKind::kWait:
+          err = cudaStreamWaitEvent(stream, lane->events[step.event], 0);
+          what = "cudaStreamWaitEvent";
+          break;
       }
     }
-    const cudaError_t sync = cudaStreamSynchronize(stream);
-    if (status.ok() && sync != cudaSuccess) {
-      status = CudaStatus(sync, "cudaStreamSynchronize");
+    if (err == cudaSuccess && n_ranges > 0) {
+      err = cudaMemcpyAsync(host + out_offset, dev + out_offset, n_ranges * 8,
+                            cudaMemcpyDeviceToHost, sums_stream);
+      what = "cudaMemcpyAsync (checksums)";
     }
-    Release(stream);
+    const cudaError_t drained = lane->Drain(plan.streams);
+    absl::Status status = CudaStatus(err, absl::StrCat("DeviceCopier: ", what));
+    if (status.ok()) status = CudaStatus(drained, "DeviceCopier: cudaStreamSynchronize");
+    if (status.ok()) {
+      std::memcpy(sums.data(), host + out_offset, n_ranges * 8);
+      Release(std::move(lane));
+    } else {
+      cudaGetLastError();  // A lane that saw an error is not reused.
+    }
     return status;
   }
 };
 
-absl::StatusOr<std::unique_ptr<DeviceCopier>> DeviceCopier::Create(int device,
-                                                                  int streams) {
+absl::StatusOr<std::unique_ptr<DeviceCopier>> DeviceCopier::Create(
+    int device, int streams, const PipelineOptions& options) {
+  if (absl::Status s = CheckPipelineOptions(options); !s.ok()) return s;
   if (absl::Status s = CheckDeviceExists(device); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->device = device;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return CudaStatus(e, "cudaSetDevice");
   }
+  // Lanes made up front, so that the first calls do not pay for streams.
   for (int i = 0; i < streams; ++i) {
-    cudaStream_t s;
-    if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    auto lane = std::make_unique<CopierLane>();
+    if (cudaError_t e = lane->Prepare(TransferPlan::kFirstCopyStream + options.copy_streams, 0, 0);
         e != cudaSuccess) {
-      for (cudaStream_t t : impl->all_streams) cudaStreamDestroy(t);
       return CudaStatus(e, "cudaStreamCreate");
     }
-    impl->all_streams.push_back(s);
+    impl->Release(std::move(lane));
   }
-  {
-    absl::MutexLock lock(&impl->mu);
-    impl->free_streams = impl->all_streams;
-  }
-  return std::unique_ptr<DeviceCopier>(new DeviceCopier(device, std::move(impl)));
+  std::unique_ptr<DeviceCopier> copier(new DeviceCopier(device, std::move(impl)));
+  copier->options_ = options;
+  return copier;
 }
 
 DeviceCopier::DeviceCopier(int device, std::unique_ptr<Impl> impl)
@@ -140,15 +390,22 @@ DeviceCopier::DeviceCopier(int device, std::unique_ptr<Impl> impl)
 
 DeviceCopier::~DeviceCopier() {
   cudaSetDevice(device_);
-  for (cudaStream_t s : impl_->all_streams) cudaStreamDestroy(s);
+  absl::MutexLock lock(&impl_->mu);
+  impl_->idle.clear();
 }
 
 absl::Status DeviceCopier::DeviceToHost(absl::Span<const CopyOp> ops) {
-  return impl_->Copy(ops, cudaMemcpyDeviceToHost);
+  const TransferPlan plan = PlanCopies(ops, CopyDirection::kToHost, options_);
+  return impl_->Execute(plan, {});
 }
 
 absl::Status DeviceCopier::HostToDevice(absl::Span<const CopyOp> ops) {
-  return impl_->Copy(ops, cudaMemcpyHostToDevice);
+  const TransferPlan plan = PlanCopies(ops, CopyDirection::kToDevice, options_);
+  return impl_->Execute(plan, {});
+}
+
+absl::Status DeviceCopier::Execute(const TransferPlan& plan, absl::Span<uint64_t> sums) {
+  return impl_->Execute(plan, sums);
 }
 
 absl::StatusOr<std::unique_ptr<HostRegistration>> HostRegistration::Start(

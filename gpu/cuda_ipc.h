@@ -17,6 +17,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "gpu/copy_op.h"
+#include "gpu/transfer_plan.h"
 
 namespace evoke {
 
@@ -96,28 +98,22 @@ class CudaIpcMapping {
   uint64_t available_;
 };
 
-// One copy between host and device memory.
-struct CopyOp {
-  void* dst = nullptr;
-  const void* src = nullptr;
-  uint64_t bytes = 0;
-};
-
-// CoalesceCopies merges consecutive ops whose sources and destinations are
-// both contiguous, so a batch of small blocks becomes a few large copies.
-// Exposed for tests; the copier applies it.
-std::vector<CopyOp> CoalesceCopies(absl::Span<const CopyOp> ops);
-
 // DeviceCopier copies batches between host and one device on its own CUDA
-// streams (a pool, so concurrent RPCs do not serialize), coalescing
-// adjacent ops, and returns when the batch is complete. Host memory should be
-// registered (HostRegistration) for full speed; unregistered host memory
-// still works, staged by the driver. Thread-safe.
+// streams (a pool of lanes, each a set of streams and events, so concurrent
+// RPCs do not serialize), and returns when the batch is complete. Every call
+// runs a TransferPlan (gpu/transfer_plan.h): adjacent ops coalesced, many
+// small copies issued as one cudaMemcpyBatchAsync per step (one
+// cudaMemcpyAsync per piece where the driver lacks it), large ones cut into
+// pieces over several streams. Host memory should be registered
+// (HostRegistration) for full speed; unregistered host memory still works,
+// staged by the driver. Thread-safe.
 class DeviceCopier {
  public:
   // Create errors: UNAVAILABLE (no CUDA, no such device).
-  static absl::StatusOr<std::unique_ptr<DeviceCopier>> Create(int device,
-                                                              int streams = 4);
+  // `streams`: lanes made at once (more are made when concurrent calls
+  // need them). `options` must pass CheckPipelineOptions (INVALID_ARGUMENT).
+  static absl::StatusOr<std::unique_ptr<DeviceCopier>> Create(
+      int device, int streams = 4, const PipelineOptions& options = {});
   ~DeviceCopier();
   DeviceCopier(const DeviceCopier&) = delete;
   DeviceCopier& operator=(const DeviceCopier&) = delete;
@@ -126,13 +122,27 @@ class DeviceCopier {
   absl::Status DeviceToHost(absl::Span<const CopyOp> ops);
   // Copies host -> device (src host pointers, dst device pointers).
   absl::Status HostToDevice(absl::Span<const CopyOp> ops);
+  // Execute issues every step of `plan` on one lane's streams (events
+  // between them as the plan says; CheckPlanOrdering holds for the plans of
+  // gpu/transfer_plan.h), waits for all of them, and writes the checksum of
+  // plan.ranges[k] to sums[k]. Copies, checksum ranges and re-anchor payloads
+  // must be memory the device may touch (bounds-checked by the caller, as
+  // for DeviceChunkChecksums); re-anchor jobs are checked first
+  // (CheckCanonicalReanchor, CheckDeviceMemory) and nothing is issued when
+  // one fails. On a CUDA error the lane's streams are drained before
+  // returning, so no step outlives the call. INVALID_ARGUMENT for
+  // sums.size() != plan.ranges.size() or a bad range; errors otherwise as
+  // gpu/cuda_status.h.
+  absl::Status Execute(const TransferPlan& plan, absl::Span<uint64_t> sums);
   int device() const { return device_; }
+  const PipelineOptions& options() const { return options_; }
 
   class Impl;
 
  private:
   DeviceCopier(int device, std::unique_ptr<Impl> impl);
   int device_;
+  PipelineOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -15,7 +15,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcMapping>> CudaIpcMapping::Open(
 CudaIpcMapping::~CudaIpcMapping() = default;
 
 class DeviceCopier::Impl {};
-absl::StatusOr<std::unique_ptr<DeviceCopier>> DeviceCopier::Create(int, int) {
+absl::StatusOr<std::unique_ptr<DeviceCopier>> DeviceCopier::Create(int, int,
+                                                                  const PipelineOptions&) {
   return NoCuda();
 }
 DeviceCopier::DeviceCopier(int device, std::unique_ptr<Impl> impl)
@@ -23,6 +24,7 @@ DeviceCopier::DeviceCopier(int device, std::unique_ptr<Impl> impl)
 DeviceCopier::~DeviceCopier() = default;
 absl::Status DeviceCopier::DeviceToHost(absl::Span<const CopyOp>) { return NoCuda(); }
 absl::Status DeviceCopier::HostToDevice(absl::Span<const CopyOp>) { return NoCuda(); }
+absl::Status DeviceCopier::Execute(const TransferPlan&, absl::Span<uint64_t>) { return NoCuda(); }
 
 absl::StatusOr<std::unique_ptr<HostRegistration>> HostRegistration::Start(
     void*, uint64_t, uint64_t) {

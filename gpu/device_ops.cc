@@ -6,8 +6,46 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/status_macros.h"
 
 namespace evoke {
+namespace {
+
+absl::Status CheckSlots(size_t blocks, size_t slots) {
+  if (blocks == slots) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("checksums: ", slots, " slots for ", blocks, " blocks"));
+}
+
+}  // namespace
+
+// The defaults: the same plans, their steps run one kind after the other
+// through the batch calls (no overlap). Implementations override them.
+absl::Status DeviceOps::FetchBlocks(absl::Span<const FetchBlock> blocks,
+                                    absl::Span<uint64_t> checksums) {
+  EVOKE_RETURN_IF_ERROR(CheckSlots(blocks.size(), checksums.size()));
+  const TransferPlan plan = PlanFetch(blocks);
+  EVOKE_RETURN_IF_ERROR(DeviceToHost(plan.copies));
+  std::vector<uint64_t> sums(plan.ranges.size());
+  EVOKE_RETURN_IF_ERROR(ChunkChecksums(plan.ranges, absl::MakeSpan(sums)));
+  const std::vector<uint64_t> out = BlockChecksums(plan, sums, blocks);
+  std::copy(out.begin(), out.end(), checksums.begin());
+  return absl::OkStatus();
+}
+
+absl::Status DeviceOps::LandBlocks(absl::Span<const LandingBlock> blocks,
+                                   absl::Span<uint64_t> checksums) {
+  EVOKE_RETURN_IF_ERROR(CheckSlots(blocks.size(), checksums.size()));
+  EVOKE_ASSIGN_OR_RETURN(const TransferPlan plan, PlanLanding(blocks));
+  EVOKE_RETURN_IF_ERROR(HostToDevice(plan.copies));
+  std::vector<uint64_t> sums(plan.ranges.size());
+  EVOKE_RETURN_IF_ERROR(ChunkChecksums(plan.ranges, absl::MakeSpan(sums)));
+  EVOKE_RETURN_IF_ERROR(ReanchorCanonicalBlocks(plan.jobs));
+  const std::vector<uint64_t> out = BlockChecksums(plan, sums, blocks);
+  std::copy(out.begin(), out.end(), checksums.begin());
+  return absl::OkStatus();
+}
+
 namespace {
 
 class CudaOps final : public DeviceOps {
@@ -27,6 +65,27 @@ class CudaOps final : public DeviceOps {
   }
   absl::Status ReanchorCanonicalBlocks(absl::Span<const DeviceReanchorJob> jobs) override {
     return ReanchorCanonicalBlocksOnDevice(jobs, copier_->device());
+  }
+  // The pipelined forms: the plan issued on the copier's streams at once.
+  absl::Status FetchBlocks(absl::Span<const FetchBlock> blocks,
+                           absl::Span<uint64_t> checksums) override {
+    EVOKE_RETURN_IF_ERROR(CheckSlots(blocks.size(), checksums.size()));
+    const TransferPlan plan = PlanFetch(blocks, copier_->options());
+    std::vector<uint64_t> sums(plan.ranges.size());
+    EVOKE_RETURN_IF_ERROR(copier_->Execute(plan, absl::MakeSpan(sums)));
+    const std::vector<uint64_t> out = BlockChecksums(plan, sums, blocks);
+    std::copy(out.begin(), out.end(), checksums.begin());
+    return absl::OkStatus();
+  }
+  absl::Status LandBlocks(absl::Span<const LandingBlock> blocks,
+                          absl::Span<uint64_t> checksums) override {
+    EVOKE_RETURN_IF_ERROR(CheckSlots(blocks.size(), checksums.size()));
+    EVOKE_ASSIGN_OR_RETURN(const TransferPlan plan, PlanLanding(blocks, copier_->options()));
+    std::vector<uint64_t> sums(plan.ranges.size());
+    EVOKE_RETURN_IF_ERROR(copier_->Execute(plan, absl::MakeSpan(sums)));
+    const std::vector<uint64_t> out = BlockChecksums(plan, sums, blocks);
+    std::copy(out.begin(), out.end(), checksums.begin());
+    return absl::OkStatus();
   }
 
  private:

@@ -17,6 +17,7 @@
 #include "absl/types/span.h"
 #include "gpu/cuda_ipc.h"
 #include "gpu/rope_device.h"
+#include "gpu/transfer_plan.h"
 #include "gpu/xxh3_device.h"
 
 namespace evoke {
@@ -30,7 +31,9 @@ class DeviceOps {
 
   virtual int device() const = 0;
   // Copies device -> host (src device pointers, dst host pointers), as
-  // DeviceCopier::DeviceToHost: adjacent ops coalesced.
+  // DeviceCopier::DeviceToHost: adjacent ops coalesced, the batch issued as
+  // PlanCopies cuts it (many small ops: a few batched copies, never one call
+  // per op; large ones: pieces over several streams).
   virtual absl::Status DeviceToHost(absl::Span<const CopyOp> ops) = 0;
   // Copies host -> device (src host pointers, dst device pointers).
   virtual absl::Status HostToDevice(absl::Span<const CopyOp> ops) = 0;
@@ -41,6 +44,32 @@ class DeviceOps {
   // ReanchorCanonicalBlocks: ReanchorCanonicalBlocksOnDevice on this device
   // (errors as there).
   virtual absl::Status ReanchorCanonicalBlocks(absl::Span<const DeviceReanchorJob> jobs) = 0;
+
+  // FetchBlocks: a Save's copies of `blocks` device -> host and, for each
+  // block with `checksum` set, PayloadChecksum (common/checksum.h) of its
+  // device bytes, computed on the device while the copies run (PlanFetch:
+  // no wait between the copy and the hashing). checksums[i] is block i's
+  // (0 for a block not hashed); checksums.size() must be blocks.size()
+  // (INVALID_ARGUMENT). Errors otherwise as DeviceToHost and ChunkChecksums.
+  // The default runs DeviceToHost, then ChunkChecksums, one after the other.
+  virtual absl::Status FetchBlocks(absl::Span<const FetchBlock> blocks,
+                                   absl::Span<uint64_t> checksums);
+  // LandBlocks: a Load's copies of `blocks` host -> device, pipelined
+  // (PlanLanding): while piece k+1 is in flight, piece k's chunks are hashed
+  // where they landed, and a block whose chunks are all hashed is
+  // re-anchored in place (its `reanchor` job) while later pieces land.
+  // checksums[i] is PayloadChecksum of what landed for each block with
+  // `verify` (the bytes before re-anchoring; 0 for others): the caller
+  // compares it with the stored checksum and must not serve a block that
+  // differs. A block that fails has been re-anchored all the same, so its
+  // destination holds garbage, as after any failed Load. Errors as
+  // HostToDevice, ChunkChecksums and ReanchorCanonicalBlocks (a re-anchor
+  // job is checked before anything is copied), INVALID_ARGUMENT for
+  // checksums.size() != blocks.size() or a job that does not name its
+  // block's destination. The default runs HostToDevice, ChunkChecksums and
+  // ReanchorCanonicalBlocks one after the other.
+  virtual absl::Status LandBlocks(absl::Span<const LandingBlock> blocks,
+                                  absl::Span<uint64_t> checksums);
 };
 
 // DeviceOpsFactory opens a DeviceOps per device. Thread-safe.

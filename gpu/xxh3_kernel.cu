@@ -363,5 +363,17 @@ cudaError_t LaunchChunkChecksums(const ChunkDesc* host_descs, size_t n, uint64_t
   return e;
 }
 
+// LaunchChunkChecksumsAsync launches the kernel over `n` descriptors already
+// in device memory (dev_descs), writing dev_out[0 .. n), on `stream`, and
+// returns without waiting: the pipelined copier (gpu/cuda_ipc.cc) orders it
+// after the copies it verifies with events. The caller checked the ranges.
+cudaError_t LaunchChunkChecksumsAsync(const ChunkDesc* dev_descs, size_t n, uint64_t* dev_out,
+                                      cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (n > 0x7fffffffu) return cudaErrorInvalidValue;  // grid size
+  ChunkChecksumKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(dev_descs, dev_out);
+  return cudaGetLastError();
+}
+
 }  // namespace xxh3
 }  // namespace evoke

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/checksum.h"
 #include "common/rope.h"
+#include "gpu/transfer_plan.h"
 
 namespace evoke::testing {
 namespace {
@@ -41,8 +42,9 @@ std::string MakeHandle(uint64_t serial) {
 }  // namespace
 
 struct HostDevices::State {
-  explicit State(int n) : devices(n) {}
+  State(int n, const PipelineOptions& o, uint64_t s) : devices(n), options(o), seed(s) {}
   const int devices;
+  const PipelineOptions options;
 
   mutable absl::Mutex mu;
   // By base address, so that the allocation holding a pointer is found with
@@ -51,6 +53,7 @@ struct HostDevices::State {
   uint64_t next_serial ABSL_GUARDED_BY(mu) = 1;
   std::array<Fault, kDeviceOpCount> faults ABSL_GUARDED_BY(mu);
   int corrupt_landings ABSL_GUARDED_BY(mu) = 0;
+  uint64_t seed ABSL_GUARDED_BY(mu);  // Of the next plan's interleaving.
   Counters counters ABSL_GUARDED_BY(mu);
 
   absl::Status CheckDevice(int device) const {
@@ -100,49 +103,13 @@ class HostOps final : public DeviceOps {
   int device() const override { return device_; }
 
   absl::Status DeviceToHost(absl::Span<const CopyOp> ops) override {
-    const std::vector<CopyOp> merged = CoalesceCopies(ops);
-    {
-      absl::MutexLock lock(&state_->mu);
-      if (absl::Status s = state_->Enter(DeviceOp::kDeviceToHost); !s.ok()) return s;
-      for (size_t i = 0; i < merged.size(); ++i) {
-        if (absl::Status s = state_->Inside(device_, merged[i].src, merged[i].bytes,
-                                            "DeviceToHost source");
-            !s.ok()) {
-          return s;
-        }
-      }
-      state_->counters.copy_ops += ops.size();
-      state_->counters.copies += merged.size();
-      for (const CopyOp& op : merged) state_->counters.bytes_to_host += op.bytes;
-    }
-    for (const CopyOp& op : merged) std::memcpy(op.dst, op.src, op.bytes);
-    return absl::OkStatus();
+    const TransferPlan plan = PlanCopies(ops, CopyDirection::kToHost, state_->options);
+    return Run(DeviceOp::kDeviceToHost, plan, ops.size(), {});
   }
 
   absl::Status HostToDevice(absl::Span<const CopyOp> ops) override {
-    const std::vector<CopyOp> merged = CoalesceCopies(ops);
-    bool corrupt = false;
-    {
-      absl::MutexLock lock(&state_->mu);
-      if (absl::Status s = state_->Enter(DeviceOp::kHostToDevice); !s.ok()) return s;
-      for (size_t i = 0; i < merged.size(); ++i) {
-        if (absl::Status s = state_->Inside(device_, merged[i].dst, merged[i].bytes,
-                                            "HostToDevice destination");
-            !s.ok()) {
-          return s;
-        }
-      }
-      state_->counters.copy_ops += ops.size();
-      state_->counters.copies += merged.size();
-      for (const CopyOp& op : merged) state_->counters.bytes_to_device += op.bytes;
-      if (!merged.empty() && state_->corrupt_landings > 0) {
-        --state_->corrupt_landings;
-        corrupt = true;
-      }
-    }
-    for (const CopyOp& op : merged) std::memcpy(op.dst, op.src, op.bytes);
-    if (corrupt) static_cast<uint8_t*>(merged[0].dst)[0] ^= 1;
-    return absl::OkStatus();
+    const TransferPlan plan = PlanCopies(ops, CopyDirection::kToDevice, state_->options);
+    return Run(DeviceOp::kHostToDevice, plan, ops.size(), {});
   }
 
   absl::Status ChunkChecksums(absl::Span<const DeviceRange> ranges,
@@ -161,6 +128,7 @@ class HostOps final : public DeviceOps {
         }
       }
       state_->counters.checksum_ranges += ranges.size();
+      if (!ranges.empty()) ++state_->counters.checksum_steps;
     }
     for (size_t i = 0; i < ranges.size(); ++i) {
       out[i] = ChunkChecksum(ranges[i].ptr, ranges[i].bytes);
@@ -174,27 +142,7 @@ class HostOps final : public DeviceOps {
     std::vector<const DeviceReanchorJob*> ready;
     absl::MutexLock lock(&state_->mu);
     if (absl::Status s = state_->Enter(DeviceOp::kReanchor); !s.ok()) return s;
-    for (const DeviceReanchorJob& job : jobs) {
-      absl::StatusOr<CanonicalKSections> sections =
-          CheckCanonicalReanchor(*job.plan, *job.meta, job.payload_bytes, job.delta);
-      if (!sections.ok()) return sections.status();
-      if (job.plan->type == v1::ROPE_NONE ||
-          std::all_of(job.delta.begin(), job.delta.end(), [](int64_t d) { return d == 0; })) {
-        continue;
-      }
-      if (job.device_payload == nullptr) {
-        return absl::InvalidArgumentError("device_payload: is null");
-      }
-      ready.push_back(&job);
-    }
-    for (const DeviceReanchorJob* job : ready) {
-      if (absl::Status s = state_->Inside(device_, job->device_payload, job->payload_bytes,
-                                          "device_payload");
-          !s.ok()) {
-        // CheckDeviceMemory's answer for memory that is not the device's.
-        return absl::InvalidArgumentError(s.message());
-      }
-    }
+    if (absl::Status s = CheckJobs(jobs, &ready); !s.ok()) return s;
     // Under the lock: a fake device runs one kernel at a time.
     for (const DeviceReanchorJob* job : ready) {
       if (absl::Status s = ReanchorCanonicalBlock(
@@ -208,14 +156,164 @@ class HostOps final : public DeviceOps {
     return absl::OkStatus();
   }
 
+  absl::Status FetchBlocks(absl::Span<const FetchBlock> blocks,
+                           absl::Span<uint64_t> checksums) override {
+    if (checksums.size() != blocks.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("checksums: ", checksums.size(),
+                                                     " slots for ", blocks.size(), " blocks"));
+    }
+    const TransferPlan plan = PlanFetch(blocks, state_->options);
+    std::vector<uint64_t> sums(plan.ranges.size());
+    if (absl::Status s = Run(DeviceOp::kFetchBlocks, plan, blocks.size(), absl::MakeSpan(sums));
+        !s.ok()) {
+      return s;
+    }
+    const std::vector<uint64_t> out = BlockChecksums(plan, sums, blocks);
+    std::copy(out.begin(), out.end(), checksums.begin());
+    return absl::OkStatus();
+  }
+
+  absl::Status LandBlocks(absl::Span<const LandingBlock> blocks,
+                          absl::Span<uint64_t> checksums) override {
+    if (checksums.size() != blocks.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("checksums: ", checksums.size(),
+                                                     " slots for ", blocks.size(), " blocks"));
+    }
+    absl::StatusOr<TransferPlan> plan = PlanLanding(blocks, state_->options);
+    if (!plan.ok()) return plan.status();
+    std::vector<uint64_t> sums(plan->ranges.size());
+    if (absl::Status s = Run(DeviceOp::kLandBlocks, *plan, blocks.size(), absl::MakeSpan(sums));
+        !s.ok()) {
+      return s;
+    }
+    const std::vector<uint64_t> out = BlockChecksums(*plan, sums, blocks);
+    std::copy(out.begin(), out.end(), checksums.begin());
+    return absl::OkStatus();
+  }
+
  private:
+  // CheckJobs: the checks of ReanchorCanonicalBlocksOnDevice; `ready` gets
+  // the jobs that rotate something.
+  absl::Status CheckJobs(absl::Span<const DeviceReanchorJob> jobs,
+                         std::vector<const DeviceReanchorJob*>* ready) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    for (const DeviceReanchorJob& job : jobs) {
+      absl::StatusOr<CanonicalKSections> sections =
+          CheckCanonicalReanchor(*job.plan, *job.meta, job.payload_bytes, job.delta);
+      if (!sections.ok()) return sections.status();
+      if (job.plan->type == v1::ROPE_NONE ||
+          std::all_of(job.delta.begin(), job.delta.end(), [](int64_t d) { return d == 0; })) {
+        continue;
+      }
+      if (job.device_payload == nullptr) {
+        return absl::InvalidArgumentError("device_payload: is null");
+      }
+      ready->push_back(&job);
+    }
+    for (const DeviceReanchorJob* job : *ready) {
+      if (absl::Status s = state_->Inside(device_, job->device_payload, job->payload_bytes,
+                                          "device_payload");
+          !s.ok()) {
+        // CheckDeviceMemory's answer for memory that is not the device's.
+        return absl::InvalidArgumentError(s.message());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Run: what DeviceCopier::Execute does, in host memory. Everything is
+  // checked first (a fault on a real device would leave the context
+  // unusable; here it is an error before any byte moves), then the steps run
+  // in a random interleaving that respects the plan's streams and events.
+  absl::Status Run(DeviceOp op, const TransferPlan& plan, size_t asked,
+                   absl::Span<uint64_t> sums) {
+    const bool to_device = plan.direction == CopyDirection::kToDevice;
+    std::vector<bool> rotates(plan.jobs.size(), false);
+    bool corrupt = false;
+    uint64_t seed = 0;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (absl::Status s = state_->Enter(op); !s.ok()) return s;
+      if (absl::Status s = CheckPlanOrdering(plan); !s.ok()) return s;
+      for (const CopyOp& c : plan.copies) {
+        const void* on_device = to_device ? c.dst : c.src;
+        if (absl::Status s = state_->Inside(device_, on_device, c.bytes,
+                                            to_device ? "HostToDevice destination"
+                                                      : "DeviceToHost source");
+            !s.ok()) {
+          return s;
+        }
+      }
+      if (absl::Status s = CheckChecksumRanges(plan.ranges, sums.size()); !s.ok()) return s;
+      for (size_t i = 0; i < plan.ranges.size(); ++i) {
+        const DeviceRange& r = plan.ranges[i];
+        if (absl::Status s =
+                state_->Inside(device_, r.ptr, r.bytes, absl::StrCat("ranges[", i, "]"));
+            !s.ok()) {
+          return s;
+        }
+      }
+      std::vector<const DeviceReanchorJob*> ready;
+      if (absl::Status s = CheckJobs(plan.jobs, &ready); !s.ok()) return s;
+      for (const DeviceReanchorJob* job : ready) {
+        rotates[static_cast<size_t>(job - plan.jobs.data())] = true;
+      }
+      Counters& c = state_->counters;
+      c.copy_ops += asked;
+      c.copies += plan.copies.size();
+      for (const CopyOp& op : plan.copies) (to_device ? c.bytes_to_device : c.bytes_to_host) += op.bytes;
+      c.copy_steps += plan.steps_of(StepKind::kCopy);
+      c.checksum_steps += plan.steps_of(StepKind::kChecksum);
+      c.reanchor_steps += plan.steps_of(StepKind::kReanchor);
+      c.checksum_ranges += plan.ranges.size();
+      c.reanchor_jobs += ready.size();
+      ++c.plans;
+      c.max_streams = std::max<uint64_t>(c.max_streams, static_cast<uint64_t>(plan.streams));
+      if (to_device && !plan.copies.empty() && state_->corrupt_landings > 0) {
+        --state_->corrupt_landings;
+        corrupt = true;
+      }
+      seed = state_->seed++;
+    }
+    // The first piece of the batch lands with one bit flipped.
+    const void* corrupt_at = corrupt ? plan.copies[0].dst : nullptr;
+    return SimulatePlan(plan, seed, [&](const PlanStep& step) -> absl::Status {
+      for (size_t k = step.begin; k < step.end; ++k) {
+        switch (step.kind) {
+          case StepKind::kCopy:
+            std::memcpy(plan.copies[k].dst, plan.copies[k].src, plan.copies[k].bytes);
+            if (plan.copies[k].dst == corrupt_at) static_cast<uint8_t*>(plan.copies[k].dst)[0] ^= 1;
+            break;
+          case StepKind::kChecksum:
+            sums[k] = ChunkChecksum(plan.ranges[k].ptr, plan.ranges[k].bytes);
+            break;
+          case StepKind::kReanchor:
+            if (!rotates[k]) break;
+            if (absl::Status s = ReanchorCanonicalBlock(
+                    *plan.jobs[k].plan, *plan.jobs[k].meta,
+                    static_cast<uint8_t*>(plan.jobs[k].device_payload),
+                    plan.jobs[k].payload_bytes, plan.jobs[k].delta);
+                !s.ok()) {
+              return s;
+            }
+            break;
+          default:
+            break;
+        }
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  using Counters = HostDevices::Counters;
   const std::shared_ptr<HostDevices::State> state_;
   const int device_;
 };
 
 }  // namespace
 
-HostDevices::HostDevices(int devices) : state_(std::make_shared<State>(devices)) {}
+HostDevices::HostDevices(int devices, const PipelineOptions& options, uint64_t seed)
+    : state_(std::make_shared<State>(devices, options, seed)) {}
 HostDevices::~HostDevices() = default;
 
 absl::StatusOr<std::unique_ptr<DeviceOps>> HostDevices::Open(int device) {

@@ -16,6 +16,15 @@
 // checked as the CUDA implementations check them. Checksums are the host's
 // ChunkChecksum and re-anchoring is the CPU reference, ReanchorCanonicalBlock
 // (common/rope.h), which the CUDA kernels are tested against.
+//
+// Every batch runs as the CUDA copier runs it: the same TransferPlan
+// (gpu/transfer_plan.h: PlanCopies for DeviceToHost / HostToDevice,
+// PlanFetch for FetchBlocks, PlanLanding for LandBlocks), first checked for
+// races (CheckPlanOrdering: a plan that could let a checksum read bytes
+// before they land, or re-anchor them before they are hashed, fails with
+// INTERNAL), then run step by step in an interleaving of its streams chosen
+// at random (SimulatePlan), so that a plan that is only right in issue order
+// gives wrong checksums here too.
 #ifndef EVOKE_TESTING_HOST_DEVICE_COPIER_H_
 #define EVOKE_TESTING_HOST_DEVICE_COPIER_H_
 
@@ -38,15 +47,19 @@ enum class DeviceOp : int {
   kHostToDevice,
   kChecksums,
   kReanchor,
+  kFetchBlocks,
+  kLandBlocks,
 };
-inline constexpr int kDeviceOpCount = 5;
+inline constexpr int kDeviceOpCount = 7;
 
 // Thread-safe. Allocations live until Free or until the HostDevices and
 // every DeviceOps it opened are gone.
 class HostDevices final : public DeviceOpsFactory {
  public:
-  // Devices 0 .. devices - 1 exist.
-  explicit HostDevices(int devices = 1);
+  // Devices 0 .. devices - 1 exist; plans are cut with `options` (which
+  // must pass CheckPipelineOptions) and interleaved from `seed`.
+  explicit HostDevices(int devices = 1, const PipelineOptions& options = {},
+                       uint64_t seed = 1);
   ~HostDevices() override;
   HostDevices(const HostDevices&) = delete;
   HostDevices& operator=(const HostDevices&) = delete;
@@ -76,15 +89,20 @@ class HostDevices final : public DeviceOpsFactory {
   // FailNext makes the next `n` calls of `op` (on any device) fail with
   // `status` before doing anything; n < 0: every call, until ClearFaults.
   void FailNext(DeviceOp op, int n, absl::Status status);
-  // CorruptNextHostToDevice makes the next `n` HostToDevice batches flip the
-  // lowest bit of the first byte each writes (a transfer gone bad after the
-  // host copy was verified).
+  // CorruptNextHostToDevice makes the next `n` HostToDevice or LandBlocks
+  // batches flip the lowest bit of the first byte each writes (a transfer
+  // gone bad after the host copy was verified).
   void CorruptNextHostToDevice(int n);
   void ClearFaults();
 
   struct Counters {
     std::array<uint64_t, kDeviceOpCount> calls{};  // Per DeviceOp, failed included.
-    uint64_t copies = 0;            // Copies issued after coalescing.
+    uint64_t copies = 0;            // Copies issued after coalescing (pieces of a plan).
+    uint64_t copy_steps = 0;        // Batched copy calls (one cudaMemcpyBatchAsync each).
+    uint64_t checksum_steps = 0;    // Checksum kernel launches.
+    uint64_t reanchor_steps = 0;    // Re-anchor steps (one launch per job in each).
+    uint64_t plans = 0;             // Plans run.
+    uint64_t max_streams = 0;       // Most streams one plan used.
     uint64_t copy_ops = 0;          // CopyOps asked for, before coalescing.
     uint64_t bytes_to_host = 0;
     uint64_t bytes_to_device = 0;
