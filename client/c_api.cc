@@ -2,7 +2,9 @@
 #include "evoke/evoke.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,12 +13,28 @@
 #include "common/block_validation.h"
 #include "common/chain_hash.h"
 #include "common/fingerprint.h"
+
 #include "evoke/client.h"
 
 struct evoke_client {
   std::unique_ptr<evoke::Client> client;
   mutable absl::Mutex mu;
   std::string last_error ABSL_GUARDED_BY(mu);
+  // Shared buffers (evoke_buffer_alloc), by address.
+  std::map<const uint8_t*, std::unique_ptr<evoke::SharedRegion>> buffers ABSL_GUARDED_BY(mu);
+
+  // SliceOf names [data, data + size) when it lies inside one buffer.
+  std::optional<evoke::v1::RegionSlice> SliceOf(const void* data, size_t size) const {
+    const auto* p = static_cast<const uint8_t*>(data);
+    absl::MutexLock lock(&mu);
+    auto it = buffers.upper_bound(p);
+    if (it == buffers.begin()) return std::nullopt;
+    --it;
+    const evoke::SharedRegion& r = *it->second;
+    const uint64_t offset = static_cast<uint64_t>(p - r.data());
+    if (offset > r.size() || size > r.size() - offset || size == 0) return std::nullopt;
+    return r.Slice(offset, size);
+  }
 };
 
 namespace {
@@ -70,11 +88,32 @@ v1::LayoutFingerprint ToFingerprint(const evoke_layout& l) {
 evoke_status LoadInto(evoke_client* c, const v1::LayoutFingerprint& fp, const BlockId& id,
                       int32_t new_first_pos, void* dst, size_t cap, size_t* written) {
   if (dst == nullptr && cap > 0) return Invalid(c, "dst: is NULL");
-  std::vector<evoke::LoadedBlock> loaded;
+  std::vector<v1::Reanchor> reanchor;
+  if (new_first_pos != EVOKE_KEEP_POSITIONS) reanchor.emplace_back().set_first_position(new_first_pos);
+  if (std::optional<v1::RegionSlice> slice = c->SliceOf(dst, cap)) {
+    // Into a shared buffer: the daemon writes the payload there itself.
+    absl::StatusOr<std::vector<evoke::LoadedBlock>> got =
+        c->client->LoadWith({&id, 1}, fp, reanchor, {*slice});
+    if (!got.ok()) {
+      // Too small a slice is refused before anything is written; say how
+      // much is needed, as the inline path does.
+      if (got.status().code() == absl::StatusCode::kInvalidArgument && written != nullptr) {
+        if (absl::StatusOr<v1::BlockInfo> info = c->client->Describe(id); info.ok()) {
+          *written = info->meta().payload_bytes();
+          if (*written > cap) {
+            return Fail(c, absl::ResourceExhaustedError(absl::StrCat(
+                               "cap: ", cap, " bytes is smaller than the block (", *written,
+                               " bytes)")));
+          }
+        }
+      }
+      return Fail(c, got.status());
+    }
+    if (written != nullptr) *written = (*got)[0].meta.payload_bytes();
+    return Fail(c, absl::OkStatus());
+  }
   absl::StatusOr<std::vector<evoke::LoadedBlock>> got =
-      new_first_pos == EVOKE_KEEP_POSITIONS
-          ? c->client->Load({&id, 1}, fp)
-          : c->client->LoadReanchored({&id, 1}, fp, {new_first_pos});
+      c->client->LoadWith({&id, 1}, fp, reanchor, {});
   if (!got.ok()) return Fail(c, got.status());
   const std::string& payload = (*got)[0].payload;
   if (written != nullptr) *written = payload.size();
@@ -112,6 +151,39 @@ evoke_status evoke_connect(const char* socket, evoke_client** out) {
 
 void evoke_close(evoke_client* client) { delete client; }
 
+evoke_status evoke_buffer_alloc(evoke_client* c, size_t size, void** out) {
+  if (c == nullptr) return EVOKE_INVALID_ARGUMENT;
+  if (out == nullptr) return Invalid(c, "out: is NULL");
+  *out = nullptr;
+  if (size == 0) return Invalid(c, "size: is 0");
+  if (!c->client->has_lease()) {
+    if (absl::Status s = c->client->OpenLease("c-api"); !s.ok()) return Fail(c, s);
+  }
+  absl::StatusOr<std::unique_ptr<evoke::SharedRegion>> region =
+      c->client->CreateSharedRegion(size);
+  if (!region.ok()) return Fail(c, region.status());
+  *out = (*region)->data();
+  {
+    absl::MutexLock lock(&c->mu);
+    c->buffers.emplace((*region)->data(), std::move(*region));
+  }
+  return Fail(c, absl::OkStatus());
+}
+
+void evoke_buffer_free(evoke_client* c, void* buffer) {
+  if (c == nullptr || buffer == nullptr) return;
+  std::unique_ptr<evoke::SharedRegion> region;
+  {
+    absl::MutexLock lock(&c->mu);
+    auto it = c->buffers.find(static_cast<const uint8_t*>(buffer));
+    if (it == c->buffers.end()) return;
+    region = std::move(it->second);
+    c->buffers.erase(it);
+  }
+  // The daemon unmaps its side; ours goes with the SharedRegion.
+  (void)c->client->UnregisterRegion(region->id());
+}
+
 const char* evoke_last_error(const evoke_client* client) {
   if (client == nullptr) return "client is NULL";
   absl::MutexLock lock(&client->mu);
@@ -137,6 +209,10 @@ evoke_status evoke_block_save(evoke_client* c, const evoke_layout* layout, const
   evoke::BlockToSave block(
       evoke::SessionBlockMeta(fp, session, seq, n_tokens, layer_begin, layer_end, first_pos),
       absl::string_view(static_cast<const char*>(data), size));
+  if (std::optional<v1::RegionSlice> slice = c->SliceOf(data, size)) {
+    block.payload = {};
+    block.region = *slice;  // Through the ring: the daemon copies it once.
+  }
   return Fail(c, c->client->Save({&block, 1}).status());
 }
 
@@ -207,6 +283,10 @@ evoke_status evoke_prefix_save(evoke_client* c, const evoke_layout* layout,
                              layer_begin, layer_end,
                              static_cast<int32_t>(block_index * block_tokens)),
       absl::string_view(static_cast<const char*>(data), size));
+  if (std::optional<v1::RegionSlice> slice = c->SliceOf(data, size)) {
+    block.payload = {};
+    block.region = *slice;  // Through the ring: the daemon copies it once.
+  }
   return Fail(c, c->client->Save({&block, 1}).status());
 }
 

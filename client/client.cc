@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/ring_client.h"
 #include "common/fd_passing.h"
 #include "common/status_macros.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
@@ -72,6 +73,10 @@ class Client::Impl {
   std::unique_ptr<grpc::ClientContext> lease_context;
   std::unique_ptr<grpc::ClientReader<v1::LeaseEvent>> lease_reader;
   std::thread lease_thread;
+  // The command ring of the current lease; null until the first shared
+  // region (or when it could not be had: ring_error says why).
+  std::shared_ptr<RingClient> ring ABSL_GUARDED_BY(lease_mu);
+  std::string ring_error ABSL_GUARDED_BY(lease_mu);
 
   ~Impl() {
     if (lease_context != nullptr) lease_context->TryCancel();
@@ -82,6 +87,45 @@ class Client::Impl {
     absl::MutexLock lock(&lease_mu);
     return lease_id;
   }
+
+  // Ring returns the live ring of this lease, or null.
+  std::shared_ptr<RingClient> Ring() const {
+    absl::MutexLock lock(&lease_mu);
+    if (ring != nullptr && ring->alive()) return ring;
+    return nullptr;
+  }
+
+  absl::Time Deadline() const { return absl::Now() + options.call_timeout; }
+
+  absl::Status NoRing() const {
+    absl::MutexLock lock(&lease_mu);
+    if (!options.use_ring) return absl::FailedPreconditionError("no ring: use_ring is off");
+    if (ring != nullptr) {
+      return absl::UnavailableError(
+          "ring: the lease ended (the daemon went away or stopped); open a new lease");
+    }
+    if (lease_id.empty()) return absl::FailedPreconditionError("no ring: no lease (OpenLease)");
+    if (!ring_error.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("no ring: ", ring_error));
+    }
+    return absl::FailedPreconditionError("no ring: create a shared region first");
+  }
+
+  absl::StatusOr<std::vector<LoadedBlock>> LoadWithRpc(
+      absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+      absl::Span<const v1::Reanchor> reanchor, absl::Span<const v1::RegionSlice> destinations,
+      absl::Span<const std::vector<v1::RegionSlice>> scatter);
+  // LoadToRegions loads into region slices (destinations, or scatter lists),
+  // through the ring when there is one.
+  absl::StatusOr<std::vector<LoadedBlock>> LoadToRegions(
+      absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+      absl::Span<const v1::Reanchor> reanchor, absl::Span<const v1::RegionSlice> destinations,
+      absl::Span<const std::vector<v1::RegionSlice>> scatter);
+
+  absl::StatusOr<std::unique_ptr<SharedRegion>> CreateRegion(uint64_t size);
+  // AttachRing creates and attaches the ring of the current lease when it
+  // has none; failures are remembered in ring_error, not returned.
+  void AttachRing();
 
   void Prepare(grpc::ClientContext* context) const {
     context->set_deadline(std::chrono::system_clock::now() +
@@ -98,6 +142,88 @@ class Client::Impl {
       results->push_back(std::move(r));
     }
     return absl::OkStatus();
+  }
+
+  // SaveThroughRing submits every block, then waits for all of them; the
+  // first error is returned (after every block completed). OUT_OF_RANGE
+  // before anything was submitted when a block's arguments do not fit in
+  // the ring (the caller then uses the RPC).
+  absl::StatusOr<std::vector<v1::SaveResult>> SaveThroughRing(
+      RingClient& ring, absl::Span<const BlockToSave> blocks, bool durable) {
+    const absl::Time deadline = Deadline();
+    std::vector<uint64_t> tickets;
+    tickets.reserve(blocks.size());
+    absl::Status first;
+    for (const BlockToSave& block : blocks) {
+      absl::StatusOr<uint64_t> t = ring.SubmitSave(block, durable, deadline);
+      if (!t.ok()) {
+        if (tickets.empty() && t.status().code() == absl::StatusCode::kInvalidArgument) {
+          return absl::OutOfRangeError(t.status().message());
+        }
+        first = t.status();
+        break;
+      }
+      tickets.push_back(*t);
+    }
+    std::vector<v1::SaveResult> results;
+    results.reserve(tickets.size());
+    for (size_t i = 0; i < tickets.size(); ++i) {
+      absl::StatusOr<RingCompletion> c = ring.Wait(tickets[i], deadline);
+      absl::Status s = c.ok() ? c->status : c.status();
+      if (!s.ok()) {
+        if (first.ok()) first = s;
+        continue;
+      }
+      v1::SaveResult& r = results.emplace_back();
+      r.set_id(blocks[i].meta.id());
+      r.set_deduplicated(c->deduplicated);
+      r.set_checksum(c->checksum);
+      r.set_tier(c->tier);
+    }
+    if (!first.ok()) return first;
+    return results;
+  }
+
+  // LoadThroughRing loads block i into destinations[i] (one slice, or a
+  // scatter list), re-anchored to first_positions[i] when set. Blocks whose
+  // meta did not fit in a completion are described by `missing_meta`.
+  absl::StatusOr<std::vector<LoadedBlock>> LoadThroughRing(
+      RingClient& ring, absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+      absl::Span<const absl::Span<const v1::RegionSlice>> destinations,
+      absl::Span<const std::optional<int32_t>> first_positions, std::vector<size_t>* missing_meta) {
+    const absl::Time deadline = Deadline();
+    const std::string fp = fingerprint.SerializeAsString();
+    std::vector<uint64_t> tickets;
+    tickets.reserve(ids.size());
+    absl::Status first;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      absl::StatusOr<uint64_t> t =
+          ring.SubmitLoad(ids[i], fp, destinations[i],
+                          first_positions.empty() ? std::nullopt : first_positions[i],
+                          /*want_meta=*/true, deadline);
+      if (!t.ok()) {
+        first = t.status();
+        break;
+      }
+      tickets.push_back(*t);
+    }
+    std::vector<LoadedBlock> out(tickets.size());
+    for (size_t i = 0; i < tickets.size(); ++i) {
+      absl::StatusOr<RingCompletion> c = ring.Wait(tickets[i], deadline);
+      absl::Status s = c.ok() ? c->status : c.status();
+      if (!s.ok()) {
+        if (first.ok()) first = absl::Status(s.code(), absl::StrCat("ids[", i, "]: ", s.message()));
+        continue;
+      }
+      out[i].served_from = c->tier;
+      if (c->meta) {
+        out[i].meta = std::move(*c->meta);
+      } else {
+        missing_meta->push_back(i);
+      }
+    }
+    if (!first.ok()) return first;
+    return out;
   }
 
   absl::Status LoadRange(absl::Span<const BlockId> ids,
@@ -184,6 +310,18 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
     absl::Span<const BlockToSave> blocks, bool durable) {
   std::vector<v1::SaveResult> results;
   results.reserve(blocks.size());
+  if (std::shared_ptr<RingClient> ring = impl_->Ring();
+      ring != nullptr && !blocks.empty() &&
+      std::all_of(blocks.begin(), blocks.end(), [](const BlockToSave& b) {
+        return b.region.has_value() || !b.gather.empty();
+      })) {
+    absl::StatusOr<std::vector<v1::SaveResult>> through_ring =
+        impl_->SaveThroughRing(*ring, blocks, durable);
+    // Arguments too large for the ring's slots go through the RPC instead.
+    if (through_ring.ok() || through_ring.status().code() != absl::StatusCode::kOutOfRange) {
+      return through_ring;
+    }
+  }
   const uint64_t budget = std::min(impl_->options.max_batch_bytes,
                                    impl_->options.max_message_bytes - (1u << 20));
   v1::SaveRequest request;
@@ -192,8 +330,8 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
   uint64_t bytes = 0;
   for (const BlockToSave& block : blocks) {
     // Region payloads cost the message nothing; count them as small.
-    const uint64_t size =
-        (block.region ? 0 : block.payload.size()) + kOverheadPerBlock;
+    const uint64_t size = (block.region || !block.gather.empty() ? 0 : block.payload.size()) +
+                          kOverheadPerBlock + block.gather.size() * 32;
     if (request.blocks_size() > 0 &&
         (bytes + size > budget ||
          static_cast<size_t>(request.blocks_size()) == kMaxBatchBlocks)) {
@@ -203,7 +341,11 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
     }
     v1::SaveBlock* b = request.add_blocks();
     *b->mutable_meta() = block.meta;
-    if (block.region) {
+    if (!block.gather.empty()) {
+      for (const v1::RegionSlice& slice : block.gather) {
+        *b->mutable_gather()->add_slices() = slice;
+      }
+    } else if (block.region) {
       *b->mutable_region() = *block.region;
     } else {
       b->set_inline_bytes(block.payload.data(), block.payload.size());
@@ -242,14 +384,10 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::LoadReanchored(
   return LoadWith(ids, fingerprint, reanchor, {});
 }
 
-absl::StatusOr<std::vector<LoadedBlock>> Client::LoadWith(
+absl::StatusOr<std::vector<LoadedBlock>> Client::Impl::LoadWithRpc(
     absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
-    absl::Span<const v1::Reanchor> reanchor, absl::Span<const v1::RegionSlice> destinations) {
-  if ((!reanchor.empty() && reanchor.size() != ids.size()) ||
-      (!destinations.empty() && destinations.size() != ids.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reanchor, destinations: need none or one per id (", ids.size(), ")"));
-  }
+    absl::Span<const v1::Reanchor> reanchor, absl::Span<const v1::RegionSlice> destinations,
+    absl::Span<const std::vector<v1::RegionSlice>> scatter) {
   std::vector<LoadedBlock> out;
   out.reserve(ids.size());
   for (size_t begin = 0; begin < ids.size(); begin += kMaxBatchBlocks) {
@@ -259,13 +397,17 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::LoadWith(
       request.add_ids(ids[i].ToBytes());
       if (!reanchor.empty()) *request.add_reanchor() = reanchor[i];
       if (!destinations.empty()) *request.add_destinations() = destinations[i];
+      if (!scatter.empty()) {
+        v1::RegionSlices* list = request.add_scatter();
+        for (const v1::RegionSlice& slice : scatter[i]) *list->add_slices() = slice;
+      }
     }
     *request.mutable_fingerprint() = fingerprint;
-    request.set_lease_id(impl_->LeaseId());
+    request.set_lease_id(LeaseId());
     grpc::ClientContext context;
-    impl_->Prepare(&context);
+    Prepare(&context);
     v1::LoadResponse response;
-    EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Load(&context, request, &response)));
+    EVOKE_RETURN_IF_ERROR(FromGrpc(stub->Load(&context, request, &response)));
     for (v1::LoadedBlock& b : *response.mutable_blocks()) {
       LoadedBlock loaded;
       loaded.meta = std::move(*b.mutable_meta());
@@ -276,6 +418,96 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::LoadWith(
   }
   return out;
 }
+
+absl::StatusOr<std::vector<LoadedBlock>> Client::Impl::LoadToRegions(
+    absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+    absl::Span<const v1::Reanchor> reanchor, absl::Span<const v1::RegionSlice> destinations,
+    absl::Span<const std::vector<v1::RegionSlice>> scatter) {
+  std::shared_ptr<RingClient> ring = Ring();
+  // The ring carries a first position per block, not a list of positions.
+  const bool ring_can = ring != nullptr && !ids.empty() &&
+                        std::all_of(reanchor.begin(), reanchor.end(), [](const v1::Reanchor& r) {
+                          return r.positions().empty();
+                        });
+  if (!ring_can) return LoadWithRpc(ids, fingerprint, reanchor, destinations, scatter);
+  std::vector<absl::Span<const v1::RegionSlice>> where(ids.size());
+  std::vector<std::optional<int32_t>> first(reanchor.empty() ? 0 : ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    where[i] = scatter.empty() ? destinations.subspan(i, 1) : absl::MakeConstSpan(scatter[i]);
+    if (!reanchor.empty() && reanchor[i].has_first_position()) {
+      first[i] = reanchor[i].first_position();
+    }
+  }
+  std::vector<size_t> missing;
+  EVOKE_ASSIGN_OR_RETURN(std::vector<LoadedBlock> out,
+                         LoadThroughRing(*ring, ids, fingerprint, where, first, &missing));
+  // A meta too large for a completion's message: load those blocks again
+  // through the RPC, which returns it (the same bytes land in the same place).
+  for (size_t i : missing) {
+    EVOKE_ASSIGN_OR_RETURN(
+        std::vector<LoadedBlock> again,
+        LoadWithRpc(ids.subspan(i, 1), fingerprint,
+                    reanchor.empty() ? reanchor : reanchor.subspan(i, 1),
+                    destinations.empty() ? destinations : destinations.subspan(i, 1),
+                    scatter.empty() ? scatter : scatter.subspan(i, 1)));
+    out[i] = std::move(again[0]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<LoadedBlock>> Client::LoadWith(
+    absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+    absl::Span<const v1::Reanchor> reanchor, absl::Span<const v1::RegionSlice> destinations) {
+  if ((!reanchor.empty() && reanchor.size() != ids.size()) ||
+      (!destinations.empty() && destinations.size() != ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reanchor, destinations: need none or one per id (", ids.size(), ")"));
+  }
+  if (!destinations.empty()) {
+    return impl_->LoadToRegions(ids, fingerprint, reanchor, destinations, {});
+  }
+  return impl_->LoadWithRpc(ids, fingerprint, reanchor, {}, {});
+}
+
+absl::StatusOr<std::vector<LoadedBlock>> Client::LoadScatter(
+    absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+    absl::Span<const std::vector<v1::RegionSlice>> scatter,
+    absl::Span<const v1::Reanchor> reanchor) {
+  if (scatter.size() != ids.size() || (!reanchor.empty() && reanchor.size() != ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scatter, reanchor: need one list per id (", ids.size(), "), reanchor none or one per id"));
+  }
+  return impl_->LoadToRegions(ids, fingerprint, reanchor, {}, scatter);
+}
+
+absl::StatusOr<uint64_t> Client::SubmitSave(const BlockToSave& block, bool durable) {
+  std::shared_ptr<RingClient> ring = impl_->Ring();
+  if (ring == nullptr) return impl_->NoRing();
+  return ring->SubmitSave(block, durable, impl_->Deadline());
+}
+
+absl::StatusOr<uint64_t> Client::SubmitLoad(const BlockId& id,
+                                            const v1::LayoutFingerprint& fingerprint,
+                                            absl::Span<const v1::RegionSlice> destination,
+                                            std::optional<int32_t> first_position,
+                                            bool want_meta) {
+  std::shared_ptr<RingClient> ring = impl_->Ring();
+  if (ring == nullptr) return impl_->NoRing();
+  return ring->SubmitLoad(id, fingerprint.SerializeAsString(), destination, first_position,
+                          want_meta, impl_->Deadline());
+}
+
+absl::StatusOr<RingCompletion> Client::Wait(uint64_t ticket) {
+  std::shared_ptr<RingClient> ring;
+  {
+    absl::MutexLock lock(&impl_->lease_mu);
+    ring = impl_->ring;
+  }
+  if (ring == nullptr) return impl_->NoRing();
+  return ring->Wait(ticket, impl_->Deadline());
+}
+
+bool Client::has_ring() const { return impl_->Ring() != nullptr; }
 
 absl::StatusOr<std::vector<LoadedBlock>> Client::LoadInto(
     absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
@@ -313,6 +545,9 @@ absl::Status Client::OpenLease(absl::string_view client_name) {
     absl::MutexLock lock(&impl_->lease_mu);
     impl_->lease_id = event.grant().lease_id();
     impl_->fd_socket = event.grant().fd_socket();
+    // A ring belongs to one lease: the next region makes a new one.
+    impl_->ring.reset();
+    impl_->ring_error.clear();
   }
   impl_->lease_context = std::move(context);
   impl_->lease_reader = std::move(reader);
@@ -324,6 +559,7 @@ absl::Status Client::OpenLease(absl::string_view client_name) {
     impl->lease_reader->Finish();
     absl::MutexLock lock(&impl->lease_mu);
     impl->lease_id.clear();
+    if (impl->ring != nullptr) impl->ring->MarkDead();
   });
   return absl::OkStatus();
 }
@@ -344,11 +580,55 @@ v1::RegionSlice SharedRegion::Slice(uint64_t offset, uint64_t length) const {
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> Client::CreateSharedRegion(uint64_t size) {
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SharedRegion> region, impl_->CreateRegion(size));
+  if (impl_->options.use_ring) impl_->AttachRing();
+  return region;
+}
+
+void Client::Impl::AttachRing() {
+  std::string lease;
+  {
+    absl::MutexLock lock(&lease_mu);
+    if (ring != nullptr && ring->alive()) return;
+    lease = lease_id;
+  }
+  const uint32_t entries = options.ring_entries;
+  if (entries == 0 || (entries & (entries - 1)) != 0 || entries > ring::kMaxEntries) {
+    absl::MutexLock lock(&lease_mu);
+    ring_error = absl::StrCat("ring_entries: ", entries, " is not a power of two in 1..",
+                              ring::kMaxEntries);
+    return;
+  }
+  const ring::RingGeometry g = ClientRingGeometry(entries);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = CreateRegion(g.total_bytes());
+  absl::Status s = region.status();
+  if (s.ok()) {
+    RingClient::Init((*region)->data(), g);
+    v1::AttachRingRequest request;
+    request.set_lease_id(lease);
+    request.set_region_id((*region)->id());
+    grpc::ClientContext context;
+    Prepare(&context);
+    v1::AttachRingResponse response;
+    s = FromGrpc(stub->AttachRing(&context, request, &response));
+  }
+  absl::MutexLock lock(&lease_mu);
+  if (!s.ok()) {
+    // Blocks then travel through the RPCs.
+    ring_error = std::string(s.message());
+    return;
+  }
+  if (lease_id != lease) return;  // The lease ended meanwhile.
+  ring = std::make_shared<RingClient>(std::move(*region), g, options.ring_spin);
+  ring_error.clear();
+}
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> Client::Impl::CreateRegion(uint64_t size) {
   std::string lease, fd_socket;
   {
-    absl::MutexLock lock(&impl_->lease_mu);
-    lease = impl_->lease_id;
-    fd_socket = impl_->fd_socket;
+    absl::MutexLock lock(&lease_mu);
+    lease = lease_id;
+    fd_socket = this->fd_socket;
   }
   if (lease.empty()) {
     return absl::FailedPreconditionError("no lease: call OpenLease first");

@@ -298,6 +298,8 @@ void RingSet::Ring::Serve() {
     }
     header_->cq_tail.value.store(cq_tail_, std::memory_order_release);
     set_->ops_.fetch_add(n, std::memory_order_relaxed);
+    // Pairs with the client's store of cq_need_wake and re-read of cq_tail.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (header_->cq_need_wake.value.exchange(0, std::memory_order_seq_cst) != 0) {
       FutexWake(&header_->cq_need_wake.value);
     }

@@ -92,6 +92,28 @@ int main(int argc, char** argv) {
   }
   printf("loaded block 2 at position 100: V byte-identical, K rotated\n");
 
+  /* 3b. Shared buffers: the same calls on memory evoked maps too; the bytes
+   * travel through the command ring and are copied once, by the daemon. */
+  {
+    unsigned char* shared = NULL;
+    st = evoke_buffer_alloc(client, 2 * block_bytes, (void**)&shared);
+    CHECK(st == EVOKE_OK && shared != NULL, "evoke_buffer_alloc");
+    fill_block(shared, block_bytes / 2, 4);
+    st = evoke_block_save(client, &layout, "session-1", 4, kTokens, 0, kLayers,
+                          (int32_t)(4 * kTokens), shared, block_bytes);
+    CHECK(st == EVOKE_OK, "evoke_block_save from a shared buffer");
+    st = evoke_block_load(client, &layout, "session-1", 2, 100, shared + block_bytes,
+                          block_bytes, &written);
+    CHECK(st == EVOKE_OK && written == block_bytes, "evoke_block_load into a shared buffer");
+    CHECK(memcmp(shared + block_bytes, back, block_bytes) == 0, "same bytes as the inline load");
+    st = evoke_block_load(client, &layout, "session-1", 2, EVOKE_KEEP_POSITIONS,
+                          shared + block_bytes, 16, &written);
+    CHECK(st == EVOKE_RESOURCE_EXHAUSTED && written == block_bytes, "small shared buffer");
+    CHECK(evoke_block_delete(client, &layout, "session-1", 4) == EVOKE_OK, "delete block 4");
+    evoke_buffer_free(client, shared);
+    printf("shared buffer: saved and loaded through the ring, same bytes\n");
+  }
+
   /* 4. Which evicted blocks match the current queries (4 query heads, GQA)? */
   for (i = 0; i < 4 * kDim; ++i) queries[i] = 1.0f;
   st = evoke_recover(client, &layout, "session-1", 1, queries, 4, 3, NULL, found, &n_out);

@@ -59,6 +59,18 @@ struct ClientOptions {
   // "authorization: Bearer <token>" with every call. Needs
   // tls_root_cert_pem: a token is never sent in the clear. Default: "".
   std::string bearer_token;
+  // Blocks whose payloads are region slices travel through a command ring
+  // (a shared-memory queue beside the regions, no RPC per block) once this
+  // client has a shared region: the first CreateSharedRegion also creates
+  // and attaches the ring. Where the ring cannot be had (an older daemon,
+  // ring limits), the RPCs are used. Default: true.
+  bool use_ring = true;
+  // Submission queue entries of the ring (a power of two, 1..4096); the
+  // completion queue has twice as many. Default: 256.
+  uint32_t ring_entries = 256;
+  // How long a thread waiting for a ring completion spins before it sleeps.
+  // Default: 20 us.
+  absl::Duration ring_spin = absl::Microseconds(20);
 };
 
 // ResolveTarget turns ClientOptions::target (or $EVOKE_SOCKET, or the
@@ -79,6 +91,10 @@ struct BlockToSave {
   absl::string_view payload;
   bool pin = false;
   std::optional<v1::RegionSlice> region;
+  // Instead of `payload` or `region`: slices of registered regions gathered,
+  // in order, into one payload (e.g. the pages of every layer of a paged
+  // cache). 1..4096 slices, all on the host or all on one CUDA device.
+  std::vector<v1::RegionSlice> gather;
 };
 
 // SharedRegion: host memory shared with the daemon (a sealed memfd mapped in
@@ -112,6 +128,18 @@ struct LoadedBlock {
   v1::Tier served_from = v1::TIER_UNSPECIFIED;
 };
 
+// What a ring operation (Client::SubmitSave / SubmitLoad) came to.
+struct RingCompletion {
+  absl::Status status;
+  uint64_t checksum = 0;       // xxHash3-64 of the payload.
+  uint64_t payload_bytes = 0;
+  v1::Tier tier = v1::TIER_UNSPECIFIED;  // Stored in (save), served from (load).
+  bool deduplicated = false;   // Save: the block was already stored.
+  // Load with want_meta: the block's metadata (new positions when
+  // re-anchored; summaries cleared).
+  std::optional<v1::BlockMeta> meta;
+};
+
 // Client is thread-safe: one Client may serve every thread of an engine.
 class Client {
  public:
@@ -124,7 +152,10 @@ class Client {
 
   // Save stores blocks, splitting them into as many requests as the message
   // size requires. Each request is all-or-nothing; when a later request
-  // fails, blocks of earlier requests stay stored.
+  // fails, blocks of earlier requests stay stored. When every block's
+  // payload is a region slice (or gather list) and the client has a ring,
+  // the blocks go through the ring, each stored or refused on its own; the
+  // first error is returned.
   absl::StatusOr<std::vector<v1::SaveResult>> Save(absl::Span<const BlockToSave> blocks,
                                                    bool durable = false);
 
@@ -158,6 +189,40 @@ class Client {
   absl::StatusOr<std::vector<LoadedBlock>> LoadInto(
       absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
       absl::Span<const v1::RegionSlice> destinations);
+
+  // LoadScatter loads each block into a list of region slices (one list per
+  // id; the lengths of a list add up to exactly the block's payload), e.g.
+  // back into the pages of a paged cache. `reanchor` as in LoadWith.
+  absl::StatusOr<std::vector<LoadedBlock>> LoadScatter(
+      absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+      absl::Span<const std::vector<v1::RegionSlice>> scatter,
+      absl::Span<const v1::Reanchor> reanchor = {});
+
+  // Asynchronous block operations through the command ring: each Submit
+  // queues one block and returns a ticket at once (waiting only while the
+  // ring's submission queue is full); Wait returns what became of it. Many
+  // operations may be in flight, from any number of threads; consecutive
+  // operations of one kind are run as one batch by the daemon. Each block is
+  // stored or refused on its own. FAILED_PRECONDITION when this client has
+  // no ring (see ClientOptions::use_ring); UNAVAILABLE when the daemon went
+  // away (the lease ended: open a new one and create regions again).
+  //
+  // SubmitSave: the block's payload must be `region` or `gather`.
+  absl::StatusOr<uint64_t> SubmitSave(const BlockToSave& block, bool durable = false);
+  // SubmitLoad: `destination` is one slice at least the payload long, or
+  // several that the payload is scattered into (exactly its length).
+  // `first_position` re-anchors the block there (as LoadReanchored).
+  absl::StatusOr<uint64_t> SubmitLoad(const BlockId& id, const v1::LayoutFingerprint& fingerprint,
+                                      absl::Span<const v1::RegionSlice> destination,
+                                      std::optional<int32_t> first_position = std::nullopt,
+                                      bool want_meta = false);
+  // Wait blocks until the ticket's operation completes (or call_timeout:
+  // DEADLINE_EXCEEDED, the ticket stays valid). Each ticket is waited once
+  // (NOT_FOUND afterwards). The returned status is the call's; the
+  // operation's own is RingCompletion::status.
+  absl::StatusOr<RingCompletion> Wait(uint64_t ticket);
+  // has_ring: the ring is attached and serving.
+  bool has_ring() const;
 
   // OpenLease opens this client's lease (once; later calls are no-ops while
   // it lasts). The lease owns its registered regions and pins; it ends when

@@ -109,6 +109,15 @@ void evoke_close(evoke_client* client);
  * next call on the client. */
 const char* evoke_last_error(const evoke_client* client);
 
+/* Shared buffers: memory mapped by both this process and evoked. A save
+ * whose `data`, or a load whose `dst`, lies inside one travels through the
+ * client's command ring and is copied once, by the daemon; other memory
+ * travels inside messages. evoke_buffer_alloc opens the client's lease on
+ * first use and returns `size` zeroed bytes in *out; evoke_buffer_free gives
+ * them back (NULL is allowed). Buffers end with the client. */
+evoke_status evoke_buffer_alloc(evoke_client* client, size_t size, void** out);
+void evoke_buffer_free(evoke_client* client, void* buffer);
+
 /* Payload bytes of a canonical block of `n_tokens` tokens over layers
  * [layer_begin, layer_end); 0 if the layout or range is invalid. */
 size_t evoke_block_bytes(const evoke_layout* layout, uint32_t n_tokens,
