@@ -1,7 +1,10 @@
 #include "daemon/payload_paths.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
@@ -23,13 +26,75 @@ absl::StatusOr<DeviceOps*> DeviceCopiers::Get(int device) {
   return raw;
 }
 
+namespace {
+
+std::string Where(int device) {
+  return device < 0 ? std::string("on the host") : absl::StrCat("on CUDA device ", device);
+}
+
+// ResolveSlices resolves the gather or scatter list `list` named `field`
+// ("blocks[2].gather") against the lease's regions, looking each region up
+// once per request (`cache`). Errors name the slice.
+absl::StatusOr<SliceList> ResolveSlices(const v1::RegionSlices& list, const BlockId& lease,
+                                        const LeaseManager& leases, absl::string_view field,
+                                        RegionCache* cache) {
+  SliceList out;
+  out.pieces.reserve(list.slices_size());
+  for (int j = 0; j < list.slices_size(); ++j) {
+    const v1::RegionSlice& slice = list.slices(j);
+    auto it = cache->find(slice.region_id());
+    if (it == cache->end()) {
+      EVOKE_ASSIGN_OR_RETURN(
+          std::shared_ptr<Region> region,
+          leases.GetRegion(lease, slice.region_id(), absl::StrCat(field, ".slices[", j, "]")));
+      it = cache->emplace(slice.region_id(), std::move(region)).first;
+    }
+    const Region& region = *it->second;
+    // The field's name is built only for an error: lists run to 4096 slices.
+    if (slice.length() == 0 || slice.offset() > region.size() ||
+        slice.length() > region.size() - slice.offset()) {
+      return region.CheckSlice(slice.offset(), slice.length(),
+                               absl::StrCat(field, ".slices[", j, "]"));
+    }
+    const bool cuda = region.kind() == Region::Kind::kCuda;
+    const int device = cuda ? region.device() : -1;
+    if (j == 0) {
+      out.device = device;
+    } else if (device != out.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".slices[", j, "]: region ", slice.region_id(), " is ", Where(device),
+          ", slices[0] ", Where(out.device),
+          "; the slices of one list must all be on the host or all on one CUDA device"));
+    }
+    uint8_t* base = cuda ? static_cast<uint8_t*>(region.device_ptr()) : region.host_data();
+    if (base == nullptr) {
+      return absl::InternalError(absl::StrCat(field, ".slices[", j, "]: region ",
+                                              slice.region_id(), " has no mapping"));
+    }
+    out.pieces.push_back(SliceList::Piece{base + slice.offset(), slice.length()});
+    out.total += slice.length();  // Bounded: each length fits its region.
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SaveRequestSource>> SaveRequestSource::Create(
     const v1::SaveRequest& request, const std::optional<Lease>& lease,
     const LeaseManager& leases, DeviceCopiers* copiers) {
   std::unique_ptr<SaveRequestSource> source(new SaveRequestSource(request, copiers));
   source->regions_.resize(request.blocks_size());
+  source->gathers_.resize(request.blocks_size());
   for (int i = 0; i < request.blocks_size(); ++i) {
     const v1::SaveBlock& block = request.blocks(i);
+    if (block.payload_case() == v1::SaveBlock::kGather) {
+      if (!lease) return absl::InvalidArgumentError("lease_id: is required with gather");
+      EVOKE_ASSIGN_OR_RETURN(
+          source->gathers_[i],
+          ResolveSlices(block.gather(), lease->id, leases, absl::StrCat("blocks[", i, "].gather"),
+                        &source->gather_regions_));
+      continue;
+    }
     if (block.payload_case() != v1::SaveBlock::kRegion) continue;
     const std::string field = absl::StrCat("blocks[", i, "].region");
     EVOKE_ASSIGN_OR_RETURN(
@@ -44,6 +109,7 @@ absl::StatusOr<std::unique_ptr<SaveRequestSource>> SaveRequestSource::Create(
 
 absl::string_view SaveRequestSource::HostBytes(size_t i) {
   const v1::SaveBlock& block = request_.blocks(static_cast<int>(i));
+  if (!gathers_[i].empty()) return {};
   if (regions_[i] == nullptr) return block.inline_bytes();
   if (regions_[i]->host_data() == nullptr) return {};
   return absl::string_view(
@@ -114,7 +180,28 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
   absl::flat_hash_map<int, std::vector<CopyOp>> by_device;
   std::vector<DevicePayload> session_payloads;  // Checksummed on the GPU.
   std::vector<size_t> session_items;
+  uint64_t gathered_slices = 0, gathered_on_host = 0;
   for (size_t k = 0; k < items.size(); ++k) {
+    const SliceList& gather = gathers_[items[k]];
+    if (!gather.empty()) {
+      // Checksums left unset: the TierManager hashes what landed in tier 1.
+      uint8_t* dst = dsts[k];
+      if (gather.device < 0) {
+        for (const SliceList::Piece& piece : gather.pieces) {
+          std::memcpy(dst, piece.ptr, piece.length);
+          dst += piece.length;
+        }
+        gathered_on_host += gather.pieces.size();
+      } else {
+        std::vector<CopyOp>& ops = by_device[gather.device];
+        for (const SliceList::Piece& piece : gather.pieces) {
+          ops.push_back({dst, piece.ptr, piece.length});
+          dst += piece.length;
+        }
+      }
+      gathered_slices += gather.pieces.size();
+      continue;
+    }
     const v1::SaveBlock& block = request_.blocks(static_cast<int>(items[k]));
     const Region& region = *regions_[items[k]];
     const v1::RegionSlice& slice = block.region();
@@ -134,7 +221,8 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
   EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> sums,
                          PayloadChecksumsOnDevice(*copiers_, session_payloads));
   for (size_t j = 0; j < sums.size(); ++j) checksums[session_items[j]] = sums[j];
-  EVOKE_LOG_DEBUG("save from GPU: ", items.size(), " blocks, device to host ",
+  EVOKE_LOG_DEBUG("save fetch: ", items.size(), " blocks (", gathered_slices,
+                  " gathered slices, ", gathered_on_host, " of them on the host), device to host ",
                   absl::FormatDuration(t1 - t0), ", checksums on device ",
                   absl::FormatDuration(absl::Now() - t1));
   return absl::OkStatus();
@@ -146,6 +234,20 @@ absl::StatusOr<std::unique_ptr<LoadResponseSink>> LoadResponseSink::Create(
     DeviceCopiers* copiers) {
   std::unique_ptr<LoadResponseSink> sink(
       new LoadResponseSink(request, response, inline_budget, copiers));
+  if (!request.scatter().empty()) {
+    if (!lease) return absl::InvalidArgumentError("lease_id: is required with scatter");
+    sink->mode_ = Mode::kScatter;
+    sink->scatter_.reserve(request.scatter_size());
+    for (int i = 0; i < request.scatter_size(); ++i) {
+      EVOKE_ASSIGN_OR_RETURN(SliceList list,
+                             ResolveSlices(request.scatter(i), lease->id, leases,
+                                           absl::StrCat("scatter[", i, "]"),
+                                           &sink->scatter_regions_));
+      sink->scatter_.push_back(std::move(list));
+    }
+    return sink;
+  }
+  if (!request.destinations().empty()) sink->mode_ = Mode::kDestinations;
   for (int i = 0; i < request.destinations_size(); ++i) {
     const v1::RegionSlice& slice = request.destinations(i);
     const std::string field = absl::StrCat("destinations[", i, "]");
@@ -238,7 +340,18 @@ absl::Status LoadResponseSink::Prepare(absl::Span<const v1::BlockMeta> metas) {
   for (int i = 0; i < request_.reanchor_size() && static_cast<size_t>(i) < metas.size(); ++i) {
     EVOKE_RETURN_IF_ERROR(PrepareReanchor(i, metas[i]));
   }
-  if (!regions_.empty()) {
+  if (mode_ == Mode::kScatter) {
+    for (size_t i = 0; i < metas.size(); ++i) {
+      if (scatter_[i].total != metas[i].payload_bytes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "scatter[", i, "].slices: lengths add up to ", scatter_[i].total,
+            " bytes, the block's payload is ", metas[i].payload_bytes(),
+            " bytes (they must be equal)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (mode_ == Mode::kDestinations) {
     for (size_t i = 0; i < metas.size(); ++i) {
       if (request_.destinations(static_cast<int>(i)).length() < metas[i].payload_bytes()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -267,7 +380,8 @@ absl::Status LoadResponseSink::Prepare(absl::Span<const v1::BlockMeta> metas) {
 }
 
 uint8_t* LoadResponseSink::HostDestination(size_t i) {
-  if (regions_.empty()) {
+  if (mode_ == Mode::kScatter) return nullptr;
+  if (mode_ == Mode::kInline) {
     return reinterpret_cast<uint8_t*>(
         response_->mutable_blocks(static_cast<int>(i))->mutable_inline_bytes()->data());
   }
@@ -280,8 +394,94 @@ uint8_t* LoadResponseSink::DestinationOnDevice(size_t i) const {
          request_.destinations(static_cast<int>(i)).offset();
 }
 
+namespace {
+
+// ScatterHashingSource copies `n` bytes from `src` into `pieces` (lengths
+// adding up to n) and returns PayloadChecksum of the source: each 1 MiB
+// chunk is hashed, then scattered while it is still in cache.
+uint64_t ScatterHashingSource(const uint8_t* src, uint64_t n,
+                              absl::Span<const SliceList::Piece> pieces) {
+  absl::InlinedVector<uint64_t, 16> chunks;
+  chunks.reserve((n + kChecksumChunkBytes - 1) / kChecksumChunkBytes);
+  size_t piece = 0;
+  uint64_t in_piece = 0;  // Bytes of pieces[piece] already written.
+  for (uint64_t off = 0; off < n; off += kChecksumChunkBytes) {
+    const uint64_t chunk = std::min<uint64_t>(kChecksumChunkBytes, n - off);
+    chunks.push_back(ChunkChecksum(src + off, chunk));
+    for (uint64_t done = 0; done < chunk;) {
+      const SliceList::Piece& p = pieces[piece];
+      const uint64_t take = std::min(chunk - done, p.length - in_piece);
+      std::memcpy(p.ptr + in_piece, src + off + done, take);
+      done += take;
+      in_piece += take;
+      if (in_piece == p.length) {
+        ++piece;
+        in_piece = 0;
+      }
+    }
+  }
+  return CombineChunkChecksums(chunks, n);
+}
+
+absl::Status ScatterChecksumError(size_t i, uint64_t stored, uint64_t got) {
+  return absl::DataLossError(absl::StrCat("ids[", i, "]: the payload fails its checksum (stored ",
+                                          absl::Hex(stored), ", read ", absl::Hex(got),
+                                          "); nothing was served"));
+}
+
+}  // namespace
+
+absl::Status LoadResponseSink::DeliverScattered(size_t i, const uint8_t* bytes, uint64_t n,
+                                                uint64_t checksum) {
+  const SliceList& list = scatter_[i];
+  const uint8_t* src = bytes;
+  if (reanchor_[i]) {
+    // Verify into a staging copy, rotate K there, scatter the result.
+    uint8_t* stage;
+    if (list.device < 0) {
+      if (staging_bytes_ < n) {
+        staging_.reset(new uint8_t[n]);
+        staging_bytes_ = n;
+      }
+      stage = staging_.get();
+    } else {
+      device_staging_.emplace_back(new uint8_t[n]);
+      stage = device_staging_.back().get();
+    }
+    const uint64_t got = CopyHashingSource(stage, bytes, n);
+    if (got != checksum) return ScatterChecksumError(i, checksum, got);
+    EVOKE_RETURN_IF_ERROR(AfterHostCopy(i, stage, n));
+    src = stage;
+    if (list.device < 0) {
+      for (const SliceList::Piece& p : list.pieces) {
+        std::memcpy(p.ptr, src, p.length);
+        src += p.length;
+      }
+      return absl::OkStatus();
+    }
+  } else if (list.device < 0) {
+    const uint64_t got = ScatterHashingSource(bytes, n, list.pieces);
+    return got == checksum ? absl::OkStatus() : ScatterChecksumError(i, checksum, got);
+  } else {
+    // The device's chunk checksums need each chunk contiguous where it
+    // lands, which a scattered payload is not: verify before the copy.
+    const uint64_t got = PayloadChecksum(bytes, n);
+    if (got != checksum) return ScatterChecksumError(i, checksum, got);
+  }
+  // A CUDA list: its slices join the device's one batch, copied at Finish
+  // (`src` stays valid until then: tier 1 under a read pin, or staging).
+  std::vector<CopyOp>& ops = device_ops_[list.device];
+  for (const SliceList::Piece& p : list.pieces) {
+    ops.push_back({p.ptr, src, p.length});
+    src += p.length;
+  }
+  ++scattered_to_devices_;
+  return absl::OkStatus();
+}
+
 absl::Status LoadResponseSink::Deliver(size_t i, const uint8_t* bytes, uint64_t n,
                                        uint64_t checksum) {
+  if (mode_ == Mode::kScatter) return DeliverScattered(i, bytes, n, checksum);
   const Region& region = *regions_[i];
   if (reanchor_[i]) device_reanchor_.push_back(i);
   delivered_.push_back(Delivered{i, bytes, n, checksum});
@@ -327,8 +527,9 @@ absl::Status LoadResponseSink::Finish() {
     EVOKE_ASSIGN_OR_RETURN(DeviceOps* ops, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(ops->ReanchorCanonicalBlocks(list));
   }
-  if (!delivered_.empty()) {
-    EVOKE_LOG_DEBUG("load to GPU: ", delivered_.size(), " blocks, host to device ",
+  if (!delivered_.empty() || scattered_to_devices_ > 0) {
+    EVOKE_LOG_DEBUG("load to GPU: ", delivered_.size(), " blocks and ", scattered_to_devices_,
+                    " scattered, host to device ",
                     absl::FormatDuration(t1 - t0), ", verify on device ",
                     absl::FormatDuration(t2 - t1), ", re-anchor ", device_reanchor_.size(),
                     " on device ", absl::FormatDuration(absl::Now() - t2));

@@ -42,24 +42,54 @@ class DeviceCopiers {
   absl::flat_hash_map<int, std::unique_ptr<DeviceOps>> copiers_ ABSL_GUARDED_BY(mu_);
 };
 
+// A gather or scatter list (v1::RegionSlices) resolved against a lease:
+// where each slice's bytes are (the daemon's mapping of a shared-memory
+// region, or a device pointer of a CUDA region), all on the host or all on
+// one device.
+struct SliceList {
+  struct Piece {
+    uint8_t* ptr;  // Host address, or device pointer when device >= 0.
+    uint64_t length;
+  };
+  int device = -1;  // -1: the host.
+  std::vector<Piece> pieces;
+  uint64_t total = 0;  // Sum of the lengths.
+  bool empty() const { return pieces.empty(); }
+};
+
+// The regions a request names, each looked up once and kept mapped (the
+// references) while the request's copies run.
+using RegionCache = absl::flat_hash_map<uint64_t, std::shared_ptr<Region>>;
+
 // SaveRequestSource serves the payloads of a validated SaveRequest. Host
 // payloads (inline, shared memory) are read in place; CUDA slices are
-// fetched in one batch per device, coalesced.
+// fetched in one batch per device, coalesced; gather lists are copied slice
+// by slice into tier 1 (host) or in the same device batch (CUDA).
 class SaveRequestSource final : public SaveSource {
  public:
-  // Create resolves every region slice of the request against `lease`
-  // (which must be set when any block names a region): NOT_FOUND for a
-  // region that is not the lease's, INVALID_ARGUMENT for a slice outside it.
+  // Create resolves every region slice of the request (region slices and
+  // every slice of a gather list) against `lease` (which must be set when
+  // any block names a region): NOT_FOUND for a region that is not the
+  // lease's, INVALID_ARGUMENT for a slice outside its region or a gather list
+  // that mixes the host and a device (or two devices). Errors name the
+  // slice: "blocks[2].gather.slices[7]".
   static absl::StatusOr<std::unique_ptr<SaveRequestSource>> Create(
       const v1::SaveRequest& request, const std::optional<Lease>& lease,
       const LeaseManager& leases, DeviceCopiers* copiers);
 
+  // Empty for CUDA slices and for gathered blocks (host or CUDA): the
+  // TierManager then calls Fetch.
   absl::string_view HostBytes(size_t i) override;
   // CUDA slices: copied device to host first, then session blocks are
   // checksummed on the GPU from the client's device memory (their bytes are
   // private to their owner: a client that changes them mid-save only fails
   // its own save); prefix blocks, shared by every client, are checksummed
-  // from the daemon's own copy in tier 1.
+  // from the daemon's own copy in tier 1. Gathered blocks: host slices are
+  // copied one after the other into the destination; CUDA slices join their
+  // device's one batch of device-to-host copies (adjacent slices coalesced);
+  // their checksums are left to the TierManager, which hashes its own copy
+  // (the device's chunk checksums need each 1 MiB chunk contiguous in device
+  // memory, which a gathered payload is not).
   absl::Status Fetch(absl::Span<const size_t> items, absl::Span<uint8_t* const> dsts,
                      absl::Span<std::optional<uint64_t>> checksums) override;
 
@@ -68,13 +98,24 @@ class SaveRequestSource final : public SaveSource {
       : request_(request), copiers_(copiers) {}
   const v1::SaveRequest& request_;
   DeviceCopiers* const copiers_;
-  std::vector<std::shared_ptr<Region>> regions_;  // Per block; null when inline.
+  std::vector<std::shared_ptr<Region>> regions_;  // Per block; null unless `region`.
+  std::vector<SliceList> gathers_;                // Per block; empty unless `gather`.
+  RegionCache gather_regions_;                    // Keeps the gathered regions mapped.
 };
 
 // LoadResponseSink writes a Load's payloads inline into the response (under
-// a byte budget: RESOURCE_EXHAUSTED past it) or into the request's
+// a byte budget: RESOURCE_EXHAUSTED past it), into the request's
 // destination slices (shared memory: copied in place; CUDA: one batch of
-// host-to-device copies per device at Finish).
+// host-to-device copies per device at Finish), or scattered into the
+// request's scatter lists (shared memory: at Deliver, hashing each 1 MiB
+// chunk of the source before scattering it; CUDA: verified on the host at
+// Deliver, then one batch of host-to-device copies per device at Finish).
+//
+// Re-anchoring a scattered block: its verified bytes are copied into a
+// staging buffer, K is rotated there (on the host, also for a CUDA
+// destination: the device kernel needs the block contiguous) and the result
+// is scattered; V is byte-identical and K equals what the contiguous paths
+// return.
 class LoadResponseSink final : public LoadSink {
  public:
   static absl::StatusOr<std::unique_ptr<LoadResponseSink>> Create(
@@ -82,12 +123,21 @@ class LoadResponseSink final : public LoadSink {
       uint64_t inline_budget, const std::optional<Lease>& lease,
       const LeaseManager& leases, DeviceCopiers* copiers);
 
+  // Create resolves `destinations` or every slice of `scatter` as
+  // SaveRequestSource::Create does ("scatter[1].slices[3]").
+  // Prepare refuses (INVALID_ARGUMENT) a destination shorter than its
+  // block's payload and a scatter list whose lengths do not add up to
+  // exactly the payload.
   absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) override;
+  // Null for CUDA destinations and for scattered blocks (they come through
+  // Deliver).
   uint8_t* HostDestination(size_t i) override;
   absl::Status AfterHostCopy(size_t i, uint8_t* dest, uint64_t n) override;
   absl::Status Deliver(size_t i, const uint8_t* bytes, uint64_t n, uint64_t checksum) override;
-  // Blocks bound for a GPU are verified there, after the copy (before any
-  // re-anchoring).
+  // Every delivered block is verified by the sink: contiguous blocks bound
+  // for a GPU there, after the copy (before any re-anchoring); scattered
+  // blocks on the host as they are scattered or staged (DATA_LOSS from
+  // Deliver).
   bool VerifiesDeliveries() const override { return true; }
   absl::Status Finish() override;
 
@@ -108,6 +158,8 @@ class LoadResponseSink final : public LoadSink {
   absl::Status PrepareReanchor(size_t i, const v1::BlockMeta& meta);
   // Where block i lands in its destination region (device address).
   uint8_t* DestinationOnDevice(size_t i) const;
+  // Deliver for a block of a scatter list.
+  absl::Status DeliverScattered(size_t i, const uint8_t* bytes, uint64_t n, uint64_t checksum);
 
   LoadResponseSink(const v1::LoadRequest& request, v1::LoadResponse* response,
                    uint64_t budget, DeviceCopiers* copiers)
@@ -116,7 +168,18 @@ class LoadResponseSink final : public LoadSink {
   v1::LoadResponse* const response_;
   const uint64_t budget_;
   DeviceCopiers* const copiers_;
-  std::vector<std::shared_ptr<Region>> regions_;  // Empty: inline.
+  enum class Mode { kInline, kDestinations, kScatter };
+  Mode mode_ = Mode::kInline;
+  std::vector<std::shared_ptr<Region>> regions_;  // kDestinations: one per id.
+  std::vector<SliceList> scatter_;                // kScatter: one per id.
+  RegionCache scatter_regions_;                   // Keeps the scatter regions mapped.
+  // Host staging for re-anchoring scattered blocks: one buffer reused for
+  // every host-bound block; one per CUDA-bound block (its copy runs at
+  // Finish). Not zero-filled: every byte is written before it is read.
+  std::unique_ptr<uint8_t[]> staging_;
+  uint64_t staging_bytes_ = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> device_staging_;
+  uint64_t scattered_to_devices_ = 0;  // Blocks, for the log.
   absl::flat_hash_map<int, std::vector<CopyOp>> device_ops_;
   struct Delivered {
     size_t index;

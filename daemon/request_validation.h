@@ -25,6 +25,9 @@ struct RequestLimits {
   uint32_t max_batch_blocks = 4096;
   // Ids in one Lookup, Delete, Pin, Unpin or Verify.
   uint32_t max_ids = 65536;
+  // Slices in one block's gather list (SaveBlock.gather) or scatter list
+  // (LoadRequest.scatter).
+  uint32_t max_slices = 4096;
 };
 
 // ParseIds parses a list of 16-byte ids named `field` ("ids"). Checks the
@@ -39,12 +42,18 @@ absl::StatusOr<std::vector<BlockId>> ParseIds(
 uint64_t PayloadLength(const v1::SaveBlock& block);
 
 // ValidateSaveRequest checks the batch size, each block (identity, shape,
-// payload present and of the right length) and that ids are unique.
+// payload present and of the right length) and that ids are unique. A
+// gather list needs lease_id and 1..max_slices slices, each of length > 0;
+// the payload is their total. Regions are resolved later (SaveRequestSource).
 absl::Status ValidateSaveRequest(const v1::SaveRequest& request,
                                  const RequestLimits& limits);
 
 // ValidateLoadRequest checks the ids (1..max_batch_blocks, unique) and the
-// fingerprint, and returns the parsed ids.
+// fingerprint, and returns the parsed ids. `destinations` and `scatter`
+// exclude each other; either needs lease_id and one entry per id; a scatter
+// list has 1..max_slices slices, each of length > 0, adding up to at most
+// max_block_bytes (that they add up to exactly the payload is checked when
+// the payload's size is known: LoadResponseSink::Prepare).
 absl::StatusOr<std::vector<BlockId>> ValidateLoadRequest(
     const v1::LoadRequest& request, const RequestLimits& limits);
 
