@@ -36,7 +36,8 @@ class CudaPool {
 // CudaMemcpyBaseline returns the GB/s of plain cudaMemcpyAsync between a
 // device buffer and pinned host memory in this process, for `blocks` blocks
 // of `block_bytes` in batches of `batch` (one synchronize per batch), as
-// device->host (mode 0), host->device (1) or both in turn (2).
+// device->host (mode 0), host->device (1) or both in turn (2): the median
+// of 5 timed passes after a warm-up pass.
 absl::StatusOr<double> CudaMemcpyBaseline(uint64_t block_bytes, int blocks, int batch,
                                           int mode);
 

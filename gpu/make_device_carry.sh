@@ -5,12 +5,13 @@
 # Output: .device-carry/{bin,lib} (git-ignored), to carry with the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# EVOKE_BUILD_DIR: a build configured with -DEVOKE_CUDA=ON (see device_check.sh).
 BUILD=${EVOKE_BUILD_DIR:-build}
 OUT=.device-carry
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"
 BINS=(daemon/evoked client/evokectl bench/evoke-bench gpu/gpu_test gpu/cuda_ipc_test
-      gpu/ipc_exporter tests/cuda_e2e_test)
+      gpu/ipc_exporter tests/cuda_e2e_test gpu/gpu_pipeline_bench)
 for b in "${BINS[@]}"; do
   [ -x "$BUILD/$b" ] || { echo "missing $BUILD/$b (build with CUDA first)" >&2; exit 1; }
   cp "$BUILD/$b" "$OUT/bin/"
