@@ -219,10 +219,14 @@ class DeviceCopier::Impl {
                                                  &attr, &attr_index, 1, &fail_index, stream);
 #endif
       if (e == cudaSuccess) return cudaSuccess;
-      // Not batched by this driver: fall back for good (a real fault shows
-      // again below, on the first piece).
+      // Not batched: one copy per piece below (a real fault shows again
+      // there). A driver without the call is not asked again; other refusals
+      // (e.g. host memory it will not batch) only fall back for this step.
       cudaGetLastError();
-      batch_ok.store(false, std::memory_order_relaxed);
+      if (e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver ||
+          e == cudaErrorNotYetImplemented) {
+        batch_ok.store(false, std::memory_order_relaxed);
+      }
     }
 #endif
     for (size_t k = step.begin; k < step.end; ++k) {
