@@ -44,6 +44,18 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
   return absl::FromChrono(deadline);
 }
 
+// Parses a request as gRPC's generated handler does.
+template <typename Message>
+bool ParseWithProtobuf(const grpc::ByteBuffer& bytes, Message* message) {
+  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer.
+  return grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok();
+}
+
+// What gRPC's generated handler answers when a request does not parse.
+grpc::Status UnparsableRequest() {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+}
+
 // Finishes on the calling (reactor) thread: for memory-only work.
 template <typename Fn>
 grpc::ServerUnaryReactor* FinishInline(grpc::CallbackServerContext* context,
@@ -169,6 +181,8 @@ KvTierService::KvTierService(TierManager* tiers, Executor* executor,
       copiers_(copiers),
       recovery_(recovery),
       options_(std::move(options)),
+      payload_pool_(inline_wire::StringPool::Options{options_.inline_pool_bytes,
+                                                     options_.inline_pool_buffers}),
       rings_(std::make_unique<RingSet>(options_.rings)) {}
 
 absl::StatusOr<std::shared_ptr<const Caller>> KvTierService::Identify(
@@ -442,6 +456,23 @@ absl::Status KvTierService::DoLoad(const Caller& caller, const v1::LoadRequest& 
   return absl::OkStatus();
 }
 
+absl::Status KvTierService::DoLoad(const Caller& caller, const v1::LoadRequest& request,
+                                   inline_wire::InlineLoadSink* sink,
+                                   std::vector<v1::Tier>* served_from) {
+  EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids, ValidateLoadRequest(request, options_.limits));
+  // Resolved only for its errors (an unknown lease is NOT_FOUND, as before).
+  EVOKE_RETURN_IF_ERROR(OptionalLease(caller, request.lease_id()).status());
+  std::vector<v1::BlockMeta> metas;
+  std::vector<LoadedInfo> infos;
+  const absl::Time start = absl::Now();
+  absl::Status s = tiers_->Load(ids, request.fingerprint(), *sink, &metas, &infos, &caller);
+  EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
+  if (!s.ok()) return WithFieldPath(s, ItemsField::kIds);
+  served_from->clear();
+  for (const LoadedInfo& info : infos) served_from->push_back(ToProto(info.served_from));
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext* context,
                                                     const v1::AttachRingRequest* request,
                                                     v1::AttachRingResponse* response) {
@@ -469,22 +500,60 @@ grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext*
 }
 
 grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* context,
-                                              const v1::SaveRequest* request,
-                                              v1::SaveResponse* response) {
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
   const absl::Time deadline = DeadlineOf(context);
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
-    return DoSave(*caller, *request, deadline, response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  executor_->Submit([=, this] {
+    reactor->Finish(SaveRaw(*caller, *request, deadline, response));
   });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* context,
-                                              const v1::LoadRequest* request,
-                                              v1::LoadResponse* response) {
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
-    return DoLoad(*caller, *request, response);
-  });
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  executor_->Submit([=, this] { reactor->Finish(LoadRaw(*caller, *request, response)); });
+  return reactor;
+}
+
+grpc::Status KvTierService::SaveRaw(const Caller& caller, const grpc::ByteBuffer& bytes,
+                                    absl::Time deadline, grpc::ByteBuffer* out) {
+  v1::SaveRequest request;
+  if (!inline_wire::ParseSaveRequest(bytes, payload_pool_, &request) &&
+      !ParseWithProtobuf(bytes, &request)) {
+    return UnparsableRequest();
+  }
+  v1::SaveResponse response;
+  const absl::Status s = DoSave(caller, request, deadline, &response);
+  inline_wire::ReturnSavePayloads(payload_pool_, &request);
+  if (!s.ok()) return ToGrpc(s);
+  bool own_buffer;
+  return grpc::SerializationTraits<v1::SaveResponse>::Serialize(response, out, &own_buffer);
+}
+
+grpc::Status KvTierService::LoadRaw(const Caller& caller, const grpc::ByteBuffer& bytes,
+                                    grpc::ByteBuffer* out) {
+  v1::LoadRequest request;
+  if (!ParseWithProtobuf(bytes, &request)) return UnparsableRequest();
+  if (request.destinations().empty() && request.reanchor().empty() &&
+      request.scatter().empty()) {
+    // Leave room for metadata in the response message (as DoLoad).
+    inline_wire::InlineLoadSink sink(&payload_pool_, options_.max_message_bytes - (1u << 20));
+    std::vector<v1::Tier> served_from;
+    const absl::Status s = DoLoad(caller, request, &sink, &served_from);
+    if (!s.ok()) return ToGrpc(s);
+    sink.Encode(served_from, out);
+    return grpc::Status::OK;
+  }
+  v1::LoadResponse response;
+  const absl::Status s = DoLoad(caller, request, &response);
+  if (!s.ok()) return ToGrpc(s);
+  bool own_buffer;
+  return grpc::SerializationTraits<v1::LoadResponse>::Serialize(response, out, &own_buffer);
 }
 
 grpc::ServerUnaryReactor* KvTierService::Lookup(grpc::CallbackServerContext* context,

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/access_policy.h"
 #include "daemon/executor.h"
+#include "daemon/inline_wire.h"
 #include "daemon/lease_manager.h"
 #include "daemon/payload_paths.h"
 #include "daemon/request_validation.h"
@@ -43,6 +44,9 @@ struct KvTierServiceOptions {
   const AccessPolicy* policy = nullptr;
   // The command rings' limits and polling.
   RingOptions rings;
+  // Inline payload buffers kept for reuse between calls (bytes, buffers).
+  uint64_t inline_pool_bytes = 160ull << 20;
+  size_t inline_pool_buffers = 16;
 };
 
 // KvTierService validates each request (INVALID_ARGUMENT naming the field),
@@ -53,8 +57,15 @@ struct KvTierServiceOptions {
 // the Executor, and the reactor is finished from there. The daemon keeps
 // serving whatever a request contains.
 //
+// Save and Load are raw (ByteBuffer) methods: inline payloads are read from
+// the received slices into pooled buffers and answered from pooled buffers
+// that gRPC sends without another copy (daemon/inline_wire.h); every other
+// field is parsed and validated exactly as protobuf would.
+//
 // Thread-safe. `tiers` and `executor` must outlive the service.
-class KvTierService final : public v1::KvTier::CallbackService {
+class KvTierService final
+    : public v1::KvTier::WithRawCallbackMethod_Save<
+          v1::KvTier::WithRawCallbackMethod_Load<v1::KvTier::CallbackService>> {
  public:
   // `leases`, `copiers` and `recovery` must outlive the service.
   KvTierService(TierManager* tiers, Executor* executor, LeaseManager* leases,
@@ -66,12 +77,15 @@ class KvTierService final : public v1::KvTier::CallbackService {
   // so that server shutdown does not wait for them, and stops every ring.
   void CloseLeases();
 
+  // The typed overloads stay unused (the raw ones below serve the RPCs).
+  using v1::KvTier::CallbackService::Load;
+  using v1::KvTier::CallbackService::Save;
   grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* context,
-                                 const v1::SaveRequest* request,
-                                 v1::SaveResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
-                                 const v1::LoadRequest* request,
-                                 v1::LoadResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const v1::LookupRequest* request,
                                    v1::LookupResponse* response) override;
@@ -128,6 +142,11 @@ class KvTierService final : public v1::KvTier::CallbackService {
                       absl::Time deadline, v1::SaveResponse* response);
   absl::Status DoLoad(const Caller& caller, const v1::LoadRequest& request,
                       v1::LoadResponse* response);
+  // The same body for an inline Load (no destinations, scatter or
+  // re-anchoring) into `sink`, which then encodes the response itself; the
+  // tier each block was served from goes to `served_from`.
+  absl::Status DoLoad(const Caller& caller, const v1::LoadRequest& request,
+                      inline_wire::InlineLoadSink* sink, std::vector<v1::Tier>* served_from);
 
   class LeaseReactor;
 
@@ -145,6 +164,11 @@ class KvTierService final : public v1::KvTier::CallbackService {
   // prefix blocks without their tokens, and session blocks in a shared
   // namespace.
   absl::Status CheckSaveAccess(const v1::SaveRequest& request, const Caller& caller) const;
+  // The raw Save and Load: parse, run DoSave / DoLoad, encode.
+  grpc::Status SaveRaw(const Caller& caller, const grpc::ByteBuffer& request,
+                       absl::Time deadline, grpc::ByteBuffer* response);
+  grpc::Status LoadRaw(const Caller& caller, const grpc::ByteBuffer& request,
+                       grpc::ByteBuffer* response);
 
   TierManager* const tiers_;
   Executor* const executor_;
@@ -153,6 +177,8 @@ class KvTierService final : public v1::KvTier::CallbackService {
   const RecoveryIndex* const recovery_;
   const KvTierServiceOptions options_;
   CudaMappings cuda_mappings_;
+  // Inline payload buffers reused across Save and Load calls.
+  inline_wire::StringPool payload_pool_;
   absl::Mutex reactors_mu_;
   absl::flat_hash_map<LeaseReactor*, std::weak_ptr<LeaseReactor>> reactors_
       ABSL_GUARDED_BY(reactors_mu_);
