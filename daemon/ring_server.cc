@@ -132,7 +132,7 @@ class RingSet::Ring {
   RingSet* const set_;
   const std::string key_;
   const uid_t uid_;
-  const std::shared_ptr<Region> region_;
+  std::shared_ptr<Region> region_;  // Released when the thread ends.
   const ring::RingGeometry g_;
   const std::unique_ptr<RingHandler> handler_;
   uint8_t* const base_;
@@ -312,6 +312,8 @@ void RingSet::Ring::Serve() {
                       " moved outside its queue");
   }
   Break(reason);
+  // Unmapped now (when no copy holds it), not when the thread is joined.
+  region_.reset();
   set_->Finished(key_, uid_);
 }
 

@@ -74,13 +74,31 @@ class DataPathTest : public E2eTest {
   }
 };
 
-TEST_F(DataPathTest, SharedMemorySaveAndLoadCopyOnce) {
+// Both ways a region's blocks travel: the command ring (the client's
+// default once it has a region) and the Save/Load RPCs naming slices.
+class SharedMemoryPathTest : public DataPathTest,
+                             public ::testing::WithParamInterface<bool> {};
+
+TEST_P(SharedMemoryPathTest, SaveAndLoadCopyOnce) {
+  const bool ring = GetParam();
+  ClientOptions options;
+  options.target = daemon_->socket();
+  options.use_ring = ring;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(options));
+  ASSERT_OK(client->OpenLease("copy-once"));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
-                       client_->CreateSharedRegion(32 << 20));
+                       client->CreateSharedRegion(32 << 20));
+  EXPECT_EQ(client->has_ring(), ring);
   const v1::StatResponse st0 = Stat();
-  EXPECT_EQ(st0.leases().leases(), 1u);
-  EXPECT_EQ(st0.leases().shm_regions(), 1u);
-  EXPECT_EQ(st0.leases().shm_bytes(), 32u << 20);
+  EXPECT_EQ(st0.leases().leases(), 2u);  // The fixture's and this one.
+  EXPECT_EQ(st0.leases().rings(), ring ? 1u : 0u);
+  // The ring is a region of the lease too.
+  EXPECT_EQ(st0.leases().shm_regions(), ring ? 2u : 1u);
+  if (ring) {
+    EXPECT_GT(st0.leases().shm_bytes(), 32u << 20);
+  } else {
+    EXPECT_EQ(st0.leases().shm_bytes(), 32u << 20);
+  }
 
   // 64 blocks of 128 KiB (64 tokens x 2 KiB) written into the region,
   // saved in one batch that names slices.
@@ -95,13 +113,13 @@ TEST_F(DataPathTest, SharedMemorySaveAndLoadCopyOnce) {
                        region->Slice(offset, blocks.back().payload.size()));
     offset += blocks.back().payload.size();
   }
-  ASSERT_OK_AND_ASSIGN(std::vector<v1::SaveResult> saved, client_->Save(batch));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::SaveResult> saved, client->Save(batch));
   ASSERT_EQ(saved.size(), 64u);
   // What the daemon stored is exactly what the region held.
   std::vector<BlockId> ids;
   for (const TestBlock& b : blocks) ids.push_back(b.id());
   ASSERT_OK_AND_ASSIGN(std::vector<LoadedBlock> inline_back,
-                       client_->Load(ids, SmallFingerprint()));
+                       client->Load(ids, SmallFingerprint()));
   for (size_t i = 0; i < blocks.size(); ++i) {
     ASSERT_EQ(inline_back[i].payload, blocks[i].payload);
   }
@@ -113,7 +131,7 @@ TEST_F(DataPathTest, SharedMemorySaveAndLoadCopyOnce) {
   }
   std::memset(region->data() + half, 0, half);
   ASSERT_OK_AND_ASSIGN(std::vector<LoadedBlock> loaded,
-                       client_->LoadInto(ids, SmallFingerprint(), dests));
+                       client->LoadInto(ids, SmallFingerprint(), dests));
   for (size_t i = 0; i < blocks.size(); ++i) {
     EXPECT_EQ(loaded[i].meta.payload_bytes(), blocks[i].payload.size());
     EXPECT_TRUE(loaded[i].payload.empty());
@@ -123,18 +141,25 @@ TEST_F(DataPathTest, SharedMemorySaveAndLoadCopyOnce) {
         << i;
   }
   // A spilled block also loads straight into a region.
-  ASSERT_OK(client_->Flush(/*evict=*/true));
+  ASSERT_OK(client->Flush(/*evict=*/true));
   std::memset(region->data() + half, 0, half);
-  ASSERT_OK_AND_ASSIGN(loaded, client_->LoadInto(ids, SmallFingerprint(), dests));
+  ASSERT_OK_AND_ASSIGN(loaded, client->LoadInto(ids, SmallFingerprint(), dests));
   EXPECT_EQ(loaded[0].served_from, v1::TIER_SPILL);
   for (size_t i = 0; i < blocks.size(); ++i) {
     ASSERT_EQ(std::memcmp(region->data() + dests[i].offset(), blocks[i].payload.data(),
                           blocks[i].payload.size()),
               0);
   }
-  ASSERT_OK(client_->UnregisterRegion(region->id()));
-  EXPECT_EQ(Stat().leases().shm_regions(), 0u);
+  const v1::StatResponse st1 = Stat();
+  EXPECT_EQ(st1.leases().ring_ops() - st0.leases().ring_ops(), ring ? 192u : 0u);
+  ASSERT_OK(client->UnregisterRegion(region->id()));
+  EXPECT_EQ(Stat().leases().shm_regions(), ring ? 1u : 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(RingAndRpc, SharedMemoryPathTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("Ring") : std::string("Rpc");
+                         });
 
 TEST_F(DataPathTest, ScribblingDuringSaveNeverStoresMismatchedBytes) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> region,
@@ -300,10 +325,13 @@ TEST_F(DataPathTest, RegionLimitPerLease) {
   ASSERT_OK(daemon_->Terminate());
   StartDaemon({"--max-regions-per-lease", "4"});
   std::vector<std::unique_ptr<SharedRegion>> regions;
-  for (int i = 0; i < 4; ++i) {
+  // The first region brings the command ring, itself one of the lease's
+  // regions: three more fit.
+  for (int i = 0; i < 3; ++i) {
     ASSERT_OK_AND_ASSIGN(auto r, client_->CreateSharedRegion(64 << 10));
     regions.push_back(std::move(r));
   }
+  EXPECT_TRUE(client_->has_ring());
   EXPECT_THAT(client_->CreateSharedRegion(64 << 10),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("4 regions")));
   EXPECT_EQ(Stat().leases().shm_regions(), 4u);
@@ -342,19 +370,24 @@ TEST_F(DataPathTest, KilledClientLosesItsLeaseRegionsAndPins) {
   ASSERT_OK_AND_ASSIGN(LeaseClient lease_client, StartLeaseClient(daemon_->socket(), "hold"));
   v1::StatResponse st = Stat();
   EXPECT_EQ(st.leases().leases(), 2u);  // Ours and the client's.
-  EXPECT_EQ(st.leases().shm_regions(), 1u);
+  EXPECT_EQ(st.leases().shm_regions(), 2u);  // Its region and its ring.
+  EXPECT_EQ(st.leases().rings(), 1u);
   EXPECT_EQ(st.pinned_blocks(), 8u);
-  EXPECT_EQ(CountMappedRegions(daemon_->pid()), maps_before + 1);
+  EXPECT_EQ(CountMappedRegions(daemon_->pid()), maps_before + 2);
   ASSERT_OK(lease_client.process.Kill());
   lease_client.out.Reset();
   const absl::Time killed = absl::Now();
   WaitUntil(
       [&] {
         st = Stat();
-        return st.leases().leases() == 1 && st.pinned_blocks() == 0;
+        // The ring's thread lets go of its region within its liveness
+        // interval (100 ms).
+        return st.leases().leases() == 1 && st.pinned_blocks() == 0 &&
+               st.leases().rings() == 0;
       },
       absl::Seconds(5));
   EXPECT_EQ(st.leases().leases(), 1u);
+  EXPECT_EQ(st.leases().rings(), 0u);
   EXPECT_EQ(st.leases().shm_regions(), 0u);
   EXPECT_EQ(st.pinned_blocks(), 0u);
   EXPECT_EQ(st.leases().lease_pins(), 0u);
