@@ -6,7 +6,9 @@
 // It starts its own evoked (Unix socket in a temp dir) and its own
 // redis-server (Unix socket, no persistence), then runs every case:
 //   ops      save, load, save+load (a save then a load of each block)
-//   paths    inline gRPC, shared memory, CUDA IPC (when a device exists)
+//   paths    inline gRPC, shared memory (through the command ring when the
+//            client has one; shm-rpc: the same with the ring off), CUDA IPC
+//            (when a device exists)
 //   sizes    64 KiB .. 16 MiB blocks; batches of small blocks
 //   threads  1, 2, 8 clients
 // Each case is compared with memcpy of the same bytes on as many threads
@@ -14,6 +16,22 @@
 // of the same blocks (and, for CUDA, with cudaMemcpyAsync between a device
 // buffer and pinned memory in this process). The ratios are what to read:
 // the machines are shared and noisy, absolute GB/s are not.
+//
+// Shared-memory cases measure the steady state: each case's region is
+// written through once (a save and a load of every slice, untimed) before
+// the timed pass, as an engine that registers its region once would have
+// it; --cold-regions measures the first pass instead.
+//
+// Then the goal cases of issue #12 (each against a baseline measured in the
+// same run; the "goal_cases" array of the JSON):
+//   ops4k    4 KiB blocks per second, many in flight (ring: SubmitSave /
+//            SubmitLoad / Wait, 64 in flight; rpc: 64 blocks per request)
+//            vs Redis pipelined SET / GET, 64 in flight
+//   lat4k    p50 / p99 of one 4 KiB load (and save) waited for at once,
+//            ring vs gRPC vs a 4 KiB memcpy
+//   gather   the 16-token pages of 32 layers (K and V, 8 KV heads, head_dim
+//            128, f16) scattered through one region, gathered into one
+//            block and scattered back, vs memcpy of the same pages
 #include <CLI/CLI.hpp>
 #include <hiredis/hiredis.h>
 #include <signal.h>
@@ -25,17 +43,21 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/cuda_bench.h"
 #include "common/block_validation.h"
@@ -79,6 +101,7 @@ struct Sample {
   uint64_t bytes = 0;
   double seconds = 0;                // Wall time of the whole case.
   std::vector<double> latencies_us;  // Per operation (per request).
+  bool ring = false;                 // shm: the client's blocks went through its ring.
   double Gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double Percentile(double p) const {
     if (latencies_us.empty()) return 0;
@@ -122,14 +145,27 @@ double Micros(Clock::time_point a, Clock::time_point b) {
 // ------------------------------------------------------------ cases
 
 enum class Op { kSave, kLoad, kSaveLoad };
-enum class Path { kInline, kShm, kCuda };
+// kShmRpc: shared memory with ClientOptions::use_ring off (the RPC per
+// request); kShm uses the ring whenever the client gets one.
+enum class Path { kInline, kShm, kCuda, kShmRpc };
 
 const char* OpName(Op op) {
   return op == Op::kSave ? "save" : op == Op::kLoad ? "load" : "save+load";
 }
 const char* PathName(Path p) {
-  return p == Path::kInline ? "inline" : p == Path::kShm ? "shm" : "cuda";
+  switch (p) {
+    case Path::kInline:
+      return "inline";
+    case Path::kShm:
+      return "shm";
+    case Path::kCuda:
+      return "cuda";
+    case Path::kShmRpc:
+      return "shm-rpc";
+  }
+  return "?";
 }
+bool IsShm(Path p) { return p == Path::kShm || p == Path::kShmRpc; }
 
 struct Case {
   Op op;
@@ -151,10 +187,12 @@ struct Result {
 
 class Bench {
  public:
-  Bench(std::string socket, uint64_t case_bytes, ClientOptions client_options)
+  Bench(std::string socket, uint64_t case_bytes, ClientOptions client_options,
+        bool warm_regions)
       : socket_(std::move(socket)),
         case_bytes_(case_bytes),
-        client_options_(std::move(client_options)) {}
+        client_options_(std::move(client_options)),
+        warm_regions_(warm_regions) {}
 
   // Blocks per thread for a case: the case's bytes spread over threads.
   int BlocksPerThread(const Case& c) const {
@@ -185,13 +223,14 @@ class Bench {
       o.target = socket_;
       // Each request's payloads travel together for batched cases.
       o.max_batch_bytes = std::max<uint64_t>(o.max_batch_bytes, size * c.batch);
+      if (c.path == Path::kShmRpc) o.use_ring = false;
       EVOKE_ASSIGN_OR_RETURN(s.client, Client::Connect(o));
       EVOKE_RETURN_IF_ERROR(s.client->OpenLease("evoke-bench"));
       for (int i = 0; i < n; ++i) {
         s.metas.push_back(SessionBlockMeta(fp, absl::StrCat(session, "-", t), i, 1, 0, 1, 0));
         s.ids.push_back(BlockIdOf(s.metas.back()));
       }
-      if (c.path == Path::kShm) {
+      if (IsShm(c.path)) {
         EVOKE_ASSIGN_OR_RETURN(s.region, s.client->CreateSharedRegion(2 * n * size));
         for (int i = 0; i < n; ++i) {
           testing::FillPayload(i + 1000 * t, s.region->data() + i * size, size);
@@ -213,14 +252,14 @@ class Bench {
     auto block = [&](ThreadState& s, int i) -> BlockToSave {
       if (c.path == Path::kInline) return BlockToSave(s.metas[i], s.payloads[i]);
       v1::RegionSlice slice;
-      slice.set_region_id(c.path == Path::kShm ? s.region->id() : s.cuda_region);
+      slice.set_region_id(IsShm(c.path) ? s.region->id() : s.cuda_region);
       slice.set_offset(i * size);
       slice.set_length(size);
       return BlockToSave(s.metas[i], slice);
     };
     auto dest = [&](ThreadState& s, int i) {
       v1::RegionSlice slice;
-      slice.set_region_id(c.path == Path::kShm ? s.region->id() : s.cuda_region);
+      slice.set_region_id(IsShm(c.path) ? s.region->id() : s.cuda_region);
       slice.set_offset((n + i) * size);
       slice.set_length(size);
       return slice;
@@ -237,6 +276,31 @@ class Bench {
       for (int i = first; i < first + c.batch; ++i) dests.push_back(dest(s, i));
       return s.client->LoadInto(ids, fp, dests).status();
     };
+    // Steady state: an engine registers its region once and reuses it, so
+    // the daemon's first touch of each page of its mapping (a fault per page;
+    // it does not populate client memfds) is not the data path. One untimed
+    // save and load of every slice, as blocks of another session, faults
+    // them in and warms the ring.
+    if (IsShm(c.path) && warm_regions_) {
+      for (int t = 0; t < c.threads; ++t) {
+        ThreadState& s = state[t];
+        const std::string warm = absl::StrCat(session, "-warm-", t);
+        for (int i = 0; i < n; i += c.batch) {
+          std::vector<BlockToSave> batch;
+          std::vector<BlockId> ids;
+          std::vector<v1::RegionSlice> dests;
+          for (int k = i; k < i + c.batch; ++k) {
+            batch.push_back(block(s, k));
+            batch.back().meta = SessionBlockMeta(fp, warm, k, 1, 0, 1, 0);
+            ids.push_back(BlockIdOf(batch.back().meta));
+            dests.push_back(dest(s, k));
+          }
+          EVOKE_RETURN_IF_ERROR(s.client->Save(batch).status());
+          EVOKE_RETURN_IF_ERROR(s.client->LoadInto(ids, fp, dests).status());
+        }
+        EVOKE_RETURN_IF_ERROR(s.client->DropSession("bench", warm).status());
+      }
+    }
     if (c.op == Op::kLoad) {  // Load needs the blocks stored first (untimed).
       for (ThreadState& s : state) {
         for (int i = 0; i < n; i += c.batch) EVOKE_RETURN_IF_ERROR(save(s, i));
@@ -271,6 +335,7 @@ class Bench {
         },
         &sample.latencies_us);
     sample.bytes = static_cast<uint64_t>(n) * size * c.threads;
+    sample.ring = IsShm(c.path) && state[0].client->has_ring();
     for (ThreadState& s : state) {
       s.client->DropSession("bench", s.metas[0].session_id()).IgnoreError();
     }
@@ -282,6 +347,7 @@ class Bench {
   std::string socket_;
   uint64_t case_bytes_;
   ClientOptions client_options_;
+  bool warm_regions_;
   int case_counter_ = 0;
 };
 
@@ -331,13 +397,16 @@ absl::StatusOr<Sample> RunRedis(const std::string& socket, const Case& c,
     testing::FillPayload(t, payload[t].data(), size);
   }
   auto key = [](int t, int i) { return absl::StrCat("b:", t, ":", i); };
-  auto pipeline = [&](redisContext* r, int t, int first, int count, bool set) -> bool {
+  // `command`: 's' SET, 'g' GET, 'd' DEL.
+  auto pipeline = [&](redisContext* r, int t, int first, int count, char command) -> bool {
     for (int i = first; i < first + count; ++i) {
       const std::string k = key(t, i);
-      if (set) {
+      if (command == 's') {
         redisAppendCommand(r, "SET %b %b", k.data(), k.size(), payload[t].data(), size);
-      } else {
+      } else if (command == 'g') {
         redisAppendCommand(r, "GET %b", k.data(), k.size());
+      } else {
+        redisAppendCommand(r, "DEL %b", k.data(), k.size());
       }
     }
     for (int i = 0; i < count; ++i) {
@@ -349,11 +418,15 @@ absl::StatusOr<Sample> RunRedis(const std::string& socket, const Case& c,
     }
     return true;
   };
-  if (c.op == Op::kLoad) {
-    for (int t = 0; t < c.threads; ++t) {
-      for (int i = 0; i < blocks_per_thread; i += depth) {
-        pipeline(conns[t], t, i, std::min(depth, blocks_per_thread - i), true);
-      }
+  // Steady state, as on evoke's side: one untimed SET of every key (a
+  // load's blocks stored first), then for a save a DEL of each, so that the
+  // timed SETs reuse memory Redis already faulted in instead of growing its
+  // heap (not FLUSHALL: Redis 7 hands the memory back to the system then).
+  for (int t = 0; t < c.threads; ++t) {
+    for (int i = 0; i < blocks_per_thread; i += depth) {
+      const int count = std::min(depth, blocks_per_thread - i);
+      pipeline(conns[t], t, i, count, 's');
+      if (c.op != Op::kLoad) pipeline(conns[t], t, i, count, 'd');
     }
   }
   std::atomic<bool> failed{false};
@@ -365,8 +438,8 @@ absl::StatusOr<Sample> RunRedis(const std::string& socket, const Case& c,
           const int count = std::min(depth, blocks_per_thread - i);
           const auto a = Clock::now();
           bool ok = true;
-          if (c.op != Op::kLoad) ok = pipeline(conns[t], t, i, count, true);
-          if (ok && c.op != Op::kSave) ok = pipeline(conns[t], t, i, count, false);
+          if (c.op != Op::kLoad) ok = pipeline(conns[t], t, i, count, 's');
+          if (ok && c.op != Op::kSave) ok = pipeline(conns[t], t, i, count, 'g');
           // Per-block latency: the pipeline's time shared by its blocks.
           const double us = Micros(a, Clock::now());
           for (int k = 0; k < count; k += c.batch) lat->push_back(us * c.batch / count);
@@ -383,6 +456,490 @@ absl::StatusOr<Sample> RunRedis(const std::string& socket, const Case& c,
   if (failed) return absl::InternalError("a Redis command failed");
   return sample;
 }
+
+// Selected: --only is empty, or `name` contains one of its comma-separated
+// parts.
+bool Selected(absl::string_view name, absl::string_view only) {
+  if (only.empty()) return true;
+  for (absl::string_view part : absl::StrSplit(only, ',', absl::SkipEmpty())) {
+    if (absl::StrContains(name, part)) return true;
+  }
+  return false;
+}
+
+// ------------------------------------------------------------ goal cases
+// The cases of issue #12's goals table that do not fit the op x path x size
+// matrix above. Each reports a figure and a baseline measured in the same
+// run; `ratio` is always figure / baseline (for latencies lower is better).
+
+struct GoalResult {
+  std::string name;           // e.g. "ops4k save ring"
+  std::string unit;           // "ops/s", "us" (a p50) or "GB/s"
+  double value = 0;
+  std::string baseline;       // What it is compared with, e.g. "redis SET x64"
+  double baseline_value = 0;  // In `unit`.
+  double p50_us = 0, p99_us = 0;
+  bool ring = false;          // The evoke side went through the command ring.
+  double ratio() const { return value / std::max(1e-12, baseline_value); }
+};
+
+class GoalCases {
+ public:
+  GoalCases(std::string socket, ClientOptions options, std::string redis_socket,
+            bool have_redis, bool quick, std::string only)
+      : socket_(std::move(socket)),
+        options_(std::move(options)),
+        redis_socket_(std::move(redis_socket)),
+        have_redis_(have_redis),
+        quick_(quick),
+        only_(std::move(only)) {}
+
+  void RunAll() {
+    Group("ops4k ring", [&] { return Ops4k(true); });
+    Group("ops4k rpc", [&] { return Ops4k(false); });
+    Group("lat4k", [&] { return Latency4k(); });
+    Group("gather ring", [&] { return Gather(true); });
+    Group("gather rpc", [&] { return Gather(false); });
+  }
+
+  const std::vector<GoalResult>& results() const { return results_; }
+  int failures() const { return failures_; }
+
+ private:
+  bool Want(absl::string_view name) const {
+    return Selected(name, only_);
+  }
+
+  // Group runs one group of cases unless --only leaves it out; a failure is
+  // loud (stderr, a FAILED row, the exit status), never a missing row.
+  void Group(const std::string& name, const std::function<absl::Status()>& body) {
+    // lat4k runs its ring and RPC sides together (interleaved), either alone.
+    const bool wanted =
+        name == "lat4k" ? Want("lat4k ring") || Want("lat4k rpc") : Want(name);
+    if (!wanted) return;
+    const absl::Status s = body();
+    if (!s.ok()) {
+      ++failures_;
+      std::printf("%-22s FAILED: %s\n", name.c_str(), s.ToString().c_str());
+      std::fprintf(stderr, "goal case %s failed: %s\n", name.c_str(), s.ToString().c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  void Report(GoalResult r) {
+    std::printf("%-22s | %12.2f %-5s | %-26s %12.2f | %8.3f | %8.1f %8.1f | %s\n",
+                r.name.c_str(), r.value, r.unit.c_str(), r.baseline.c_str(), r.baseline_value,
+                r.ratio(), r.p50_us, r.p99_us, r.ring ? "ring" : "rpc");
+    std::fflush(stdout);
+    results_.push_back(std::move(r));
+  }
+
+  // A connected client with a lease and one shared region of `bytes`; with
+  // `ring`, the client must have got its ring (FAILED_PRECONDITION
+  // otherwise: a ring case never quietly measures the RPC path).
+  absl::Status Connect(bool ring, uint64_t bytes, std::unique_ptr<Client>* client,
+                       std::unique_ptr<SharedRegion>* region) {
+    ClientOptions o = options_;
+    o.target = socket_;
+    o.use_ring = ring;
+    o.max_batch_bytes = std::max<uint64_t>(o.max_batch_bytes, 64ull << 20);
+    EVOKE_ASSIGN_OR_RETURN(*client, Client::Connect(o));
+    EVOKE_RETURN_IF_ERROR((*client)->OpenLease("evoke-bench-goals"));
+    EVOKE_ASSIGN_OR_RETURN(*region, (*client)->CreateSharedRegion(bytes));
+    if (ring && !(*client)->has_ring()) {
+      return absl::FailedPreconditionError(
+          "the client has no command ring after CreateSharedRegion (the daemon refused "
+          "AttachRing, or is older than the ring)");
+    }
+    // Every page touched here; the daemon's side is faulted in by each
+    // case's untimed first pass.
+    std::memset((*region)->data(), 0, bytes);
+    return absl::OkStatus();
+  }
+
+  std::string NewSession() { return absl::StrCat("goal", session_counter_++); }
+  // Timed passes per case (each side's median is reported).
+  int reps() const { return quick_ ? 3 : 5; }
+  static double Median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+  }
+
+  // Pipelined: `n` operations, at most `depth` in flight, through the ring.
+  // `submit(i)` queues operation i; each completion must be OK and, for a
+  // load, carry `expect_bytes`.
+  static absl::StatusOr<double> Pipelined(Client& client, int n, int depth,
+                                          uint64_t expect_bytes,
+                                          const std::function<absl::StatusOr<uint64_t>(int)>& submit) {
+    std::deque<uint64_t> in_flight;
+    auto reap = [&]() -> absl::Status {
+      EVOKE_ASSIGN_OR_RETURN(RingCompletion done, client.Wait(in_flight.front()));
+      in_flight.pop_front();
+      EVOKE_RETURN_IF_ERROR(done.status);
+      if (done.deduplicated) return absl::InternalError("a ring save was deduplicated");
+      if (expect_bytes != 0 && done.payload_bytes != expect_bytes) {
+        return absl::InternalError(absl::StrCat("a ring load returned ", done.payload_bytes,
+                                                " bytes, expected ", expect_bytes));
+      }
+      return absl::OkStatus();
+    };
+    const auto a = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      if (static_cast<int>(in_flight.size()) >= depth) EVOKE_RETURN_IF_ERROR(reap());
+      EVOKE_ASSIGN_OR_RETURN(const uint64_t ticket, submit(i));
+      in_flight.push_back(ticket);
+    }
+    while (!in_flight.empty()) EVOKE_RETURN_IF_ERROR(reap());
+    return std::chrono::duration<double>(Clock::now() - a).count();
+  }
+
+  // ops4k: 4 KiB blocks per second, save then load, many in flight, against
+  // Redis pipelined SET / GET of the same blocks (64 in flight, one
+  // connection, measured right after).
+  absl::Status Ops4k(bool ring) {
+    constexpr uint64_t kSize = 4096;
+    constexpr int kDepth = 64;
+    const int n = quick_ ? 4096 : 16384;
+    const v1::LayoutFingerprint fp = testing::OpaqueFingerprint("bench", "bench");
+    std::unique_ptr<Client> client;
+    std::unique_ptr<SharedRegion> region;
+    EVOKE_RETURN_IF_ERROR(Connect(ring, 2 * n * kSize, &client, &region));
+    for (int i = 0; i < n; ++i) testing::FillPayload(i, region->data() + i * kSize, kSize);
+    auto src = [&](int i) { return region->Slice(i * kSize, kSize); };
+    auto dst = [&](int i) { return region->Slice((n + i) * kSize, kSize); };
+    // One pass: save all n blocks of `session`, then load them all; returns
+    // {save seconds, load seconds}.
+    auto pass = [&](const std::string& session) -> absl::StatusOr<std::pair<double, double>> {
+      std::vector<v1::BlockMeta> metas;
+      std::vector<BlockId> ids;
+      for (int i = 0; i < n; ++i) {
+        metas.push_back(SessionBlockMeta(fp, session, i, 1, 0, 1, 0));
+        ids.push_back(BlockIdOf(metas.back()));
+      }
+      if (ring) {
+        EVOKE_ASSIGN_OR_RETURN(const double save_s,
+                               Pipelined(*client, n, kDepth, 0, [&](int i) {
+                                 return client->SubmitSave(BlockToSave(metas[i], src(i)));
+                               }));
+        EVOKE_ASSIGN_OR_RETURN(const double load_s,
+                               Pipelined(*client, n, kDepth, kSize, [&](int i) {
+                                 const v1::RegionSlice d = dst(i);
+                                 return client->SubmitLoad(ids[i], fp, {&d, 1});
+                               }));
+        return std::make_pair(save_s, load_s);
+      }
+      // The RPC path's best for many small blocks: 64 per request.
+      const auto a = Clock::now();
+      for (int i = 0; i < n; i += kDepth) {
+        std::vector<BlockToSave> batch;
+        for (int k = i; k < i + kDepth; ++k) batch.emplace_back(metas[k], src(k));
+        EVOKE_RETURN_IF_ERROR(client->Save(batch).status());
+      }
+      const auto b = Clock::now();
+      for (int i = 0; i < n; i += kDepth) {
+        std::vector<v1::RegionSlice> dests;
+        for (int k = i; k < i + kDepth; ++k) dests.push_back(dst(k));
+        EVOKE_RETURN_IF_ERROR(
+            client->LoadInto({ids.data() + i, static_cast<size_t>(kDepth)}, fp, dests).status());
+      }
+      const auto c = Clock::now();
+      return std::make_pair(std::chrono::duration<double>(b - a).count(),
+                            std::chrono::duration<double>(c - b).count());
+    };
+    const std::string warm = NewSession();
+    EVOKE_RETURN_IF_ERROR(pass(warm).status());  // Faults, ring start-up.
+    EVOKE_RETURN_IF_ERROR(client->DropSession("bench", warm).status());
+    // Passes of evoke and Redis alternate; each side's median is reported.
+    std::vector<double> save_s, load_s, set_s, get_s;
+    for (int rep = 0; rep < reps(); ++rep) {
+      const std::string session = NewSession();
+      EVOKE_ASSIGN_OR_RETURN(const auto seconds, pass(session));
+      EVOKE_RETURN_IF_ERROR(client->DropSession("bench", session).status());
+      save_s.push_back(seconds.first);
+      load_s.push_back(seconds.second);
+      if (have_redis_) {
+        EVOKE_ASSIGN_OR_RETURN(
+            const Sample set, RunRedis(redis_socket_, {Op::kSave, Path::kShm, kSize, 1, kDepth}, n));
+        EVOKE_ASSIGN_OR_RETURN(
+            const Sample get, RunRedis(redis_socket_, {Op::kLoad, Path::kShm, kSize, 1, kDepth}, n));
+        set_s.push_back(set.seconds);
+        get_s.push_back(get.seconds);
+      }
+    }
+    const char* variant = ring ? "ring" : "rpc64";
+    for (const bool is_load : {false, true}) {
+      GoalResult r;
+      r.name = absl::StrCat("ops4k ", is_load ? "load " : "save ", variant);
+      r.unit = "ops/s";
+      r.value = n / Median(is_load ? load_s : save_s);
+      r.baseline = !have_redis_ ? "(no redis)" : is_load ? "redis GET x64" : "redis SET x64";
+      r.baseline_value = have_redis_ ? n / Median(is_load ? get_s : set_s) : 0;
+      r.ring = ring;
+      Report(std::move(r));
+    }
+    return absl::OkStatus();
+  }
+
+  // lat4k: one 4 KiB block saved / loaded and waited for at once, p50 and
+  // p99 over many, the ring and the RPC interleaved op by op (so that both
+  // see the same noise), beside a 4 KiB memcpy timed the same way.
+  absl::Status Latency4k() {
+    constexpr uint64_t kSize = 4096;
+    const int n = quick_ ? 1000 : 5000;
+    const v1::LayoutFingerprint fp = testing::OpaqueFingerprint("bench", "bench");
+    const bool want_ring = Want("lat4k ring");
+    const bool want_rpc = Want("lat4k rpc");
+    struct Side {
+      bool ring = false;
+      std::unique_ptr<Client> client;
+      std::unique_ptr<SharedRegion> region;
+      std::string session;
+      std::vector<v1::BlockMeta> metas;
+      std::vector<BlockId> ids;
+      std::vector<double> save_us, load_us;
+    };
+    std::vector<Side> sides;
+    for (const bool ring : {true, false}) {
+      if (ring ? !want_ring : !want_rpc) continue;
+      sides.emplace_back();
+      sides.back().ring = ring;
+    }
+    for (Side& side : sides) {
+      EVOKE_RETURN_IF_ERROR(Connect(side.ring, 2 * n * kSize, &side.client, &side.region));
+      for (int i = 0; i < n; ++i) {
+        testing::FillPayload(i, side.region->data() + i * kSize, kSize);
+      }
+    }
+    auto save = [&](Side& side, int i) -> absl::Status {
+      BlockToSave b(side.metas[i], side.region->Slice(i * kSize, kSize));
+      if (!side.ring) return side.client->Save({&b, 1}).status();
+      EVOKE_ASSIGN_OR_RETURN(const uint64_t ticket, side.client->SubmitSave(b));
+      EVOKE_ASSIGN_OR_RETURN(const RingCompletion done, side.client->Wait(ticket));
+      return done.status;
+    };
+    auto load = [&](Side& side, int i) -> absl::Status {
+      const v1::RegionSlice d = side.region->Slice((n + i) * kSize, kSize);
+      if (!side.ring) return side.client->LoadInto({&side.ids[i], 1}, fp, {&d, 1}).status();
+      EVOKE_ASSIGN_OR_RETURN(const uint64_t ticket, side.client->SubmitLoad(side.ids[i], fp, {&d, 1}));
+      EVOKE_ASSIGN_OR_RETURN(const RingCompletion done, side.client->Wait(ticket));
+      EVOKE_RETURN_IF_ERROR(done.status);
+      if (done.payload_bytes != kSize) return absl::InternalError("a ring load's size is wrong");
+      return absl::OkStatus();
+    };
+    // Two passes: the first (untimed) faults the daemon's side of the
+    // regions in and starts the rings; the second is measured.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (Side& side : sides) {
+        side.session = NewSession();
+        side.metas.clear();
+        side.ids.clear();
+        for (int i = 0; i < n; ++i) {
+          side.metas.push_back(SessionBlockMeta(fp, side.session, i, 1, 0, 1, 0));
+          side.ids.push_back(BlockIdOf(side.metas.back()));
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        for (Side& side : sides) {
+          const auto a = Clock::now();
+          EVOKE_RETURN_IF_ERROR(save(side, i));
+          if (pass == 1) side.save_us.push_back(Micros(a, Clock::now()));
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        for (Side& side : sides) {
+          const auto a = Clock::now();
+          EVOKE_RETURN_IF_ERROR(load(side, i));
+          if (pass == 1) side.load_us.push_back(Micros(a, Clock::now()));
+        }
+      }
+      for (Side& side : sides) {
+        EVOKE_RETURN_IF_ERROR(side.client->DropSession("bench", side.session).status());
+      }
+    }
+    // memcpy of 4 KiB from a cache-cold source (rotating over 64 MiB) into
+    // a destination likewise, timed one by one.
+    const uint64_t span = 64ull << 20;
+    std::vector<uint8_t> from(span, 1), to(span, 2);
+    Sample copy;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t off = (static_cast<uint64_t>(i) * 7919 * kSize) % (span - kSize);
+      const auto a = Clock::now();
+      std::memcpy(to.data() + off, from.data() + off, kSize);
+      copy.latencies_us.push_back(Micros(a, Clock::now()));
+    }
+    const double copy_p50 = copy.Percentile(0.5);
+    auto stats = [](std::vector<double> v) {
+      Sample s;
+      s.latencies_us = std::move(v);
+      return std::make_pair(s.Percentile(0.5), s.Percentile(0.99));
+    };
+    const Side* rpc = nullptr;
+    for (const Side& side : sides) {
+      if (!side.ring) rpc = &side;
+    }
+    for (const Side& side : sides) {
+      for (const bool is_load : {true, false}) {
+        const auto [p50, p99] = stats(is_load ? side.load_us : side.save_us);
+        GoalResult r;
+        r.name = absl::StrCat("lat4k ", is_load ? "load " : "save ", side.ring ? "ring" : "rpc");
+        r.unit = "us";
+        r.value = r.p50_us = p50;
+        r.p99_us = p99;
+        r.ring = side.ring;
+        if (side.ring && rpc != nullptr) {
+          r.baseline = "rpc p50 (same run)";
+          r.baseline_value = stats(is_load ? rpc->load_us : rpc->save_us).first;
+        } else {
+          r.baseline = "memcpy 4K p50";
+          r.baseline_value = copy_p50;
+        }
+        Report(std::move(r));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // gather: a paged cache's block. vLLM-style pages of 16 tokens x 8 KV
+  // heads x head_dim 128 x f16 (32 KiB) for K and V of 32 layers: 64 pages,
+  // 2 MiB per block, the pages of all blocks shuffled through one region.
+  // Each block is saved gathered from its 64 pages and loaded scattered
+  // into 64 other pages (shuffled again), 8 blocks per call; the bytes are
+  // checked afterwards. Baseline: memcpy of the same pages into one buffer
+  // per block and back out into the destination pages.
+  absl::Status Gather(bool ring) {
+    constexpr uint64_t kPage = 16 * 8 * 128 * 2;
+    constexpr int kPieces = 32 * 2;
+    constexpr int kPerCall = 8;
+    const int blocks = quick_ ? 8 : 32;
+    const uint64_t pages = static_cast<uint64_t>(blocks) * kPieces;
+    const uint64_t block_bytes = kPage * kPieces;
+    const v1::LayoutFingerprint fp = testing::OpaqueFingerprint("bench", "bench");
+    std::unique_ptr<Client> client;
+    std::unique_ptr<SharedRegion> region;
+    EVOKE_RETURN_IF_ERROR(Connect(ring, 2 * pages * kPage, &client, &region));
+    std::vector<uint64_t> src_page(pages), dst_page(pages);
+    for (uint64_t p = 0; p < pages; ++p) src_page[p] = dst_page[p] = p;
+    std::mt19937_64 rng(12);
+    std::shuffle(src_page.begin(), src_page.end(), rng);
+    std::shuffle(dst_page.begin(), dst_page.end(), rng);
+    for (uint64_t p = 0; p < pages; ++p) {
+      testing::FillPayload(p, region->data() + p * kPage, kPage);
+    }
+    // Piece j of block b: source page src_page[b * 64 + j] (first half),
+    // destination page dst_page[b * 64 + j] (second half).
+    auto src = [&](int b, int j) {
+      return region->Slice(src_page[b * kPieces + j] * kPage, kPage);
+    };
+    auto dst = [&](int b, int j) {
+      return region->Slice((pages + dst_page[b * kPieces + j]) * kPage, kPage);
+    };
+    auto pass = [&](const std::string& session) -> absl::StatusOr<std::pair<double, double>> {
+      std::vector<v1::BlockMeta> metas;
+      std::vector<BlockId> ids;
+      for (int b = 0; b < blocks; ++b) {
+        metas.push_back(SessionBlockMeta(fp, session, b, 1, 0, 1, 0));
+        ids.push_back(BlockIdOf(metas.back()));
+      }
+      const auto t0 = Clock::now();
+      for (int b = 0; b < blocks; b += kPerCall) {
+        std::vector<BlockToSave> batch(kPerCall);
+        for (int k = 0; k < kPerCall; ++k) {
+          batch[k].meta = metas[b + k];
+          for (int j = 0; j < kPieces; ++j) batch[k].gather.push_back(src(b + k, j));
+        }
+        EVOKE_ASSIGN_OR_RETURN(const std::vector<v1::SaveResult> saved, client->Save(batch));
+        for (const v1::SaveResult& r : saved) {
+          // A deduplicated save copied nothing: it would flatter the figure.
+          if (r.deduplicated()) return absl::InternalError("a gathered save was deduplicated");
+        }
+      }
+      const auto t1 = Clock::now();
+      for (int b = 0; b < blocks; b += kPerCall) {
+        std::vector<std::vector<v1::RegionSlice>> scatter(kPerCall);
+        for (int k = 0; k < kPerCall; ++k) {
+          for (int j = 0; j < kPieces; ++j) scatter[k].push_back(dst(b + k, j));
+        }
+        EVOKE_RETURN_IF_ERROR(
+            client->LoadScatter({ids.data() + b, static_cast<size_t>(kPerCall)}, fp, scatter)
+                .status());
+      }
+      const auto t2 = Clock::now();
+      // Every destination page must now hold its source page's bytes.
+      for (int b = 0; b < blocks; ++b) {
+        for (int j = 0; j < kPieces; ++j) {
+          const v1::RegionSlice s = src(b, j), d = dst(b, j);
+          if (std::memcmp(region->data() + s.offset(), region->data() + d.offset(), kPage) != 0) {
+            return absl::DataLossError(absl::StrCat("gather/scatter: block ", b, " piece ", j,
+                                                    " came back different"));
+          }
+        }
+      }
+      std::memset(region->data() + pages * kPage, 0, pages * kPage);
+      return std::make_pair(std::chrono::duration<double>(t1 - t0).count(),
+                            std::chrono::duration<double>(t2 - t1).count());
+    };
+    const std::string warm = NewSession();
+    EVOKE_RETURN_IF_ERROR(pass(warm).status());
+    EVOKE_RETURN_IF_ERROR(client->DropSession("bench", warm).status());
+    // The memcpy baseline: the same page layout in private memory, every
+    // page touched first; passes alternate with evoke's, medians reported.
+    std::vector<uint8_t> pool(2 * pages * kPage, 1), staging(blocks * block_bytes, 2);
+    std::vector<double> save_s, load_s, gather_s, scatter_s, both_s, copy_both_s;
+    for (int rep = 0; rep < reps(); ++rep) {
+      const std::string session = NewSession();
+      EVOKE_ASSIGN_OR_RETURN(const auto seconds, pass(session));
+      EVOKE_RETURN_IF_ERROR(client->DropSession("bench", session).status());
+      save_s.push_back(seconds.first);
+      load_s.push_back(seconds.second);
+      both_s.push_back(seconds.first + seconds.second);
+      const auto m0 = Clock::now();
+      for (int b = 0; b < blocks; ++b) {
+        for (int j = 0; j < kPieces; ++j) {
+          std::memcpy(staging.data() + b * block_bytes + j * kPage,
+                      pool.data() + src_page[b * kPieces + j] * kPage, kPage);
+        }
+      }
+      const auto m1 = Clock::now();
+      for (int b = 0; b < blocks; ++b) {
+        for (int j = 0; j < kPieces; ++j) {
+          std::memcpy(pool.data() + (pages + dst_page[b * kPieces + j]) * kPage,
+                      staging.data() + b * block_bytes + j * kPage, kPage);
+        }
+      }
+      const auto m2 = Clock::now();
+      gather_s.push_back(std::chrono::duration<double>(m1 - m0).count());
+      scatter_s.push_back(std::chrono::duration<double>(m2 - m1).count());
+      copy_both_s.push_back(std::chrono::duration<double>(m2 - m0).count());
+    }
+    const double total = static_cast<double>(blocks) * block_bytes;
+    const char* variant = ring ? "ring" : "rpc";
+    auto report = [&](const char* what, double bytes, const std::vector<double>& evoke_s,
+                      const char* base, const std::vector<double>& base_s) {
+      GoalResult r;
+      r.name = absl::StrCat(what, " ", variant);
+      r.unit = "GB/s";
+      r.value = bytes / Median(evoke_s) / 1e9;
+      r.baseline = base;
+      r.baseline_value = bytes / Median(base_s) / 1e9;
+      r.ring = ring;
+      Report(std::move(r));
+    };
+    report("gather save", total, save_s, "memcpy gather", gather_s);
+    report("scatter load", total, load_s, "memcpy scatter", scatter_s);
+    report("gather+scatter", 2 * total, both_s, "memcpy gather+scatter", copy_both_s);
+    return absl::OkStatus();
+  }
+
+  std::string socket_;
+  ClientOptions options_;
+  std::string redis_socket_;
+  bool have_redis_;
+  bool quick_;
+  std::string only_;
+  int session_counter_ = 0;
+  int failures_ = 0;
+  std::vector<GoalResult> results_;
+};
 
 // The headline measurement of issue #4: the KV of `tokens` tokens of a
 // Llama-3.1-8B-shaped model (32 layers, 8 KV heads, head_dim 128, bf16),
@@ -494,11 +1051,20 @@ int Run(int argc, char** argv) {
   app.add_option("--target", target,
                  "Measure an evoked that is already running on this socket instead of "
                  "starting one (e.g. to profile it)");
-  app.add_option("--only", only, "Run only cases whose name contains this, e.g. 'save shm 64K'");
+  app.add_option("--only", only,
+                 "Run only cases whose name contains this (or one of these, comma-separated), "
+                 "e.g. 'save shm 64K' or 'shm 1M 1 1,ops4k'");
   int headline_tokens = 0;
   app.add_option("--headline", headline_tokens,
                  "Only the issue-4 headline: the KV of this many tokens of a Llama-3.1-8B "
                  "shape saved through CUDA IPC and loaded back re-anchored (GPU machines)");
+  bool cold_regions = false;
+  app.add_flag("--cold-regions", cold_regions,
+               "Shared-memory cases: time each region's first pass (the daemon's first-touch "
+               "page faults included) instead of the steady state");
+  bool goals_only = false;
+  app.add_flag("--goals-only", goals_only,
+               "Only the goal cases of issue #12 (ops4k, lat4k, gather), not the matrix");
   CLI11_PARSE(app, argc, argv);
 
   const std::filesystem::path self = std::filesystem::canonical("/proc/self/exe");
@@ -573,6 +1139,13 @@ int Run(int argc, char** argv) {
       for (Op op : {Op::kSave, Op::kLoad, Op::kSaveLoad}) cases.push_back({op, p, s, 1, 1});
     }
   }
+  // The shared-memory path with the ring off (the RPC per request), beside
+  // the ring: every size (quick: 1 MiB), one thread.
+  for (uint64_t s : quick ? std::vector<uint64_t>{1 << 20} : sizes) {
+    for (Op op : {Op::kSave, Op::kLoad, Op::kSaveLoad}) {
+      cases.push_back({op, Path::kShmRpc, s, 1, 1});
+    }
+  }
   const std::vector<int> thread_counts = quick ? std::vector<int>{2} : std::vector<int>{2, 8};
   for (int threads : thread_counts) {
     for (Path p : paths) {
@@ -583,6 +1156,7 @@ int Run(int argc, char** argv) {
     }
   }
   // Batched small blocks: 64 KiB x 64 per request (and 16 KiB x 64).
+  paths.push_back(Path::kShmRpc);
   for (Path p : paths) {
     for (Op op : {Op::kSave, Op::kLoad, Op::kSaveLoad}) {
       cases.push_back({op, p, 64 << 10, 1, 64});
@@ -603,21 +1177,21 @@ int Run(int argc, char** argv) {
     if (!s.ok()) std::fprintf(stderr, "evoke-bench: %s\n", s.ToString().c_str());
     return s.ok() ? 0 : 1;
   }
-  Bench bench(socket, case_bytes, client_options);
+  Bench bench(socket, case_bytes, client_options, /*warm_regions=*/!cold_regions);
   std::vector<Result> results;
   int failures = 0;
+  if (goals_only) cases.clear();
   std::printf("evoke-bench: %zu cases, %s per case, evoked %s, redis %s, cuda %s\n",
               cases.size(), FormatByteSize(case_bytes).c_str(), evoked.c_str(),
               have_redis ? redis.c_str() : "(not found: no Redis baseline)",
               have_cuda ? "yes" : "no device");
-  std::printf("%-9s %-6s %5s %3s %5s | %8s %9s %9s | %8s %8s | %8s %8s\n", "op", "path",
+  std::printf("%-9s %-7s %5s %3s %5s | %8s %9s %9s | %8s %8s | %8s %8s\n", "op", "path",
               "size", "thr", "batch", "GB/s", "p50 us", "p99 us", "memcpy", "x memcpy",
               "redis", "x redis");
   for (const Case& c : cases) {
-    if (!only.empty() &&
-        absl::StrCat(OpName(c.op), " ", PathName(c.path), " ", Size(c.block_bytes), " ",
-                     c.threads, " ", c.batch)
-                .find(only) == std::string::npos) {
+    if (!Selected(absl::StrCat(OpName(c.op), " ", PathName(c.path), " ", Size(c.block_bytes),
+                               " ", c.threads, " ", c.batch),
+                  only)) {
       continue;
     }
     Result r;
@@ -657,14 +1231,21 @@ int Run(int argc, char** argv) {
             ? absl::StrFormat("%8.2f %8.2f", r.cuda_base.Gbps(),
                               r.evoke.Gbps() / std::max(1e-9, r.cuda_base.Gbps()))
             : std::string("       -        -");
-    std::printf("%-9s %-6s %5s %3d %5d | %8.2f %9.0f %9.0f | %8.2f %8.2f | %s%s\n",
+    std::printf("%-9s %-7s %5s %3d %5d | %8.2f %9.0f %9.0f | %8.2f %8.2f | %s%s%s\n",
                 OpName(c.op), PathName(c.path), Size(c.block_bytes).c_str(), c.threads,
                 c.batch, r.evoke.Gbps(), r.evoke.Percentile(0.5), r.evoke.Percentile(0.99),
                 r.memcpy_base.Gbps(), ratio_memcpy, redis_cell.c_str(),
-                r.have_cuda_base ? " (cudaMemcpy)" : "");
+                r.have_cuda_base ? " (cudaMemcpy)" : "", r.evoke.ring ? " ring" : "");
     std::fflush(stdout);
     results.push_back(std::move(r));
   }
+
+  // The goal cases of issue #12.
+  std::printf("\n%-22s | %18s | %-26s %12s | %8s | %8s %8s | %s\n", "goal case", "evoke",
+              "baseline (same run)", "", "ratio", "p50 us", "p99 us", "path");
+  GoalCases goals(socket, client_options, redis_socket, have_redis, quick, only);
+  goals.RunAll();
+  failures += goals.failures();
 
   // Optional: time tier 1's background CUDA registration at a given size.
   std::string registration_json;
@@ -716,7 +1297,8 @@ int Run(int argc, char** argv) {
           "    {\"op\": \"%s\", \"path\": \"%s\", \"block_bytes\": %llu, \"threads\": %d, "
           "\"batch\": %d, \"gbps\": %.4f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
           "\"memcpy_gbps\": %.4f, \"ratio_memcpy\": %.4f, \"redis_gbps\": %s, "
-          "\"ratio_redis\": %s, \"cuda_memcpy_gbps\": %s, \"ratio_cuda_memcpy\": %s}%s\n",
+          "\"ratio_redis\": %s, \"cuda_memcpy_gbps\": %s, \"ratio_cuda_memcpy\": %s, "
+          "\"ring\": %s}%s\n",
           OpName(r.c.op), PathName(r.c.path),
           static_cast<unsigned long long>(r.c.block_bytes), r.c.threads, r.c.batch,
           r.evoke.Gbps(), r.evoke.Percentile(0.5), r.evoke.Percentile(0.99),
@@ -729,7 +1311,18 @@ int Run(int argc, char** argv) {
           r.have_cuda_base
               ? absl::StrFormat("%.4f", r.evoke.Gbps() / std::max(1e-9, r.cuda_base.Gbps()))
               : "null",
-          i + 1 < results.size() ? "," : "");
+          r.evoke.ring ? "true" : "false", i + 1 < results.size() ? "," : "");
+    }
+    out << "  ],\n  \"warm_regions\": " << (cold_regions ? "false" : "true")
+        << ",\n  \"goal_cases\": [\n";
+    const std::vector<GoalResult>& g = goals.results();
+    for (size_t i = 0; i < g.size(); ++i) {
+      out << absl::StrFormat(
+          "    {\"name\": \"%s\", \"unit\": \"%s\", \"value\": %.4f, \"baseline\": \"%s\", "
+          "\"baseline_value\": %.4f, \"ratio\": %.4f, \"p50_us\": %.2f, \"p99_us\": %.2f, "
+          "\"ring\": %s}%s\n",
+          g[i].name, g[i].unit, g[i].value, g[i].baseline, g[i].baseline_value, g[i].ratio(),
+          g[i].p50_us, g[i].p99_us, g[i].ring ? "true" : "false", i + 1 < g.size() ? "," : "");
     }
     out << "  ]" << registration_json << "\n}\n";
   }

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# bench-profile.sh: where evoked spends its CPU during some evoke-bench cases.
+#
+#   scripts/bench-profile.sh EVOKED EVOKE_BENCH OUT_PREFIX ONLY [BENCH_ARGS...]
+#
+# Starts EVOKED (the flags evoke-bench gives its own), records it with
+# `perf record -e cpu-clock -g` (no hardware counters on these VMs) while
+# `EVOKE_BENCH --target SOCKET --only ONLY BENCH_ARGS...` runs against it,
+# then writes:
+#   OUT_PREFIX.bench.txt   the bench's output
+#   OUT_PREFIX.top.txt     perf report --no-children --stdio, first 60 lines
+#                          (the top entries, self time)
+#   OUT_PREFIX.dso.txt     self time per shared object (kernel, libc, evoked)
+# The perf data itself stays in a temp dir (large); keep it with KEEP_DATA=1.
+#
+# Example (issue #12, the 4 KiB and 1 MiB shared-memory cases):
+#   scripts/bench-profile.sh build/daemon/evoked build/bench/evoke-bench \
+#     bench/results/issue12_perf_after_4k 'lat4k' --quick --goals-only
+set -euo pipefail
+if [ $# -lt 4 ]; then
+  sed -n 2,20p "$0" >&2
+  exit 2
+fi
+EVOKED=$(realpath "$1")
+BENCH=$(realpath "$2")
+OUT=$3
+ONLY=$4
+shift 4
+DIR=$(mktemp -d /tmp/evoke-bench-profile-XXXXXX)
+SOCK=$DIR/evoked.sock
+cleanup() {
+  [ -n "${PERF_PID:-}" ] && kill -INT "$PERF_PID" 2>/dev/null || true
+  [ -n "${EVOKED_PID:-}" ] && kill -TERM "$EVOKED_PID" 2>/dev/null || true
+  wait 2>/dev/null || true
+  if [ "${KEEP_DATA:-0}" = 1 ]; then echo "perf data kept in $DIR" >&2; else rm -rf "$DIR"; fi
+}
+trap cleanup EXIT
+
+"$EVOKED" --socket "$SOCK" --data-dir "$DIR/data" --pinned-bytes 1GiB --spill-bytes 8GiB \
+  --max-block-bytes 64MiB --log-level warning > "$DIR/evoked.log" 2>&1 &
+EVOKED_PID=$!
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+[ -S "$SOCK" ] || { echo "evoked did not start:" >&2; cat "$DIR/evoked.log" >&2; exit 1; }
+
+perf record -e cpu-clock -g -p "$EVOKED_PID" -o "$DIR/perf.data" > "$DIR/perf.log" 2>&1 &
+PERF_PID=$!
+sleep 0.5
+set +e
+"$BENCH" --target "$SOCK" --only "$ONLY" "$@" > "$OUT.bench.txt" 2>&1
+BENCH_RC=$?
+set -e
+kill -INT "$PERF_PID"
+wait "$PERF_PID" 2>/dev/null || true
+PERF_PID=
+{
+  echo "# perf record -e cpu-clock -g -p <evoked> during: $(basename "$BENCH") --target SOCK --only '$ONLY' $*"
+  echo "# evoked: $EVOKED ($(cd "$(dirname "$EVOKED")" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+  echo "# perf report --no-children --stdio --percent-limit 0.5 (self time; call graphs cut)"
+  perf report -i "$DIR/perf.data" --no-children --stdio -g none --percent-limit 0.5 2>/dev/null \
+    | grep -v '^$' | head -60
+} > "$OUT.top.txt"
+{
+  echo "# self time per shared object"
+  perf report -i "$DIR/perf.data" --no-children --stdio --sort dso 2>/dev/null \
+    | grep -v '^#' | grep -v '^$' | head -20
+} > "$OUT.dso.txt"
+echo "bench exit status $BENCH_RC; wrote $OUT.bench.txt $OUT.top.txt $OUT.dso.txt"
+exit $BENCH_RC
