@@ -174,6 +174,33 @@ absl::StatusOr<std::vector<uint64_t>> PayloadChecksumsOnDevice(
 
 }  // namespace
 
+namespace {
+
+// GatherHashingDestination copies the pieces of `list`, in order, to `dst`
+// and returns PayloadChecksum of the copy: each 1 MiB chunk of `dst` is
+// hashed as soon as it is filled.
+uint64_t GatherHashingDestination(uint8_t* dst, const SliceList& list) {
+  absl::InlinedVector<uint64_t, 16> chunks;
+  chunks.reserve((list.total + kChecksumChunkBytes - 1) / kChecksumChunkBytes);
+  uint64_t filled = 0, hashed = 0;
+  for (const SliceList::Piece& piece : list.pieces) {
+    for (uint64_t done = 0; done < piece.length;) {
+      const uint64_t chunk_end = std::min(hashed + kChecksumChunkBytes, list.total);
+      const uint64_t take = std::min(piece.length - done, chunk_end - filled);
+      std::memcpy(dst + filled, piece.ptr + done, take);
+      done += take;
+      filled += take;
+      if (filled == chunk_end) {
+        chunks.push_back(ChunkChecksum(dst + hashed, chunk_end - hashed));
+        hashed = chunk_end;
+      }
+    }
+  }
+  return CombineChunkChecksums(chunks, list.total);
+}
+
+}  // namespace
+
 absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
                                       absl::Span<uint8_t* const> dsts,
                                       absl::Span<std::optional<uint64_t>> checksums) {
@@ -184,15 +211,15 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
   for (size_t k = 0; k < items.size(); ++k) {
     const SliceList& gather = gathers_[items[k]];
     if (!gather.empty()) {
-      // Checksums left unset: the TierManager hashes what landed in tier 1.
       uint8_t* dst = dsts[k];
       if (gather.device < 0) {
-        for (const SliceList::Piece& piece : gather.pieces) {
-          std::memcpy(dst, piece.ptr, piece.length);
-          dst += piece.length;
-        }
+        // Hashed here, from the daemon's copy (the destination), each chunk
+        // while it is still in cache: what is stored is what was hashed,
+        // whatever the client does to its pages meanwhile.
+        checksums[k] = GatherHashingDestination(dst, gather);
         gathered_on_host += gather.pieces.size();
       } else {
+        // Checksums left unset: the TierManager hashes what landed in tier 1.
         std::vector<CopyOp>& ops = by_device[gather.device];
         for (const SliceList::Piece& piece : gather.pieces) {
           ops.push_back({dst, piece.ptr, piece.length});

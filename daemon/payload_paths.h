@@ -85,11 +85,13 @@ class SaveRequestSource final : public SaveSource {
   // private to their owner: a client that changes them mid-save only fails
   // its own save); prefix blocks, shared by every client, are checksummed
   // from the daemon's own copy in tier 1. Gathered blocks: host slices are
-  // copied one after the other into the destination; CUDA slices join their
-  // device's one batch of device-to-host copies (adjacent slices coalesced);
-  // their checksums are left to the TierManager, which hashes its own copy
-  // (the device's chunk checksums need each 1 MiB chunk contiguous in device
-  // memory, which a gathered payload is not).
+  // copied one after the other into the destination, which is hashed chunk
+  // by chunk as it fills (the daemon's copy, as the TierManager would hash
+  // it, but while in cache); CUDA slices join their device's one batch of
+  // device-to-host copies (adjacent slices coalesced) and their checksums
+  // are left to the TierManager (the device's chunk checksums need each
+  // 1 MiB chunk contiguous in device memory, which a gathered payload is
+  // not).
   absl::Status Fetch(absl::Span<const size_t> items, absl::Span<uint8_t* const> dsts,
                      absl::Span<std::optional<uint64_t>> checksums) override;
 
