@@ -52,17 +52,25 @@ set -e
 kill -INT "$PERF_PID"
 wait "$PERF_PID" 2>/dev/null || true
 PERF_PID=
+report() {  # report SORT_KEYS LINES
+  perf report -i "$DIR/perf.data" --no-children --stdio -g none --percent-limit 0.5 \
+    --sort "$1" 2>/dev/null | grep -v '^#' | grep -v '^$' | head -"$2"
+}
 {
   echo "# perf record -e cpu-clock -g -p <evoked> during: $(basename "$BENCH") --target SOCK --only '$ONLY' $*"
   echo "# evoked: $EVOKED ($(cd "$(dirname "$EVOKED")" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
-  echo "# perf report --no-children --stdio --percent-limit 0.5 (self time; call graphs cut)"
-  perf report -i "$DIR/perf.data" --no-children --stdio -g none --percent-limit 0.5 2>/dev/null \
-    | grep -v '^$' | head -60
+  echo "# $(perf report -i "$DIR/perf.data" --stdio 2>/dev/null | grep -m1 '^# Samples')"
+  echo "# self time by symbol: perf report --no-children --stdio -g none --sort comm,dso,sym"
+  report comm,dso,sym 40
+  echo "# self time by thread name: --sort comm"
+  report comm 12
 } > "$OUT.top.txt"
 {
-  echo "# self time per shared object"
-  perf report -i "$DIR/perf.data" --no-children --stdio --sort dso 2>/dev/null \
-    | grep -v '^#' | grep -v '^$' | head -20
+  echo "# self time per shared object: perf report --no-children --stdio -g none --sort dso"
+  report dso 15
+  echo "# callers of the kernel's share (the first frames above each kernel entry):"
+  perf report -i "$DIR/perf.data" --no-children --stdio --sort dso -G --percent-limit 5 \
+    2>/dev/null | grep -v '^#' | grep -v '^$' | head -80
 } > "$OUT.dso.txt"
 echo "bench exit status $BENCH_RC; wrote $OUT.bench.txt $OUT.top.txt $OUT.dso.txt"
 exit $BENCH_RC
