@@ -121,9 +121,7 @@ void FuzzSave(const v1::SaveRequest& request) {
     const v1::BlockMeta& meta = block.meta();
     absl::StatusOr<BlockId> id = BlockId::FromBytes(meta.id());
     FUZZ_CHECK(id.ok());
-    const uint64_t size = block.payload_case() == v1::SaveBlock::kInlineBytes
-                              ? block.inline_bytes().size()
-                              : block.region().length();
+    const uint64_t size = PayloadLength(block);
     FUZZ_CHECK(size > 0 && size <= Limits().block.max_block_bytes);
     if (meta.fingerprint().layout() == v1::LAYOUT_CANONICAL_V1) {
       absl::StatusOr<uint64_t> expected = CanonicalPayloadBytes(

@@ -326,8 +326,12 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
                            : PayloadChecksum(host.data(), host.size());
       continue;
     }
-    uint8_t* dest = p.ram.data();
-    if (!p.fresh) {
+    // An id already stored has no reservation: its bytes are fetched into
+    // scratch, only to be compared.
+    uint8_t* dest = nullptr;
+    if (p.fresh) {
+      dest = p.ram.data();
+    } else {
       scratch.emplace_back(items[i].size, '\0');
       dest = reinterpret_cast<uint8_t*>(scratch.back().data());
     }
