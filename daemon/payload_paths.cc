@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/container/inlined_vector.h"
@@ -10,7 +11,7 @@
 #include "common/checksum.h"
 #include "common/log.h"
 #include "gpu/rope_device.h"
-#include "gpu/xxh3_device.h"
+#include "gpu/transfer_plan.h"
 #include "common/byte_size.h"
 #include "common/status_macros.h"
 
@@ -119,63 +120,6 @@ absl::string_view SaveRequestSource::HostBytes(size_t i) {
 
 namespace {
 
-// One payload in device memory, with the same bytes on the host (read only
-// for a short final chunk, which XXH3 hashes differently from a long one).
-struct DevicePayload {
-  int device;
-  const uint8_t* device_ptr;
-  const uint8_t* host;
-  uint64_t bytes;
-};
-
-// PayloadChecksumsOnDevice returns PayloadChecksum (common/checksum.h) of each
-// payload: its 1 MiB chunks hashed on the GPU, one launch per device for all
-// the payloads, the short final chunks on the host, then combined.
-absl::StatusOr<std::vector<uint64_t>> PayloadChecksumsOnDevice(
-    DeviceCopiers& copiers, absl::Span<const DevicePayload> payloads) {
-  std::vector<std::vector<uint64_t>> sums(payloads.size());
-  std::vector<std::vector<bool>> have(payloads.size());
-  absl::flat_hash_map<int, std::vector<DeviceRange>> ranges;
-  absl::flat_hash_map<int, std::vector<std::pair<size_t, size_t>>> owners;  // (k, chunk)
-  for (size_t k = 0; k < payloads.size(); ++k) {
-    const DevicePayload& p = payloads[k];
-    for (uint64_t off = 0, j = 0; off < p.bytes; off += kChecksumChunkBytes, ++j) {
-      const uint64_t n = std::min<uint64_t>(kChecksumChunkBytes, p.bytes - off);
-      sums[k].push_back(0);
-      have[k].push_back(false);
-      if (n >= kDeviceChecksumMinBytes) {
-        ranges[p.device].push_back(DeviceRange{p.device_ptr + off, n});
-        owners[p.device].emplace_back(k, j);
-      }
-    }
-  }
-  for (auto& [device, list] : ranges) {
-    std::vector<uint64_t> out(list.size());
-    EVOKE_ASSIGN_OR_RETURN(DeviceOps* ops, copiers.Get(device));
-    EVOKE_RETURN_IF_ERROR(ops->ChunkChecksums(list, absl::MakeSpan(out)));
-    const auto& who = owners[device];
-    for (size_t j = 0; j < out.size(); ++j) {
-      sums[who[j].first][who[j].second] = out[j];
-      have[who[j].first][who[j].second] = true;
-    }
-  }
-  std::vector<uint64_t> result(payloads.size());
-  for (size_t k = 0; k < payloads.size(); ++k) {
-    const DevicePayload& p = payloads[k];
-    for (size_t j = 0; j < sums[k].size(); ++j) {
-      if (have[k][j]) continue;
-      const uint64_t off = j * kChecksumChunkBytes;
-      sums[k][j] = ChunkChecksum(p.host + off, std::min<uint64_t>(kChecksumChunkBytes, p.bytes - off));
-    }
-    result[k] = CombineChunkChecksums(sums[k], p.bytes);
-  }
-  return result;
-}
-
-}  // namespace
-
-namespace {
-
 // GatherHashingDestination copies the pieces of `list`, in order, to `dst`
 // and returns PayloadChecksum of the copy: each 1 MiB chunk of `dst` is
 // hashed as soon as it is filled.
@@ -204,10 +148,16 @@ uint64_t GatherHashingDestination(uint8_t* dst, const SliceList& list) {
 absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
                                       absl::Span<uint8_t* const> dsts,
                                       absl::Span<std::optional<uint64_t>> checksums) {
-  absl::flat_hash_map<int, std::vector<CopyOp>> by_device;
-  std::vector<DevicePayload> session_payloads;  // Checksummed on the GPU.
-  std::vector<size_t> session_items;
-  uint64_t gathered_slices = 0, gathered_on_host = 0;
+  // Per device, one FetchBlocks: every contiguous slice and every piece of
+  // every gather list bound for the host, and the device checksums of the
+  // session blocks, hashed beside the copies.
+  struct DeviceFetch {
+    std::vector<FetchBlock> blocks;
+    std::vector<size_t> hashed;  // Per block: its index k in `items`, or kNotHashed.
+  };
+  constexpr size_t kNotHashed = SIZE_MAX;
+  absl::flat_hash_map<int, DeviceFetch> by_device;
+  uint64_t gathered_slices = 0, gathered_on_host = 0, hashed_on_device = 0;
   for (size_t k = 0; k < items.size(); ++k) {
     const SliceList& gather = gathers_[items[k]];
     if (!gather.empty()) {
@@ -220,9 +170,10 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
         gathered_on_host += gather.pieces.size();
       } else {
         // Checksums left unset: the TierManager hashes what landed in tier 1.
-        std::vector<CopyOp>& ops = by_device[gather.device];
+        DeviceFetch& fetch = by_device[gather.device];
         for (const SliceList::Piece& piece : gather.pieces) {
-          ops.push_back({dst, piece.ptr, piece.length});
+          fetch.blocks.push_back(FetchBlock{piece.ptr, dst, piece.length, /*checksum=*/false});
+          fetch.hashed.push_back(kNotHashed);
           dst += piece.length;
         }
       }
@@ -233,25 +184,29 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
     const Region& region = *regions_[items[k]];
     const v1::RegionSlice& slice = block.region();
     const uint8_t* src = static_cast<const uint8_t*>(region.device_ptr()) + slice.offset();
-    by_device[region.device()].push_back({dsts[k], src, slice.length()});
-    // Prefix blocks: left unset, the caller hashes tier 1's copy.
-    if (block.meta().kind() != v1::BLOCK_KIND_SESSION) continue;
-    session_payloads.push_back(DevicePayload{region.device(), src, dsts[k], slice.length()});
-    session_items.push_back(k);
+    // Session blocks: hashed on the device. Prefix blocks: left unset, the
+    // caller hashes tier 1's copy.
+    const bool session = block.meta().kind() == v1::BLOCK_KIND_SESSION;
+    DeviceFetch& fetch = by_device[region.device()];
+    fetch.blocks.push_back(FetchBlock{src, dsts[k], slice.length(), session});
+    fetch.hashed.push_back(session ? k : kNotHashed);
+    hashed_on_device += session;
   }
   const absl::Time t0 = absl::Now();
-  for (auto& [device, ops] : by_device) {
-    EVOKE_ASSIGN_OR_RETURN(DeviceOps* copier, copiers_->Get(device));
-    EVOKE_RETURN_IF_ERROR(copier->DeviceToHost(ops));
+  std::vector<uint64_t> sums;
+  for (auto& [device, fetch] : by_device) {
+    EVOKE_ASSIGN_OR_RETURN(DeviceOps* ops, copiers_->Get(device));
+    sums.assign(fetch.blocks.size(), 0);
+    EVOKE_RETURN_IF_ERROR(ops->FetchBlocks(fetch.blocks, absl::MakeSpan(sums)));
+    for (size_t j = 0; j < sums.size(); ++j) {
+      if (fetch.hashed[j] != kNotHashed) checksums[fetch.hashed[j]] = sums[j];
+    }
   }
-  const absl::Time t1 = absl::Now();
-  EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> sums,
-                         PayloadChecksumsOnDevice(*copiers_, session_payloads));
-  for (size_t j = 0; j < sums.size(); ++j) checksums[session_items[j]] = sums[j];
   EVOKE_LOG_DEBUG("save fetch: ", items.size(), " blocks (", gathered_slices,
-                  " gathered slices, ", gathered_on_host, " of them on the host), device to host ",
-                  absl::FormatDuration(t1 - t0), ", checksums on device ",
-                  absl::FormatDuration(absl::Now() - t1));
+                  " gathered slices, ", gathered_on_host, " of them on the host), ",
+                  by_device.size(), " devices, ", hashed_on_device,
+                  " hashed on the device beside the copies, ",
+                  absl::FormatDuration(absl::Now() - t0));
   return absl::OkStatus();
 }
 
@@ -509,57 +464,68 @@ absl::Status LoadResponseSink::DeliverScattered(size_t i, const uint8_t* bytes, 
 absl::Status LoadResponseSink::Deliver(size_t i, const uint8_t* bytes, uint64_t n,
                                        uint64_t checksum) {
   if (mode_ == Mode::kScatter) return DeliverScattered(i, bytes, n, checksum);
-  const Region& region = *regions_[i];
-  if (reanchor_[i]) device_reanchor_.push_back(i);
   delivered_.push_back(Delivered{i, bytes, n, checksum});
-  device_ops_[region.device()].push_back({DestinationOnDevice(i), bytes, n});
   return absl::OkStatus();
 }
 
 absl::Status LoadResponseSink::Finish() {
   const absl::Time t0 = absl::Now();
+  // Scattered blocks, verified (and re-anchored) on the host at Deliver: one
+  // batch of host-to-device copies per device.
   for (auto& [device, ops] : device_ops_) {
     EVOKE_ASSIGN_OR_RETURN(DeviceOps* copier, copiers_->Get(device));
     EVOKE_RETURN_IF_ERROR(copier->HostToDevice(ops));
   }
   const absl::Time t1 = absl::Now();
-  // Verify what landed on the GPU against the stored checksums, every block
-  // in one launch per device.
-  std::vector<DevicePayload> landed;
-  landed.reserve(delivered_.size());
-  for (const Delivered& d : delivered_) {
-    landed.push_back(
-        DevicePayload{regions_[d.index]->device(), DestinationOnDevice(d.index), d.host, d.bytes});
-  }
-  EVOKE_ASSIGN_OR_RETURN(const std::vector<uint64_t> got,
-                         PayloadChecksumsOnDevice(*copiers_, landed));
+  // Contiguous destinations: one LandBlocks per device. Each block is copied
+  // in pieces, verified where it landed as its pieces arrive, and (when
+  // asked) re-anchored in place once verified, while later pieces are still
+  // in flight.
+  absl::flat_hash_map<int, std::vector<size_t>> by_device;  // Indices into delivered_.
   for (size_t k = 0; k < delivered_.size(); ++k) {
-    const Delivered& d = delivered_[k];
-    if (got[k] != d.checksum) {
-      return absl::DataLossError(absl::StrCat(
-          "ids[", d.index, "]: the copy on the GPU fails its checksum (stored ",
-          absl::Hex(d.checksum), ", on device ", absl::Hex(got[k]), "); nothing was served"));
+    by_device[regions_[delivered_[k].index]->device()].push_back(k);
+  }
+  std::vector<DeviceReanchorJob> jobs;
+  std::vector<LandingBlock> blocks;
+  std::vector<uint64_t> got;
+  size_t reanchored = 0;
+  for (auto& [device, list] : by_device) {
+    EVOKE_ASSIGN_OR_RETURN(DeviceOps* ops, copiers_->Get(device));
+    jobs.clear();
+    jobs.reserve(list.size());  // Blocks point into it: it must not move.
+    blocks.clear();
+    for (size_t k : list) {
+      const Delivered& d = delivered_[k];
+      uint8_t* dst = DestinationOnDevice(d.index);
+      const DeviceReanchorJob* job = nullptr;
+      if (reanchor_[d.index]) {
+        const Reanchoring& r = *reanchor_[d.index];
+        jobs.push_back(DeviceReanchorJob{&r.plan, &r.meta, dst, r.meta.payload_bytes(), r.delta});
+        job = &jobs.back();
+      }
+      blocks.push_back(LandingBlock{d.host, dst, d.bytes, /*verify=*/true, job});
+    }
+    reanchored += jobs.size();
+    got.assign(blocks.size(), 0);
+    EVOKE_RETURN_IF_ERROR(ops->LandBlocks(blocks, absl::MakeSpan(got)));
+    // The checksums are of the bytes as they landed, before re-anchoring. A
+    // block that differs may already be rotated in place (garbage at its
+    // destination): the call fails, so nothing is served, and the
+    // TierManager finds and quarantines a bad tier-1 copy.
+    for (size_t j = 0; j < list.size(); ++j) {
+      const Delivered& d = delivered_[list[j]];
+      if (got[j] != d.checksum) {
+        return absl::DataLossError(absl::StrCat(
+            "ids[", d.index, "]: the copy on the GPU fails its checksum (stored ",
+            absl::Hex(d.checksum), ", on device ", absl::Hex(got[j]), "); nothing was served"));
+      }
     }
   }
-  const absl::Time t2 = absl::Now();
-  // The splice on the GPU: K rotated in place in the destination, one batch
-  // per device.
-  absl::flat_hash_map<int, std::vector<DeviceReanchorJob>> jobs;
-  for (size_t i : device_reanchor_) {
-    const Reanchoring& r = *reanchor_[i];
-    jobs[regions_[i]->device()].push_back(DeviceReanchorJob{
-        &r.plan, &r.meta, DestinationOnDevice(i), r.meta.payload_bytes(), r.delta});
-  }
-  for (auto& [device, list] : jobs) {
-    EVOKE_ASSIGN_OR_RETURN(DeviceOps* ops, copiers_->Get(device));
-    EVOKE_RETURN_IF_ERROR(ops->ReanchorCanonicalBlocks(list));
-  }
   if (!delivered_.empty() || scattered_to_devices_ > 0) {
-    EVOKE_LOG_DEBUG("load to GPU: ", delivered_.size(), " blocks and ", scattered_to_devices_,
-                    " scattered, host to device ",
-                    absl::FormatDuration(t1 - t0), ", verify on device ",
-                    absl::FormatDuration(t2 - t1), ", re-anchor ", device_reanchor_.size(),
-                    " on device ", absl::FormatDuration(absl::Now() - t2));
+    EVOKE_LOG_DEBUG("load to GPU: ", scattered_to_devices_, " scattered blocks, host to device ",
+                    absl::FormatDuration(t1 - t0), "; ", delivered_.size(),
+                    " blocks landed, verified and ", reanchored, " re-anchored on ",
+                    by_device.size(), " devices ", absl::FormatDuration(absl::Now() - t1));
   }
   return absl::OkStatus();
 }

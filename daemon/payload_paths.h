@@ -63,8 +63,9 @@ using RegionCache = absl::flat_hash_map<uint64_t, std::shared_ptr<Region>>;
 
 // SaveRequestSource serves the payloads of a validated SaveRequest. Host
 // payloads (inline, shared memory) are read in place; CUDA slices are
-// fetched in one batch per device, coalesced; gather lists are copied slice
-// by slice into tier 1 (host) or in the same device batch (CUDA).
+// fetched with one DeviceOps::FetchBlocks per device (coalesced copies, the
+// session blocks hashed on the device beside them); gather lists are copied
+// slice by slice into tier 1 (host) or in the same FetchBlocks (CUDA).
 class SaveRequestSource final : public SaveSource {
  public:
   // Create resolves every region slice of the request (region slices and
@@ -80,18 +81,18 @@ class SaveRequestSource final : public SaveSource {
   // Empty for CUDA slices and for gathered blocks (host or CUDA): the
   // TierManager then calls Fetch.
   absl::string_view HostBytes(size_t i) override;
-  // CUDA slices: copied device to host first, then session blocks are
-  // checksummed on the GPU from the client's device memory (their bytes are
-  // private to their owner: a client that changes them mid-save only fails
-  // its own save); prefix blocks, shared by every client, are checksummed
-  // from the daemon's own copy in tier 1. Gathered blocks: host slices are
-  // copied one after the other into the destination, which is hashed chunk
-  // by chunk as it fills (the daemon's copy, as the TierManager would hash
-  // it, but while in cache); CUDA slices join their device's one batch of
-  // device-to-host copies (adjacent slices coalesced) and their checksums
-  // are left to the TierManager (the device's chunk checksums need each
-  // 1 MiB chunk contiguous in device memory, which a gathered payload is
-  // not).
+  // CUDA slices: one FetchBlocks per device copies them device to host
+  // and, in the same plan, checksums the session blocks on the GPU from the
+  // client's device memory while the copies run (their bytes are private to
+  // their owner: a client that changes them mid-save only fails its own
+  // save); prefix blocks, shared by every client, are checksummed from the
+  // daemon's own copy in tier 1. Gathered blocks: host slices are copied one
+  // after the other into the destination, which is hashed chunk by chunk as
+  // it fills (the daemon's copy, as the TierManager would hash it, but while
+  // in cache); CUDA slices join their device's FetchBlocks, one block per
+  // slice (adjacent slices coalesced), not hashed there: their checksums are
+  // left to the TierManager (the device's chunk checksums need each 1 MiB
+  // chunk contiguous in device memory, which a gathered payload is not).
   absl::Status Fetch(absl::Span<const size_t> items, absl::Span<uint8_t* const> dsts,
                      absl::Span<std::optional<uint64_t>> checksums) override;
 
@@ -107,11 +108,32 @@ class SaveRequestSource final : public SaveSource {
 
 // LoadResponseSink writes a Load's payloads inline into the response (under
 // a byte budget: RESOURCE_EXHAUSTED past it), into the request's
-// destination slices (shared memory: copied in place; CUDA: one batch of
-// host-to-device copies per device at Finish), or scattered into the
+// destination slices (shared memory: copied in place; CUDA: one
+// DeviceOps::LandBlocks per device at Finish), or scattered into the
 // request's scatter lists (shared memory: at Deliver, hashing each 1 MiB
 // chunk of the source before scattering it; CUDA: verified on the host at
 // Deliver, then one batch of host-to-device copies per device at Finish).
+//
+// CUDA destinations: LandBlocks copies each block in pieces over several
+// streams, verifies each piece where it landed (the checksum of the bytes
+// on the device, before any re-anchoring, compared with the stored one) and
+// re-anchors the block in place once all its pieces are verified, while
+// later pieces are still in flight. So a block that fails verification may
+// already have been rotated (its destination holds garbage, as after any
+// failed load): Finish returns DATA_LOSS all the same, nothing is served,
+// and the TierManager, seeing DATA_LOSS from a sink that verifies its
+// deliveries, re-hashes the tier-1 copies it delivered and quarantines a bad
+// one (the next load comes from disk).
+//
+// CUDA scatter lists do not go through LandBlocks: its verification hashes
+// a block's 1 MiB chunks where they land, which needs the block contiguous
+// in device memory (a scattered block's pieces are pages anywhere, chunk
+// boundaries fall inside them, pieces may be shorter than the device's
+// smallest checksum range), and it returns whole-block checksums only, so
+// per-piece landings could not be combined into the block's checksum; the
+// device re-anchor job, too, takes one contiguous payload. They are verified
+// on the host before the copy instead (a transfer that goes bad on the bus
+// is not caught) and re-anchored on the host.
 //
 // Re-anchoring a scattered block: its verified bytes are copied into a
 // staging buffer, K is rotated there (on the host, also for a CUDA
@@ -137,9 +159,8 @@ class LoadResponseSink final : public LoadSink {
   absl::Status AfterHostCopy(size_t i, uint8_t* dest, uint64_t n) override;
   absl::Status Deliver(size_t i, const uint8_t* bytes, uint64_t n, uint64_t checksum) override;
   // Every delivered block is verified by the sink: contiguous blocks bound
-  // for a GPU there, after the copy (before any re-anchoring); scattered
-  // blocks on the host as they are scattered or staged (DATA_LOSS from
-  // Deliver).
+  // for a GPU there, as they land (DATA_LOSS from Finish); scattered blocks
+  // on the host as they are scattered or staged (DATA_LOSS from Deliver).
   bool VerifiesDeliveries() const override { return true; }
   absl::Status Finish() override;
 
@@ -182,7 +203,9 @@ class LoadResponseSink final : public LoadSink {
   uint64_t staging_bytes_ = 0;
   std::vector<std::unique_ptr<uint8_t[]>> device_staging_;
   uint64_t scattered_to_devices_ = 0;  // Blocks, for the log.
+  // Scattered CUDA blocks: their slices, one batch per device.
   absl::flat_hash_map<int, std::vector<CopyOp>> device_ops_;
+  // Contiguous CUDA destinations, landed at Finish.
   struct Delivered {
     size_t index;
     const uint8_t* host;  // The verified-on-arrival source (tier 1 or staging).
@@ -191,7 +214,6 @@ class LoadResponseSink final : public LoadSink {
   };
   std::vector<Delivered> delivered_;
   std::vector<std::optional<Reanchoring>> reanchor_;  // Per block.
-  std::vector<size_t> device_reanchor_;  // Blocks to re-anchor on the device.
 };
 
 }  // namespace evoke

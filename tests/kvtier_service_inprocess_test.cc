@@ -3,6 +3,7 @@
 // in host memory (testing/host_device_copier.h), so that the service's CUDA
 // save and load paths and the tier's failures are exercised without a GPU,
 // a disk or a daemon process. Label: unit (it starts no process).
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -133,6 +134,7 @@ class KvTierServiceInProcessTest : public ::testing::Test {
     arena_options.lock_memory = false;
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<PinnedArena> arena,
                          PinnedArena::Create(arena_options));
+    arena_ = arena.get();
     TierManagerOptions tier_options;
     tier_options.max_wait_for_room = absl::Milliseconds(300);
     ASSERT_OK_AND_ASSIGN(tiers_,
@@ -241,8 +243,20 @@ class KvTierServiceInProcessTest : public ::testing::Test {
     return stub_->Flush(&context, request, response);
   }
 
+  // CorruptTier1 flips one bit of the tier-1 copy of `payload` (found by
+  // its bytes in the arena): bad memory under a block the daemon holds.
+  void CorruptTier1(const std::string& payload) {
+    uint8_t* begin = arena_->base();
+    uint8_t* end = begin + arena_->capacity_bytes();
+    uint8_t* at = std::search(begin, end, payload.begin(), payload.end(),
+                              [](uint8_t a, char b) { return a == static_cast<uint8_t>(b); });
+    ASSERT_NE(at, end) << "the payload is not in tier 1";
+    at[payload.size() / 2] ^= 1;
+  }
+
   MemoryTier disk_;
   HostDevices gpus_{2};
+  PinnedArena* arena_ = nullptr;  // Owned by tiers_.
   RecoveryIndex recovery_;
   std::unique_ptr<TierManager> tiers_;
   std::unique_ptr<LeaseManager> leases_;
@@ -464,14 +478,19 @@ TEST_F(KvTierServiceInProcessTest, CudaSlicesSaveAndLoadWithReanchorOnTheDevice)
         << i;
   }
   HostDevices::Counters c = gpus_.counters();
-  // One batch to the host, coalesced (adjacent slices into adjacent tier-1
-  // extents); the session blocks hashed on the device before the copy, the
-  // prefix block from tier 1's copy.
-  EXPECT_EQ(c.calls_of(DeviceOp::kDeviceToHost), 1u);
+  // One FetchBlocks (one plan): the copies to the host coalesced (adjacent
+  // slices into adjacent tier-1 extents) and, in the same plan, the session
+  // blocks hashed on the device beside the copies (one checksum launch, no
+  // separate ChunkChecksums call); the prefix block from tier 1's copy.
+  EXPECT_EQ(c.calls_of(DeviceOp::kFetchBlocks), 1u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kDeviceToHost), 0u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kChecksums), 0u);
+  EXPECT_EQ(c.plans, 1u);
   EXPECT_EQ(c.copy_ops, 4u);
   EXPECT_EQ(c.copies, 1u);
   EXPECT_EQ(c.bytes_to_host, 4 * kBlockBytes);
   EXPECT_EQ(c.checksum_ranges, 3u);
+  EXPECT_EQ(c.checksum_steps, 1u);
 
   // Load three of them into device 0, re-anchoring the second to position
   // 1000 on the device.
@@ -511,10 +530,18 @@ TEST_F(KvTierServiceInProcessTest, CudaSlicesSaveAndLoadWithReanchorOnTheDevice)
   ASSERT_NE(expect, payloads[1]);
   EXPECT_EQ(std::memcmp(dst.ptr + kBlockBytes, expect.data(), kBlockBytes), 0);
   c = gpus_.counters();
-  EXPECT_EQ(c.calls_of(DeviceOp::kHostToDevice), 1u);
+  // One LandBlocks (one plan): copied, verified where they landed and the
+  // second block re-anchored in place, pipelined; no separate copy,
+  // checksum or re-anchor calls.
+  EXPECT_EQ(c.calls_of(DeviceOp::kLandBlocks), 1u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kHostToDevice), 0u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kChecksums), 0u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kReanchor), 0u);
+  EXPECT_EQ(c.plans, 1u);
   EXPECT_EQ(c.bytes_to_device, 3 * kBlockBytes);
   EXPECT_EQ(c.checksum_ranges, 3u);  // Verified where they landed.
   EXPECT_EQ(c.reanchor_jobs, 1u);
+  EXPECT_EQ(c.reanchor_steps, 1u);
   // Device 0 opened on first use; device 1 (the save) was opened before.
   EXPECT_EQ(c.calls_of(DeviceOp::kOpen), 1u);
 
@@ -561,7 +588,7 @@ TEST_F(KvTierServiceInProcessTest, DeviceFailuresAreReportedAndNothingIsStored) 
   b->mutable_region()->set_length(kBlockBytes);
   v1::SaveResponse saved;
 
-  gpus_.FailNext(DeviceOp::kDeviceToHost, 1,
+  gpus_.FailNext(DeviceOp::kFetchBlocks, 1,
                  absl::UnavailableError("injected: cudaErrorDevicesUnavailable"));
   {
     grpc::ClientContext context;
@@ -593,13 +620,24 @@ TEST_F(KvTierServiceInProcessTest, DeviceFailuresAreReportedAndNothingIsStored) 
   {
     grpc::ClientContext context;
     EXPECT_THAT(stub_->Load(&context, load, &loaded),
-                GrpcIs(grpc::StatusCode::DATA_LOSS, "fails its checksum"));
+                GrpcIs(grpc::StatusCode::DATA_LOSS, "the copy on the GPU fails its checksum"));
+  }
+  EXPECT_EQ(gpus_.counters().calls_of(DeviceOp::kLandBlocks), 1u);
+  EXPECT_EQ(Stat().counters().checksum_failures(), 0u);  // Tier 1 was good: kept.
+  // A device that fails the landing: reported, nothing quarantined.
+  gpus_.FailNext(DeviceOp::kLandBlocks, 1, absl::UnavailableError("injected: device lost"));
+  {
+    grpc::ClientContext context;
+    EXPECT_THAT(stub_->Load(&context, load, &loaded),
+                GrpcIs(grpc::StatusCode::UNAVAILABLE, "injected"));
   }
   {
     grpc::ClientContext context;
     ASSERT_TRUE(GrpcOk(stub_->Load(&context, load, &loaded)));
   }
+  EXPECT_EQ(loaded.blocks(0).served_from(), v1::TIER_PINNED_HOST);
   EXPECT_EQ(std::memcmp(dst.ptr, payload.data(), kBlockBytes), 0);
+  EXPECT_EQ(Stat().counters().checksum_failures(), 0u);
 }
 
 TEST_F(KvTierServiceInProcessTest, TierFailuresAreReportedAndTheServiceKeepsServing) {
@@ -756,9 +794,12 @@ TEST_F(KvTierServiceInProcessTest, CudaGatherAndScatterOneBatchPerDevice) {
         << i;
   }
   HostDevices::Counters c = gpus_.counters();
-  // One batch of device-to-host copies for every slice of every block, the
-  // adjacent pair coalesced; no per-slice calls. Checksums from tier 1.
-  EXPECT_EQ(c.calls_of(DeviceOp::kDeviceToHost), 1u);
+  // One FetchBlocks for every slice of every block, the adjacent pair
+  // coalesced; no per-slice calls. Checksums from tier 1 (nothing hashed on
+  // the device: a gathered payload's chunks are not contiguous there).
+  EXPECT_EQ(c.calls_of(DeviceOp::kFetchBlocks), 1u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kDeviceToHost), 0u);
+  EXPECT_EQ(c.checksum_ranges, 0u);
   EXPECT_EQ(c.copy_ops, 3 * kPagesPerBlock);
   EXPECT_EQ(c.copies, 3 * kPagesPerBlock - 1);
   EXPECT_EQ(c.bytes_to_host, 3 * kBlockBytes);
@@ -824,6 +865,7 @@ TEST_F(KvTierServiceInProcessTest, CudaGatherAndScatterOneBatchPerDevice) {
     ASSERT_TRUE(GrpcOk(stub_->Load(&context, contiguous, &loaded)));
   }
   EXPECT_EQ(gpus_.counters().reanchor_jobs, 1u);
+  EXPECT_EQ(gpus_.counters().calls_of(DeviceOp::kLandBlocks), 1u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst.ptr), kBlockBytes), expect);
 
   // From tier 2 (the Deliver path's staging or promotion) as well.
@@ -884,7 +926,7 @@ TEST_F(KvTierServiceInProcessTest, GatherAndScatterRefuseBadListsAndDeviceFaults
   EXPECT_THAT(save_status(bad), GrpcIs(grpc::StatusCode::NOT_FOUND,
                                        "blocks[0].gather.slices[2].region_id: region 4242"));
   // A device that fails the batch: nothing stored.
-  gpus_.FailNext(DeviceOp::kDeviceToHost, 1, absl::UnavailableError("injected: device lost"));
+  gpus_.FailNext(DeviceOp::kFetchBlocks, 1, absl::UnavailableError("injected: device lost"));
   EXPECT_THAT(save_status(save), GrpcIs(grpc::StatusCode::UNAVAILABLE, "injected"));
   v1::BlockInfo info;
   EXPECT_THAT(Describe(IdOf(SessionMeta(0)), &info), GrpcIs(grpc::StatusCode::NOT_FOUND, ""));
@@ -933,22 +975,20 @@ TEST_F(KvTierServiceInProcessTest, GatherAndScatterRefuseBadListsAndDeviceFaults
 }
 
 // A block whose payload is fetched (CUDA slices, gather lists) and whose id
-// is already stored: deduplicated, as an inline save of it is.
-// DISABLED: TierManagerImpl::CopyIn (storage/tier_manager.cc) takes
-// p.ram.data() before it checks p.fresh, and a block that is not fresh has
-// no reservation, so this save dereferences null and the daemon dies
-// (SIGSEGV; the existing CUDA region path as much as gather). Enable once
-// CopyIn takes the reservation's data only for fresh blocks.
-TEST_F(KvTierServiceInProcessTest, DISABLED_FetchedSaveOfAStoredIdIsDeduplicated) {
+// is already stored: deduplicated, as an inline save of it is. (It was
+// disabled while TierManagerImpl::CopyIn took the reservation's data of a
+// block that is not fresh, which has none: the daemon died with SIGSEGV.)
+TEST_F(KvTierServiceInProcessTest, FetchedSaveOfAStoredIdIsDeduplicated) {
   ASSERT_NO_FATAL_FAILURE(OpenLease());
-  ASSERT_OK_AND_ASSIGN(HostDevices::Allocation gpu, gpus_.Allocate(0, 16 * kPageBytes));
+  // Pages 0..15 hold the scattered copy, pages 16..23 the contiguous one.
+  ASSERT_OK_AND_ASSIGN(HostDevices::Allocation gpu, gpus_.Allocate(0, 24 * kPageBytes));
   const uint64_t device_region = AddCudaRegion(gpu);
   const auto [host, host_bytes] = AddHostRegion(16 * kPageBytes);
   const std::vector<uint64_t> pages = {3, 9, 0, 12, 5, 6, 15, 1};
   const std::string payload = Payload(51);
   ScatterInto(gpu.ptr, pages, payload);
   ScatterInto(host_bytes, pages, payload);
-  std::memcpy(gpu.ptr + 8 * kPageBytes, payload.data(), kBlockBytes);
+  std::memcpy(gpu.ptr + 16 * kPageBytes, payload.data(), kBlockBytes);
   v1::SaveResponse saved;
   ASSERT_TRUE(GrpcOk(Save({SessionMeta(0)}, {payload}, &saved)));
   const uint64_t checksum = saved.results(0).checksum();
@@ -962,7 +1002,7 @@ TEST_F(KvTierServiceInProcessTest, DISABLED_FetchedSaveOfAStoredIdIsDeduplicated
   *requests[2].mutable_blocks(0)->mutable_gather() = PageSlices(device_region, pages);
   v1::RegionSlice* slice = requests[0].mutable_blocks(0)->mutable_region();
   slice->set_region_id(device_region);
-  slice->set_offset(8 * kPageBytes);
+  slice->set_offset(16 * kPageBytes);
   slice->set_length(kBlockBytes);
   for (const v1::SaveRequest& r : requests) {
     grpc::ClientContext context;
@@ -1017,6 +1057,175 @@ TEST_F(KvTierServiceInProcessTest, ScatterSinkVerifiesDeliveredBytes) {
       EXPECT_EQ(GatherFrom(pool, pages), reanchor ? Reanchored(meta, payload, 500) : payload);
     }
   }
+}
+
+// ---------------------------------------------------------------- The pipelined GPU path
+
+// Save and Load over two devices, contiguous slices and a gather list on
+// the same device: one FetchBlocks and one LandBlocks per device, whatever
+// the number of blocks; checksums and re-anchored K as the CPU computes
+// them.
+TEST_F(KvTierServiceInProcessTest, CudaSaveAndLoadOneFetchAndOneLandingPerDevice) {
+  ASSERT_NO_FATAL_FAILURE(OpenLease());
+  // Device 0: session blocks 0 and 1 back to back, then session block 2 in
+  // pages (gathered); device 1: session block 3 and prefix block 40.
+  ASSERT_OK_AND_ASSIGN(HostDevices::Allocation gpu0,
+                       gpus_.Allocate(0, 2 * kBlockBytes + 16 * kPageBytes));
+  ASSERT_OK_AND_ASSIGN(HostDevices::Allocation gpu1, gpus_.Allocate(1, 2 * kBlockBytes));
+  const uint64_t r0 = AddCudaRegion(gpu0);
+  const uint64_t r1 = AddCudaRegion(gpu1);
+  const std::vector<v1::BlockMeta> metas = {SessionMeta(0), SessionMeta(1), SessionMeta(2),
+                                            SessionMeta(3), PrefixMeta(40)};
+  std::vector<std::string> payloads;
+  for (int i = 0; i < 5; ++i) payloads.push_back(Payload(70 + i));
+  std::memcpy(gpu0.ptr, payloads[0].data(), kBlockBytes);
+  std::memcpy(gpu0.ptr + kBlockBytes, payloads[1].data(), kBlockBytes);
+  std::vector<uint64_t> pages = {21, 17, 30, 16, 25, 19, 28, 23};  // Of the pool at 2 blocks.
+  ScatterInto(gpu0.ptr, pages, payloads[2]);
+  std::memcpy(gpu1.ptr, payloads[3].data(), kBlockBytes);
+  std::memcpy(gpu1.ptr + kBlockBytes, payloads[4].data(), kBlockBytes);
+
+  v1::SaveRequest save;
+  save.set_lease_id(lease_id_);
+  for (int i = 0; i < 5; ++i) {
+    v1::SaveBlock* b = save.add_blocks();
+    *b->mutable_meta() = metas[i];
+    if (i == 2) {
+      *b->mutable_gather() = PageSlices(r0, pages);
+      continue;
+    }
+    b->mutable_region()->set_region_id(i < 2 ? r0 : r1);
+    b->mutable_region()->set_offset(i == 1 || i == 4 ? kBlockBytes : 0);
+    b->mutable_region()->set_length(kBlockBytes);
+  }
+  gpus_.ResetCounters();
+  v1::SaveResponse saved;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(GrpcOk(stub_->Save(&context, save, &saved)));
+  }
+  ASSERT_EQ(saved.results_size(), 5);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(saved.results(i).checksum(),
+              PayloadChecksum(payloads[i].data(), payloads[i].size()))
+        << i;
+  }
+  HostDevices::Counters c = gpus_.counters();
+  EXPECT_EQ(c.calls_of(DeviceOp::kFetchBlocks), 2u);  // One per device.
+  EXPECT_EQ(c.calls_of(DeviceOp::kDeviceToHost), 0u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kChecksums), 0u);
+  EXPECT_EQ(c.plans, 2u);
+  // Session blocks 0, 1 and 3 hashed on their devices (the gathered one and
+  // the prefix block from tier 1's copy), one checksum launch per device.
+  EXPECT_EQ(c.checksum_ranges, 3u);
+  EXPECT_EQ(c.checksum_steps, 2u);
+  EXPECT_EQ(c.bytes_to_host, 5 * kBlockBytes);
+  EXPECT_EQ(c.copy_ops, 4 + kPagesPerBlock);
+
+  // All five back, blocks 0..2 into device 1 and 3..4 into device 0, one
+  // re-anchored on each device.
+  ASSERT_OK_AND_ASSIGN(HostDevices::Allocation to0, gpus_.Allocate(0, 2 * kBlockBytes));
+  ASSERT_OK_AND_ASSIGN(HostDevices::Allocation to1, gpus_.Allocate(1, 3 * kBlockBytes));
+  const uint64_t d0 = AddCudaRegion(to0);
+  const uint64_t d1 = AddCudaRegion(to1);
+  v1::LoadRequest load;
+  load.set_lease_id(lease_id_);
+  *load.mutable_fingerprint() = Fingerprint();
+  for (int i = 0; i < 5; ++i) {
+    load.add_ids(metas[i].id());
+    v1::RegionSlice* d = load.add_destinations();
+    d->set_region_id(i < 3 ? d1 : d0);
+    d->set_offset((i < 3 ? i : i - 3) * kBlockBytes);
+    d->set_length(kBlockBytes);
+    v1::Reanchor* r = load.add_reanchor();
+    if (i == 1 || i == 4) r->set_first_position(2000 + i);
+  }
+  gpus_.ResetCounters();
+  v1::LoadResponse loaded;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(GrpcOk(stub_->Load(&context, load, &loaded)));
+  }
+  ASSERT_EQ(loaded.blocks_size(), 5);
+  c = gpus_.counters();
+  EXPECT_EQ(c.calls_of(DeviceOp::kLandBlocks), 2u);  // One per device.
+  EXPECT_EQ(c.calls_of(DeviceOp::kHostToDevice), 0u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kChecksums), 0u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kReanchor), 0u);
+  EXPECT_EQ(c.plans, 2u);
+  EXPECT_EQ(c.checksum_ranges, 5u);  // Every block verified where it landed.
+  EXPECT_EQ(c.reanchor_jobs, 2u);
+  EXPECT_EQ(c.reanchor_steps, 2u);
+  EXPECT_EQ(c.bytes_to_device, 5 * kBlockBytes);
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    const uint8_t* at = (i < 3 ? to1.ptr : to0.ptr) + (i < 3 ? i : i - 3) * kBlockBytes;
+    const std::string want =
+        (i == 1 || i == 4) ? Reanchored(metas[i], payloads[i], 2000 + i) : payloads[i];
+    if (i == 1 || i == 4) {
+      ASSERT_NE(want, payloads[i]);
+    }
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(at), kBlockBytes), want);
+    EXPECT_EQ(loaded.blocks(i).meta().first_position(),
+              (i == 1 || i == 4) ? 2000 + i : metas[i].first_position());
+  }
+}
+
+// A bad tier-1 copy is caught where it lands on the GPU (the sink verifies
+// deliveries, so tier 1 is not hashed on the host first): DATA_LOSS for the
+// call, even though the block was re-anchored in the same pipeline (its
+// destination holds garbage, as after any failed load); the TierManager
+// then finds the bad tier-1 copy and quarantines it, and the next load is
+// served, verified and re-anchored from the disk copy.
+TEST_F(KvTierServiceInProcessTest, CorruptLandingIsDataLossAndTheBadTier1CopyIsQuarantined) {
+  ASSERT_NO_FATAL_FAILURE(OpenLease());
+  const v1::BlockMeta meta = SessionMeta(5);
+  const std::string payload = Payload(80);
+  v1::SaveResponse saved;
+  ASSERT_TRUE(GrpcOk(Save({meta}, {payload}, &saved)));
+  v1::FlushResponse flushed;
+  ASSERT_TRUE(GrpcOk(Flush(/*evict=*/false, &flushed)));  // A disk copy; tier 1 kept.
+  v1::BlockInfo info;
+  ASSERT_TRUE(GrpcOk(Describe(IdOf(meta), &info)));
+  ASSERT_EQ(info.tier(), v1::TIER_PINNED_HOST);
+  ASSERT_TRUE(info.on_disk());
+  ASSERT_NO_FATAL_FAILURE(CorruptTier1(payload));
+
+  ASSERT_OK_AND_ASSIGN(HostDevices::Allocation dst, gpus_.Allocate(0, kBlockBytes));
+  const uint64_t dst_region = AddCudaRegion(dst);
+  v1::LoadRequest load;
+  load.set_lease_id(lease_id_);
+  *load.mutable_fingerprint() = Fingerprint();
+  load.add_ids(meta.id());
+  v1::RegionSlice* d = load.add_destinations();
+  d->set_region_id(dst_region);
+  d->set_length(kBlockBytes);
+  load.add_reanchor()->set_first_position(300);
+  gpus_.ResetCounters();
+  v1::LoadResponse loaded;
+  {
+    grpc::ClientContext context;
+    EXPECT_THAT(stub_->Load(&context, load, &loaded),
+                GrpcIs(grpc::StatusCode::DATA_LOSS, "ids[0]: the copy on the GPU fails"));
+  }
+  HostDevices::Counters c = gpus_.counters();
+  EXPECT_EQ(c.calls_of(DeviceOp::kLandBlocks), 1u);
+  EXPECT_EQ(c.calls_of(DeviceOp::kHostToDevice), 0u);
+  EXPECT_EQ(Stat().counters().checksum_failures(), 1u);
+  ASSERT_TRUE(GrpcOk(Describe(IdOf(meta), &info)));
+  EXPECT_EQ(info.tier(), v1::TIER_SPILL);  // The tier-1 copy is gone.
+  EXPECT_TRUE(info.bytes_available());
+
+  std::memset(dst.ptr, 0, kBlockBytes);
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(GrpcOk(stub_->Load(&context, load, &loaded)));
+  }
+  EXPECT_EQ(loaded.blocks(0).served_from(), v1::TIER_SPILL);
+  EXPECT_EQ(loaded.blocks(0).meta().first_position(), 300);
+  const std::string expect = Reanchored(meta, payload, 300);
+  ASSERT_NE(expect, payload);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst.ptr), kBlockBytes), expect);
 }
 
 }  // namespace
