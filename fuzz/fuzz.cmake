@@ -18,6 +18,10 @@
 #   fuzz_seq_state           llama.cpp sequence-state blobs -> ParseSeqState,
 #                            ToCanonical (client/llama/seq_state.cc builds
 #                            without llama.cpp, so it is compiled in here)
+#   fuzz_ring                a hostile client's command ring (header, entries,
+#                            index moves, wake words) -> RingSet's ring thread,
+#                            with a checking fake RingHandler (its seeds are
+#                            written by the target itself: see fuzz_ring.cc)
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   set(_evoke_fuzz_default ON)
 else()
@@ -86,6 +90,9 @@ target_include_directories(fuzz_daemon_flags PRIVATE ${CLI11_INCLUDE_DIR})
 evoke_add_fuzzer(fuzz_seq_state
   SOURCES ${_fuzz_dir}/fuzz_seq_state.cc ${_src}/client/llama/seq_state.cc
   DEPS evoke_common)
+evoke_add_fuzzer(fuzz_ring
+  SOURCES ${_fuzz_dir}/fuzz_ring.cc ${_src}/daemon/ring_server.cc ${_src}/daemon/region.cc
+  DEPS evoke_gpu evoke_common)
 
 # make_seeds writes the seed corpora (run once; its output is committed):
 #   build-fuzz/fuzz/make_seeds fuzz/corpus
