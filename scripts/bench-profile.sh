@@ -39,7 +39,7 @@ trap cleanup EXIT
 "$EVOKED" --socket "$SOCK" --data-dir "$DIR/data" --pinned-bytes 1GiB --spill-bytes 8GiB \
   --max-block-bytes 64MiB --log-level warning > "$DIR/evoked.log" 2>&1 &
 EVOKED_PID=$!
-for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "evoked did not start:" >&2; cat "$DIR/evoked.log" >&2; exit 1; }
 
 perf record -e cpu-clock -g -p "$EVOKED_PID" -o "$DIR/perf.data" > "$DIR/perf.log" 2>&1 &
