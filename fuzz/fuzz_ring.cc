@@ -178,6 +178,8 @@ enum Action : uint8_t {
 // SqeSpec shape bits.
 constexpr uint8_t kConsistent = 1u << 0;  // arg_len, meta_len, n_slices agree.
 constexpr uint8_t kKnownOp = 1u << 1;     // opcode % 3.
+constexpr uint8_t kNearMiss = 1u << 2;    // Then arg_len, meta_len, n_slices
+                                          // moved by a few (u8 x3 more).
 
 // How the handler answers one entry.
 struct Plan {
@@ -221,6 +223,12 @@ SqeSpec ParseSqeSpec(Reader& r) {
     e.arg_len = e.n_slices > 0 ? static_cast<uint32_t>(AlignUp8(e.meta_len) +
                                                        uint64_t{e.n_slices} * sizeof(RingSlice))
                                : e.meta_len;
+  }
+  if (shape & kNearMiss) {
+    // Just inside or just outside each of the check's bounds.
+    e.arg_len += static_cast<int8_t>(r.u8()) % 9;
+    e.meta_len += static_cast<int8_t>(r.u8()) % 9;
+    e.n_slices = static_cast<uint16_t>(e.n_slices + static_cast<int8_t>(r.u8()) % 2);
   }
   Plan& p = s.plan;
   p.code = r.u8();
@@ -1094,6 +1102,7 @@ class Seed {
   // `code` and a text of `len` bytes (meta when OK and want_meta).
   Seed& Sqe(uint8_t op, uint8_t flags, const std::string& meta, uint16_t n_slices,
             uint8_t code, uint16_t len, bool want_meta, uint8_t len_mode = 0) {
+    if (len_mode == 0 && len >= 300) len_mode = 1;  // Mode 0 takes len % 300.
     std::string args = meta;
     args.resize(AlignUp8(meta.size()), '\0');
     for (uint16_t i = 0; i < n_slices; ++i) {
@@ -1183,6 +1192,14 @@ void WriteSeeds(const std::string& dir) {
     s.Prepare(3).RawSqe(ring::kOpLoad, 5000, 512, 0);
     s.Prepare(4).RawSqe(ring::kOpSave, 20, 512, 40);
     s.Advance(5).Wait().Consume(5);
+    // Near misses: meta_len one past arg_len; one slice too many.
+    s.Prepare(0).u8(kConsistent | kKnownOp | kNearMiss).u8(ring::kOpSave).u8(0).u16(0).u32(0)
+        .u32(16).u32(0).u64(0).u64(0).u64(0).bytes(std::string(16, '\0')).u16(0).u8(0)
+        .u8(1).u8(0).u8(0).u8(0).u16(0).u32(0).u64(0).u64(0).u32(0);
+    s.Prepare(1).u8(kConsistent | kKnownOp | kNearMiss).u8(ring::kOpLoad).u8(0).u16(0).u32(0)
+        .u32(24).u32(0).u64(0).u64(0).u64(0).bytes(std::string(16, '\0')).u16(0).u8(0)
+        .u8(0).u8(1).u8(0).u8(0).u16(0).u32(0).u64(0).u64(0).u32(0);
+    s.Advance(2).Wait().Consume(2);
     write("bad_entries", s);
   }
   {
