@@ -9,3 +9,11 @@ evoke_add_test(inline_path_e2e_test SOURCES inline_path_e2e_test.cc
 if(TARGET inline_path_e2e_test)
   add_dependencies(inline_path_e2e_test evoked)
 endif()
+
+# A measurement, not a test: the daemon's per-request CPU for one inline
+# payload, protobuf's way against inline_wire.h (no socket).
+if(EVOKE_BUILD_TESTS)
+  add_executable(inline_path_micro inline_path_micro.cc)
+  evoke_target_options(inline_path_micro)
+  target_link_libraries(inline_path_micro PRIVATE evoke_daemon evoke_testing gRPC::grpc++)
+endif()

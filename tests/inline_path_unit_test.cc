@@ -252,6 +252,23 @@ TEST(InlineWireTest, SaveRequestParsesAsProtobufParsesIt) {
   }
 }
 
+TEST(InlineWireTest, SavePayloadBuffersAreReused) {
+  v1::SaveRequest r;
+  v1::SaveBlock* b = r.add_blocks();
+  *b->mutable_meta() = Meta(1);
+  b->set_inline_bytes(testing::Payload(3, 16 * kMiB));
+  const std::string wire = r.SerializeAsString();
+  StringPool pool;
+  for (int round = 0; round < 3; ++round) {
+    v1::SaveRequest got;
+    ASSERT_TRUE(inline_wire::ParseSaveRequest(Split(wire, 16384), pool, &got));
+    EXPECT_TRUE(got.blocks(0).inline_bytes() == r.blocks(0).inline_bytes());
+    inline_wire::ReturnSavePayloads(pool, &got);
+  }
+  EXPECT_EQ(pool.counters().takes, 3u);
+  EXPECT_EQ(pool.counters().reused, 2u);
+}
+
 TEST(InlineWireTest, SaveRequestOddEncodingsAreDeclinedOrEqual) {
   const std::string block_a = [] {
     v1::SaveBlock b;
