@@ -19,9 +19,10 @@
 //      anywhere), the wake words flipped, the futex woken, the owner gone,
 //      daemon-owned words scribbled over, the header rewritten, the region
 //      attached again. RingOptions spin a microsecond and check liveness
-//      every 200 us, so that a session takes milliseconds.
-//   3. The end: the owner goes (Alive() false): every ring must stop by
-//      itself within seconds; then RingSet::StopAll, and the checks below.
+//      every millisecond, so that a session takes milliseconds.
+//   3. The end: the owner goes (Alive() false); with kUnwokenEnd every ring
+//      must stop by itself within seconds; then RingSet::StopAll (which
+//      must end every ring at once), and the checks below.
 //
 // The fake RingHandler (FakeHandler) checks what it is given (opcode Save or
 // Load, meta of meta_len bytes, slices inside the copied arguments at the
@@ -155,6 +156,7 @@ enum HeaderMode : uint8_t { kValid = 0, kSpoiled = 1, kRaw = 2 };
 // First byte, other bits.
 constexpr uint8_t kWithSibling = 1u << 2;
 constexpr uint8_t kTightLimits = 1u << 3;  // max_rings_per_uid 2, max_rings 3.
+constexpr uint8_t kUnwokenEnd = 1u << 4;   // At the end, rings find out alone.
 
 // Actions (one byte each, modulo kActions, then their fields).
 enum Action : uint8_t {
@@ -461,6 +463,7 @@ struct HeaderSpec {
   std::unique_ptr<RingHeader> header = std::make_unique<RingHeader>();
   bool sibling = false;
   bool tight = false;
+  bool unwoken_end = false;
   uint32_t max_batch = 64;
 };
 
@@ -478,6 +481,7 @@ HeaderSpec ParseHeader(Reader& r) {
   const uint8_t b = r.u8();
   s.sibling = (b & kWithSibling) != 0;
   s.tight = (b & kTightLimits) != 0;
+  s.unwoken_end = (b & kUnwokenEnd) != 0;
   s.max_batch = 1 + r.u8() % 64;
   RingHeader& h = *s.header;
   if ((b & 3) != kRaw) {
@@ -547,6 +551,7 @@ class Session {
   std::shared_ptr<std::atomic<bool>> alive() const { return run_.alive; }
   void set_run(RingRun run) { run_ = std::move(run); }
   bool multi() const { return multi_; }
+  bool scribbled() const { return scribbled_; }
 
  private:
   uint32_t pub_sq_head() const { return h_->sq_head.value.load(std::memory_order_acquire); }
@@ -866,7 +871,12 @@ void Session::Play(Reader& r) {
         const absl::Time deadline = absl::Now() + absl::Seconds(1);
         while (pub_cq_tail() != target && !broken()) {
           FUZZ_CHECK(absl::Now() < deadline);
-          absl::SleepFor(absl::Microseconds(5));
+          // As a client waits: the daemon wakes it after posting.
+          h_->cq_need_wake.value.store(1, std::memory_order_seq_cst);
+          if (pub_cq_tail() != target && !broken()) {
+            FutexWait(&h_->cq_need_wake.value, 1, absl::Milliseconds(1));
+          }
+          h_->cq_need_wake.value.store(0, std::memory_order_relaxed);
         }
         FUZZ_CHECK(!broken());
         CheckIndices();
@@ -982,11 +992,28 @@ struct Sibling {
   bool attached = false;
 };
 
+// WaitBroken waits, as a client waiting for completions does, until the
+// ring's thread has ended by itself (it sets `broken` and wakes cq_need_wake
+// as it ends). False after `limit`.
+bool WaitBroken(RingHeader* h, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (h->broken.value.load(std::memory_order_acquire) == 0) {
+    if (absl::Now() >= deadline) return false;
+    h->cq_need_wake.value.store(1, std::memory_order_seq_cst);
+    if (h->broken.value.load(std::memory_order_seq_cst) == 0) {
+      FutexWait(&h->cq_need_wake.value, 1, absl::Milliseconds(1));
+    }
+  }
+  return true;
+}
+
+// WaitStopped: until no ring is served (for rings whose `broken` word the
+// client overwrote, or that share memory).
 bool WaitStopped(RingSet& set, absl::Duration limit) {
   const absl::Time deadline = absl::Now() + limit;
   while (set.counters().rings != 0) {
     if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Microseconds(20));
+    absl::SleepFor(absl::Microseconds(50));
   }
   return true;
 }
@@ -1000,7 +1027,7 @@ int RunOne(const uint8_t* data, size_t size) {
   std::memcpy(mem.base, spec.header.get(), std::min<uint64_t>(sizeof(RingHeader), spec.size));
   RingOptions options;
   options.spin = absl::Microseconds(1);
-  options.liveness_interval = absl::Microseconds(200);
+  options.liveness_interval = absl::Milliseconds(1);
   options.max_batch = spec.max_batch;
   if (spec.tight) {
     options.max_rings = 3;
@@ -1056,7 +1083,11 @@ int RunOne(const uint8_t* data, size_t size) {
     const absl::Time deadline = absl::Now() + absl::Seconds(2);
     while (h->cq_tail.value.load(std::memory_order_acquire) != 1) {
       FUZZ_CHECK(absl::Now() < deadline);
-      absl::SleepFor(absl::Microseconds(5));
+      h->cq_need_wake.value.store(1, std::memory_order_seq_cst);
+      if (h->cq_tail.value.load(std::memory_order_seq_cst) != 1) {
+        FutexWait(&h->cq_need_wake.value, 1, absl::Milliseconds(1));
+      }
+      h->cq_need_wake.value.store(0, std::memory_order_relaxed);
     }
     RingCqe c;
     std::memcpy(&c, sibling.mem.base + sibling.g.cq_offset(), sizeof(c));
@@ -1065,9 +1096,18 @@ int RunOne(const uint8_t* data, size_t size) {
     sibling_ops = 1;
     sibling.run.alive->store(false);
   }
-  // The owner goes: every ring stops by itself, unwoken.
+  // The owner goes. With kUnwokenEnd every ring must find out by itself
+  // (Alive() at its next liveness check) and stop within seconds; else the
+  // daemon shuts down at once (StopAll), which must end every ring however
+  // it is busy (a ring thread that ignored it would time the input out).
   session.alive()->store(false, std::memory_order_release);
-  FUZZ_CHECK(WaitStopped(set, absl::Seconds(5)));
+  if (spec.unwoken_end) {
+    if (!session.scribbled() && !session.multi()) {
+      FUZZ_CHECK(WaitBroken(mem.header(), absl::Seconds(5)));
+    }
+    if (sibling.attached) FUZZ_CHECK(WaitBroken(sibling.mem.header(), absl::Seconds(5)));
+    FUZZ_CHECK(WaitStopped(set, absl::Seconds(5)));
+  }
   set.StopAll();
   if (sibling.attached) {
     FUZZ_CHECK(sibling.mem.header()->broken.value.load() == ring::kBrokenClosed);
