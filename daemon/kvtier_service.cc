@@ -183,7 +183,21 @@ KvTierService::KvTierService(TierManager* tiers, Executor* executor,
       options_(std::move(options)),
       payload_pool_(inline_wire::StringPool::Options{options_.inline_pool_bytes,
                                                      options_.inline_pool_buffers}),
-      rings_(std::make_unique<RingSet>(options_.rings)) {}
+      rings_(std::make_unique<RingSet>(options_.rings)) {
+  // Methods 0 and 1 of evoke.v1.KvTier (kvtier.proto's order) are Save and
+  // Load; their generated typed handlers are replaced by raw ones.
+  using RawHandler = grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+  MarkMethodRawCallback(
+      0, new RawHandler([this](grpc::CallbackServerContext* context,
+                               const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+        return SaveBytes(context, request, response);
+      }));
+  MarkMethodRawCallback(
+      1, new RawHandler([this](grpc::CallbackServerContext* context,
+                               const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+        return LoadBytes(context, request, response);
+      }));
+}
 
 absl::StatusOr<std::shared_ptr<const Caller>> KvTierService::Identify(
     const grpc::CallbackServerContext& context) const {
@@ -499,9 +513,9 @@ grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext*
   });
 }
 
-grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* context,
-                                              const grpc::ByteBuffer* request,
-                                              grpc::ByteBuffer* response) {
+grpc::ServerUnaryReactor* KvTierService::SaveBytes(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
   const absl::Time deadline = DeadlineOf(context);
   EVOKE_CALLER_OR_FINISH(caller, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -511,9 +525,9 @@ grpc::ServerUnaryReactor* KvTierService::Save(grpc::CallbackServerContext* conte
   return reactor;
 }
 
-grpc::ServerUnaryReactor* KvTierService::Load(grpc::CallbackServerContext* context,
-                                              const grpc::ByteBuffer* request,
-                                              grpc::ByteBuffer* response) {
+grpc::ServerUnaryReactor* KvTierService::LoadBytes(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   executor_->Submit([=, this] { reactor->Finish(LoadRaw(*caller, *request, response)); });

@@ -63,9 +63,7 @@ struct KvTierServiceOptions {
 // field is parsed and validated exactly as protobuf would.
 //
 // Thread-safe. `tiers` and `executor` must outlive the service.
-class KvTierService final
-    : public v1::KvTier::WithRawCallbackMethod_Save<
-          v1::KvTier::WithRawCallbackMethod_Load<v1::KvTier::CallbackService>> {
+class KvTierService final : public v1::KvTier::CallbackService {
  public:
   // `leases`, `copiers` and `recovery` must outlive the service.
   KvTierService(TierManager* tiers, Executor* executor, LeaseManager* leases,
@@ -77,15 +75,15 @@ class KvTierService final
   // so that server shutdown does not wait for them, and stops every ring.
   void CloseLeases();
 
-  // The typed overloads stay unused (the raw ones below serve the RPCs).
-  using v1::KvTier::CallbackService::Load;
-  using v1::KvTier::CallbackService::Save;
-  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* context,
-                                 const grpc::ByteBuffer* request,
-                                 grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
-                                 const grpc::ByteBuffer* request,
-                                 grpc::ByteBuffer* response) override;
+  // Save and Load, registered as raw callback methods by the constructor
+  // (as the generated WithRawCallbackMethod_* would, without their
+  // overloads that hide the typed ones).
+  grpc::ServerUnaryReactor* SaveBytes(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response);
+  grpc::ServerUnaryReactor* LoadBytes(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response);
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const v1::LookupRequest* request,
                                    v1::LookupResponse* response) override;
