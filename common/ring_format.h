@@ -40,9 +40,12 @@
 // before they sleep, so that a busy ring costs no system call.
 //
 // Everything in the ring is written by an untrusted client. The daemon reads
-// the geometry once, at AttachRing, and never again; an index that moves
-// backwards or runs more than a queue's length ahead breaks the ring (the
-// daemon stops serving it, sets `broken`, counts it and logs); a bad entry
+// the geometry once, at AttachRing, and never again; an index found outside
+// its window (sq_tail more than sq_entries past the daemon's sq_head, or
+// behind it; cq_head more than cq_entries behind the daemon's cq_tail, or
+// past it) breaks the ring (the daemon stops serving it, sets `broken`,
+// counts it and logs; a small move backwards inside the window is not
+// detected and harms only that client); a bad entry
 // is answered with a completion carrying INVALID_ARGUMENT and a message that
 // names the field, like any RPC input.
 #ifndef EVOKE_COMMON_RING_FORMAT_H_
@@ -164,8 +167,8 @@ struct RingGeometry {
 // RingHeader::broken values.
 enum BrokenReason : uint32_t {
   kNotBroken = 0,
-  kBrokenSqIndex = 1,  // sq_tail moved backwards or too far ahead.
-  kBrokenCqIndex = 2,  // cq_head moved backwards or past cq_tail.
+  kBrokenSqIndex = 1,  // sq_tail left its window.
+  kBrokenCqIndex = 2,  // cq_head left its window.
   kBrokenClosed = 3,   // The lease ended or the region was unregistered.
 };
 

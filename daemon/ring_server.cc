@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -100,7 +101,9 @@ class RingSet::Ring {
 
   void Stop() {
     stop_.store(true, std::memory_order_release);
-    FutexWake(&header_->sq_need_wake.value);
+    // The thread may have ended and unmapped the ring already.
+    absl::MutexLock lock(&unmap_mu_);
+    if (region_ != nullptr) FutexWake(&header_->sq_need_wake.value);
   }
 
   void Join() {
@@ -132,7 +135,9 @@ class RingSet::Ring {
   RingSet* const set_;
   const std::string key_;
   const uid_t uid_;
-  std::shared_ptr<Region> region_;  // Released when the thread ends.
+  absl::Mutex unmap_mu_;
+  // Released when the thread ends.
+  std::shared_ptr<Region> region_ ABSL_GUARDED_BY(unmap_mu_);
   const ring::RingGeometry g_;
   const std::unique_ptr<RingHandler> handler_;
   uint8_t* const base_;
@@ -210,6 +215,7 @@ void RingSet::Ring::Serve() {
   std::vector<RingResult> results(o.max_batch);
   std::vector<RingResult> handled;
   uint32_t reason = ring::kBrokenClosed;
+  absl::Duration full_backoff = absl::Microseconds(20);
   while (!stop_.load(std::memory_order_acquire)) {
     const uint32_t tail = header_->sq_tail.value.load(std::memory_order_acquire);
     const uint32_t available = tail - sq_head_;
@@ -229,11 +235,15 @@ void RingSet::Ring::Serve() {
     const uint32_t room = g_.cq_entries - cq_used;
     if (room == 0) {
       // The client has not taken its completions: nothing more is taken
-      // from it until it does (back-pressure on that client only).
+      // from it until it does (back-pressure on that client only), polled
+      // at a falling rate so that a client that never takes them costs
+      // next to nothing.
       if (!handler_->Alive()) break;
-      absl::SleepFor(absl::Microseconds(20));
+      absl::SleepFor(full_backoff);
+      full_backoff = std::min(full_backoff * 2, absl::Milliseconds(2));
       continue;
     }
+    full_backoff = absl::Microseconds(20);
     const uint32_t n = std::min({available, room, o.max_batch});
     // Copy the entries and their arguments out of the client's reach first.
     for (uint32_t k = 0; k < n; ++k) {
@@ -313,7 +323,10 @@ void RingSet::Ring::Serve() {
   }
   Break(reason);
   // Unmapped now (when no copy holds it), not when the thread is joined.
-  region_.reset();
+  {
+    absl::MutexLock lock(&unmap_mu_);
+    region_.reset();
+  }
   set_->Finished(key_, uid_);
 }
 
@@ -337,7 +350,6 @@ absl::StatusOr<ring::RingGeometry> RingSet::Attach(std::string key, uid_t uid,
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("evoked is shutting down");
-    reap.swap(finished_);
     if (rings_.contains(key)) {
       return absl::FailedPreconditionError("region_id: the region already serves a ring");
     }
@@ -351,10 +363,20 @@ absl::StatusOr<ring::RingGeometry> RingSet::Attach(std::string key, uid_t uid,
                                                        " attached, the limit per uid is ",
                                                        options_.max_rings_per_uid));
     }
-    ++mine;
     ring = std::make_shared<Ring>(this, key, uid, std::move(region), *g, std::move(handler));
+    try {
+      ring->Start();
+    } catch (const std::system_error& e) {
+      // No thread to be had (a thread or memory limit): refuse, count nothing.
+      if (mine == 0) per_uid_.erase(uid);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("rings: no thread for another ring (", e.what(), ")"));
+    }
+    ++mine;
     rings_.emplace(std::move(key), ring);
-    ring->Start();
+    // Only past every refusal: a vector of unjoined rings must not be
+    // destroyed on a return.
+    reap.swap(finished_);
   }
   for (const auto& r : reap) r->Join();
   return *g;

@@ -471,3 +471,27 @@ TEST_F(RingTest, DaemonRestartFailsWaitersAndANewRingWorks) {
 
 }  // namespace
 }  // namespace evoke::testing
+
+namespace evoke::testing {
+namespace {
+
+// A refused AttachRing after another ring ended must not take the daemon
+// down (it once destroyed the ended ring's unjoined thread: std::terminate;
+// found by fuzz_ring).
+TEST_F(RingTest, ARefusedAttachAfterARingEndedKeepsTheDaemonUp) {
+  ASSERT_OK_AND_ASSIGN(auto second, RawRing::Open(daemon_->socket(), 1 << 20));
+  second->WriteHeader(SmallGeometry());
+  ASSERT_OK(second->Attach());
+  {
+    ASSERT_OK_AND_ASSIGN(auto first, RawRing::Open(daemon_->socket(), 1 << 20));
+    first->WriteHeader(SmallGeometry());
+    ASSERT_OK(first->Attach());
+  }  // Its lease ends, and with it the ring.
+  ASSERT_TRUE(WaitUntil([&] { return Stat().leases().rings() == 1; }, absl::Seconds(5)));
+  EXPECT_THAT(second->Attach(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_OK(client_->HealthCheck());
+  EXPECT_EQ(Stat().leases().rings(), 1u);
+}
+
+}  // namespace
+}  // namespace evoke::testing

@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     unsigned char* shared = NULL;
     st = evoke_buffer_alloc(client, 2 * block_bytes, (void**)&shared);
     CHECK(st == EVOKE_OK && shared != NULL, "evoke_buffer_alloc");
-    fill_block(shared, block_bytes / 2, 4);
+    fill_block((unsigned short*)shared, block_bytes / 2, 4);
     st = evoke_block_save(client, &layout, "session-1", 4, kTokens, 0, kLayers,
                           (int32_t)(4 * kTokens), shared, block_bytes);
     CHECK(st == EVOKE_OK, "evoke_block_save from a shared buffer");
