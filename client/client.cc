@@ -135,25 +135,14 @@ class Client::Impl {
                           absl::ToChronoMilliseconds(options.call_timeout));
   }
 
-  // SaveOne sends one request; blocks without a region or gather carry
-  // payloads[i], referenced, not copied.
   absl::Status SaveOne(const v1::SaveRequest& request,
-                       absl::Span<const absl::string_view> payloads,
                        std::vector<v1::SaveResult>* results) {
     grpc::ClientContext context;
     Prepare(&context);
     v1::SaveResponse response;
-    // InlineCalls::Save (payloads sent by reference) measured slower than
-    // the stub's copy on this kind of machine (issue #12 notes): until that
-    // is understood, the payloads are copied into the request here.
-    v1::SaveRequest filled = request;
-    for (int i = 0; i < filled.blocks_size(); ++i) {
-      v1::SaveBlock* b = filled.mutable_blocks(i);
-      if (b->payload_case() == v1::SaveBlock::PAYLOAD_NOT_SET) {
-        b->set_inline_bytes(payloads[i].data(), payloads[i].size());
-      }
-    }
-    EVOKE_RETURN_IF_ERROR(FromGrpc(stub->Save(&context, filled, &response)));
+    // Inline payloads are copied into the request by Client::Save: the
+    // referencing InlineCalls::Save measured slower (issue #12 notes).
+    EVOKE_RETURN_IF_ERROR(FromGrpc(stub->Save(&context, request, &response)));
     for (v1::SaveResult& r : *response.mutable_results()) {
       results->push_back(std::move(r));
     }
@@ -335,7 +324,6 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
   v1::SaveRequest request;
   request.set_durable(durable);
   request.set_lease_id(impl_->LeaseId());
-  std::vector<absl::string_view> payloads;
   uint64_t bytes = 0;
   for (const BlockToSave& block : blocks) {
     // Region payloads cost the message nothing; count them as small.
@@ -344,9 +332,8 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
     if (request.blocks_size() > 0 &&
         (bytes + size > budget ||
          static_cast<size_t>(request.blocks_size()) == kMaxBatchBlocks)) {
-      EVOKE_RETURN_IF_ERROR(impl_->SaveOne(request, payloads, &results));
+      EVOKE_RETURN_IF_ERROR(impl_->SaveOne(request, &results));
       request.clear_blocks();
-      payloads.clear();
       bytes = 0;
     }
     v1::SaveBlock* b = request.add_blocks();
@@ -357,14 +344,14 @@ absl::StatusOr<std::vector<v1::SaveResult>> Client::Save(
       }
     } else if (block.region) {
       *b->mutable_region() = *block.region;
+    } else {
+      b->set_inline_bytes(block.payload.data(), block.payload.size());
     }
-    // Sent by reference when the block names no region (InlineCalls).
-    payloads.push_back(block.payload);
     b->set_pin(block.pin);
     bytes += size;
   }
   if (request.blocks_size() > 0) {
-    EVOKE_RETURN_IF_ERROR(impl_->SaveOne(request, payloads, &results));
+    EVOKE_RETURN_IF_ERROR(impl_->SaveOne(request, &results));
   }
   return results;
 }

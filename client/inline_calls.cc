@@ -10,6 +10,7 @@
 #include <grpcpp/impl/codegen/proto_utils.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/proto_wire.h"
 #include "absl/synchronization/mutex.h"
 
 namespace evoke {
@@ -18,98 +19,15 @@ namespace {
 constexpr char kSaveMethod[] = "/evoke.v1.KvTier/Save";
 constexpr char kLoadMethod[] = "/evoke.v1.KvTier/Load";
 
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
+using wire::AppendVarint;
+using wire::SliceReader;
+using wire::VarintSize;
 
 // Fields this code does not know travel as protobuf would send them.
 void CopyUnknownFields(const google::protobuf::Message& from, google::protobuf::Message* to) {
   to->GetReflection()->MutableUnknownFields(to)->MergeFrom(
       from.GetReflection()->GetUnknownFields(from));
 }
-
-// Reads a ByteBuffer's bytes in order across its slices.
-class SliceReader {
- public:
-  explicit SliceReader(absl::Span<const grpc::Slice> slices) : slices_(slices) {
-    for (const grpc::Slice& s : slices_) size_ += s.size();
-    Settle();
-  }
-  size_t position() const { return pos_; }
-  size_t remaining() const { return size_ - pos_; }
-
-  bool ReadVarint(uint64_t* v) {
-    uint64_t result = 0;
-    for (int shift = 0; shift < 70; shift += 7) {
-      if (pos_ >= size_) return false;
-      const uint8_t b = slices_[slice_].begin()[offset_];
-      Advance(1);
-      if (shift == 63 && b > 1) return false;
-      result |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) {
-        *v = result;
-        return true;
-      }
-    }
-    return false;
-  }
-  // Appends the next n bytes to `out` (null: skips them).
-  bool Append(size_t n, std::string* out) {
-    if (n > remaining()) return false;
-    while (n > 0) {
-      const grpc::Slice& s = slices_[slice_];
-      const size_t take = std::min(n, s.size() - offset_);
-      if (out != nullptr) out->append(reinterpret_cast<const char*>(s.begin()) + offset_, take);
-      Advance(take);
-      n -= take;
-    }
-    return true;
-  }
-  // Skips a field's value of `wire_type`; false for groups and bad types.
-  bool SkipValue(uint32_t wire_type) {
-    uint64_t v;
-    switch (wire_type) {
-      case 0:
-        return ReadVarint(&v);
-      case 1:
-        return Append(8, nullptr);
-      case 2:
-        return ReadVarint(&v) && Append(v, nullptr);
-      case 5:
-        return Append(4, nullptr);
-      default:
-        return false;
-    }
-  }
-
- private:
-  void Advance(size_t n) {
-    pos_ += n;
-    offset_ += n;
-    Settle();
-  }
-  void Settle() {
-    while (slice_ < slices_.size() && offset_ >= slices_[slice_].size()) {
-      offset_ -= slices_[slice_].size();
-      ++slice_;
-    }
-  }
-  absl::Span<const grpc::Slice> slices_;
-  size_t size_ = 0, pos_ = 0, slice_ = 0, offset_ = 0;
-};
 
 // Counts the payload slices gRPC still holds; Save returns once none is.
 struct SliceTracker {

@@ -46,6 +46,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/byte_size.h"
+#include "common/proto_wire.h"
+#include "daemon/payload_paths.h"
 #include "evoke/v1/kvtier.pb.h"
 #include "storage/tier_manager.h"
 
@@ -164,104 +166,11 @@ inline std::unique_ptr<std::string> TakePayloadString(StringPool& pool, size_t n
 
 // ------------------------------------------------------------ wire basics
 
-inline size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
+using wire::AppendVarint;
+using wire::PutVarint;
+using wire::SliceReader;
+using wire::VarintSize;
 
-inline char* PutVarint(char* p, uint64_t v) {
-  while (v >= 0x80) {
-    *p++ = static_cast<char>((v & 0x7f) | 0x80);
-    v >>= 7;
-  }
-  *p++ = static_cast<char>(v);
-  return p;
-}
-
-inline void AppendVarint(std::string* out, uint64_t v) {
-  char buf[10];
-  out->append(buf, PutVarint(buf, v) - buf);
-}
-
-// SliceReader reads a ByteBuffer's bytes in order across its slices.
-class SliceReader {
- public:
-  explicit SliceReader(absl::Span<const grpc::Slice> slices) : slices_(slices) {
-    for (const grpc::Slice& s : slices_) size_ += s.size();
-    Settle();
-  }
-
-  size_t position() const { return pos_; }
-  size_t size() const { return size_; }
-  size_t remaining() const { return size_ - pos_; }
-
-  bool ReadByte(uint8_t* b) {
-    if (pos_ >= size_) return false;
-    *b = slices_[slice_].begin()[offset_];
-    Advance(1);
-    return true;
-  }
-  // A varint of at most 10 bytes (protobuf's rule).
-  bool ReadVarint(uint64_t* v) {
-    uint64_t result = 0;
-    for (int shift = 0; shift < 70; shift += 7) {
-      uint8_t b;
-      if (!ReadByte(&b)) return false;
-      if (shift == 63 && b > 1) return false;
-      result |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) {
-        *v = result;
-        return true;
-      }
-    }
-    return false;
-  }
-  // Copy copies the next n bytes to `dst` (null: skips them).
-  bool Copy(size_t n, char* dst) {
-    if (n > remaining()) return false;
-    while (n > 0) {
-      const grpc::Slice& s = slices_[slice_];
-      const size_t take = std::min(n, s.size() - offset_);
-      if (dst != nullptr) {
-        std::memcpy(dst, s.begin() + offset_, take);
-        dst += take;
-      }
-      Advance(take);
-      n -= take;
-    }
-    return true;
-  }
-  bool Append(size_t n, std::string* out) {
-    if (n > remaining()) return false;
-    const size_t old = out->size();
-    out->resize(old + n);
-    return Copy(n, out->data() + old);
-  }
-
- private:
-  void Advance(size_t n) {
-    pos_ += n;
-    offset_ += n;
-    Settle();
-  }
-  // Moves past exhausted (and empty) slices.
-  void Settle() {
-    while (slice_ < slices_.size() && offset_ >= slices_[slice_].size()) {
-      offset_ -= slices_[slice_].size();
-      ++slice_;
-    }
-  }
-
-  absl::Span<const grpc::Slice> slices_;
-  size_t size_ = 0;
-  size_t pos_ = 0;
-  size_t slice_ = 0;
-  size_t offset_ = 0;
-};
 
 // CopyField appends one field (its tag already read and appended) to `out`:
 // false for groups, unknown wire types and truncated fields.
@@ -391,16 +300,7 @@ class InlineLoadSink final : public LoadSink {
 
   absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) override {
     Release();
-    uint64_t total = 0;
-    for (size_t i = 0; i < metas.size(); ++i) {
-      total += metas[i].payload_bytes();
-      if (total > budget_) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "ids: the payloads of ids[0..", i, "] add up to ", FormatByteSize(total),
-            ", over the response limit of ", FormatByteSize(budget_),
-            " (--max-message-bytes); load fewer blocks per call or use a region"));
-      }
-    }
+    if (absl::Status s = CheckInlineBudget(metas, budget_); !s.ok()) return s;
     // First pass: the framing bytes of each segment and where each payload
     // goes (segment, offset).
     blocks_.assign(metas.size(), Block());

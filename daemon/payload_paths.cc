@@ -210,6 +210,20 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
   return absl::OkStatus();
 }
 
+absl::Status CheckInlineBudget(absl::Span<const v1::BlockMeta> metas, uint64_t budget) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < metas.size(); ++i) {
+    total += metas[i].payload_bytes();
+    if (total > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ids: the payloads of ids[0..", i, "] add up to ", FormatByteSize(total),
+          ", over the response limit of ", FormatByteSize(budget),
+          " (--max-message-bytes); load fewer blocks per call or use a region"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<LoadResponseSink>> LoadResponseSink::Create(
     const v1::LoadRequest& request, v1::LoadResponse* response, uint64_t inline_budget,
     const std::optional<Lease>& lease, const LeaseManager& leases,
@@ -343,16 +357,7 @@ absl::Status LoadResponseSink::Prepare(absl::Span<const v1::BlockMeta> metas) {
     }
     return absl::OkStatus();
   }
-  uint64_t total = 0;
-  for (size_t i = 0; i < metas.size(); ++i) {
-    total += metas[i].payload_bytes();
-    if (total > budget_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "ids: the payloads of ids[0..", i, "] add up to ", FormatByteSize(total),
-          ", over the response limit of ", FormatByteSize(budget_),
-          " (--max-message-bytes); load fewer blocks per call or use a region"));
-    }
-  }
+  EVOKE_RETURN_IF_ERROR(CheckInlineBudget(metas, budget_));
   for (size_t i = 0; i < metas.size(); ++i) {
     response_->mutable_blocks(static_cast<int>(i))
         ->mutable_inline_bytes()

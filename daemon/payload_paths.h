@@ -106,6 +106,10 @@ class SaveRequestSource final : public SaveSource {
   RegionCache gather_regions_;                    // Keeps the gathered regions mapped.
 };
 
+// CheckInlineBudget refuses (RESOURCE_EXHAUSTED) a Load whose payloads
+// would take more than `budget` bytes inline in the response.
+absl::Status CheckInlineBudget(absl::Span<const v1::BlockMeta> metas, uint64_t budget);
+
 // LoadResponseSink writes a Load's payloads inline into the response (under
 // a byte budget: RESOURCE_EXHAUSTED past it), into the request's
 // destination slices (shared memory: copied in place; CUDA: one
