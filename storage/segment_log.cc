@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -303,6 +304,10 @@ class SegmentLogImpl final : public SegmentLog {
     bool sealed = false;
   };
   absl::StatusOr<ScanResult> Scan(SegmentFile& file, uint64_t data_start);
+  // ReadFooter: a sealed segment's end from its footer and the seal record
+  // it names (both must verify and agree); nullopt when there is none.
+  absl::StatusOr<std::optional<ScanResult>> ReadFooter(SegmentFile& file, const FileHeader& h,
+                                                       uint64_t data_start);
 
   absl::StatusOr<std::shared_ptr<Segment>> CreateSegment(SegmentStream stream,
                                                          uint64_t min_record_bytes)
@@ -461,7 +466,15 @@ void SegmentLogImpl::LoadSegment(uint64_t id, const std::string& name,
   seg->created_ms = h.created_ms;
   absl::StatusOr<uint64_t> size = seg->file->Size();
   seg->size = size.ok() ? *size : h.size;
-  absl::StatusOr<ScanResult> scan = Scan(*seg->file, seg->data_start);
+  absl::StatusOr<std::optional<ScanResult>> footer = ReadFooter(*seg->file, h, seg->data_start);
+  absl::StatusOr<ScanResult> scan = absl::InternalError("unset");
+  if (!footer.ok()) {
+    scan = footer.status();
+  } else if (footer->has_value()) {
+    scan = **footer;
+  } else {
+    scan = Scan(*seg->file, seg->data_start);
+  }
   if (!scan.ok()) {
     notes->push_back(absl::StrCat("segments: scanning ", name, " failed (",
                                   scan.status().ToString(), "); its payloads are not served"));
@@ -481,6 +494,45 @@ void SegmentLogImpl::LoadSegment(uint64_t id, const std::string& name,
     absl::MutexLock lock(&mu_);
     segments_[id] = std::move(seg);
   }
+}
+
+absl::StatusOr<std::optional<SegmentLogImpl::ScanResult>> SegmentLogImpl::ReadFooter(
+    SegmentFile& file, const FileHeader& h, uint64_t data_start) {
+  EVOKE_ASSIGN_OR_RETURN(const uint64_t file_size, file.Size());
+  const uint64_t block = std::max<uint64_t>(align_, h.align);
+  if (h.size < data_start + 2 * block || file_size < h.size || h.size % block != 0) {
+    return std::nullopt;
+  }
+  EVOKE_ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(block, align_));
+  const uint64_t footer_at = h.size - h.align;
+  const uint64_t footer_block = RoundDown(footer_at, align_);
+  EVOKE_ASSIGN_OR_RETURN(size_t n, file.Read(footer_block, buf.data(), block));
+  read_bytes_.fetch_add(n, std::memory_order_relaxed);
+  if (n < footer_at - footer_block + kRecordHeaderBytes) return std::nullopt;
+  char footer[kRecordHeaderBytes];
+  memcpy(footer, buf.data() + (footer_at - footer_block), kRecordHeaderBytes);
+  RecordHeader f;
+  if (!DecodeRecord(footer, &f) || f.type != kSeal || f.flags != 0 || f.length != 0) {
+    return std::nullopt;
+  }
+  const uint64_t seal_at = f.checksum;
+  if (seal_at % kRecordAlign != 0 || seal_at < data_start || seal_at > footer_at) {
+    return std::nullopt;
+  }
+  if (seal_at != footer_at) {
+    const uint64_t seal_block = RoundDown(seal_at, align_);
+    EVOKE_ASSIGN_OR_RETURN(n, file.Read(seal_block, buf.data(), block));
+    read_bytes_.fetch_add(n, std::memory_order_relaxed);
+    if (n < seal_at - seal_block + kRecordHeaderBytes ||
+        memcmp(buf.data() + (seal_at - seal_block), footer, kRecordHeaderBytes) != 0) {
+      return std::nullopt;
+    }
+  }
+  ScanResult r;
+  r.valid_end = seal_at + kRecordHeaderBytes;
+  r.max_seq = f.seq;  // The seal's seq is the segment's last.
+  r.sealed = true;
+  return r;
 }
 
 absl::StatusOr<SegmentLogImpl::ScanResult> SegmentLogImpl::Scan(SegmentFile& file,
@@ -710,9 +762,19 @@ absl::Status SegmentLogImpl::WriteSeal(Segment& seg) {
   h.type = kSeal;
   h.seq = next_seq_++;
   h.batch_seq = h.seq;
+  // A seal has no payload; its checksum field holds its own offset, so that
+  // the copy in the segment's last block (the footer) says where it is.
+  h.checksum = seg.write_end;
   EncodeRecord(h, staging_.data());
   EVOKE_RETURN_IF_ERROR(seg.file->Write(seg.write_end, staging_.data(), align_));
   bytes_written_.fetch_add(align_, std::memory_order_relaxed);
+  const uint64_t footer = seg.size - align_;
+  if (footer != seg.write_end) {
+    // The footer: Open finds a sealed segment's end by reading two blocks
+    // instead of scanning every record header.
+    EVOKE_RETURN_IF_ERROR(seg.file->Write(footer, staging_.data(), align_));
+    bytes_written_.fetch_add(align_, std::memory_order_relaxed);
+  }
   EVOKE_RETURN_IF_ERROR(SyncFile(seg));
   seg.valid_end.store(seg.write_end + kRecordHeaderBytes, std::memory_order_release);
   seg.write_end += align_;

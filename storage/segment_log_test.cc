@@ -333,6 +333,15 @@ TEST_P(SegmentLogBackendTest, RollsOverAndSeals) {
   ASSERT_OK(log->RemoveSegment(c[0].loc.segment));
   EXPECT_THAT(ReadBack(*log, c[0].id, c[0].loc), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(log->Contains(c[0].loc));
+  // Sealed segments open from their footers: two blocks each, no scan.
+  ASSERT_OK(log->Seal(SegmentStream::kHot));
+  const size_t n = log->Segments().size();
+  log.reset();
+  log = OpenLog();
+  ASSERT_NE(log, nullptr);
+  EXPECT_EQ(log->Segments().size(), n);
+  EXPECT_LE(log->Stats().read_bytes, n * 2 * 4096);
+  ExpectAllReadable(*log, all);
 }
 
 TEST_P(SegmentLogBackendTest, WrongLocationIsDataLossOrNotFound) {
@@ -597,6 +606,39 @@ TEST_F(SegmentLogFileTest, RecordHeaderAndPayloadCorruption) {
     EXPECT_FALSE(log->Contains(all[i].loc));
     EXPECT_THAT(ReadBack(*log, all[i].id, all[i].loc), StatusIs(absl::StatusCode::kNotFound));
   }
+}
+
+TEST_F(SegmentLogFileTest, SealedSegmentOpensFromItsFooter) {
+  std::unique_ptr<SegmentLog> log = OpenLog();
+  ASSERT_NE(log, nullptr);
+  uint64_t next = 1;
+  std::vector<Stored> all;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(std::vector<Stored> b, AppendBatch(*log, {5000, 700}, &next));
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  ASSERT_OK(log->Seal(SegmentStream::kHot));
+  log.reset();
+  const std::string path = SegPath(Options().dir, all[0].loc.segment);
+  FlipBit(path, all[3].loc.offset + 30);
+  // The footer names the seal: the end is known without a scan, so a
+  // damaged record in the middle costs that record only.
+  log = OpenLog();
+  ASSERT_NE(log, nullptr);
+  EXPECT_LE(log->Stats().read_bytes, 2u * 4096);
+  EXPECT_THAT(ReadBack(*log, all[3].id, all[3].loc), StatusIs(absl::StatusCode::kDataLoss));
+  std::vector<Stored> rest = all;
+  rest.erase(rest.begin() + 3);
+  ExpectAllReadable(*log, rest);
+  log.reset();
+  // A damaged footer: the scan runs and stops at the damaged header.
+  FlipBit(path, kSeg - 4096 + 10);
+  std::vector<std::string> notes;
+  log = OpenLog(&notes);
+  ASSERT_NE(log, nullptr);
+  EXPECT_GT(log->Stats().read_bytes, 2u * 4096);
+  ExpectAllReadable(*log, {all[0], all[1], all[2]});
+  for (size_t i = 3; i < all.size(); ++i) EXPECT_FALSE(log->Contains(all[i].loc));
 }
 
 // Torn tail on a real file: truncate, zero or scramble the segment from
