@@ -213,6 +213,12 @@ void PrintStat(const v1::StatResponse& s) {
             << " refused_writes=" << d.refused_writes() << " resumes=" << d.resumes()
             << " corrupt_files=" << d.corrupt_files()
             << " unreadable_records=" << d.unreadable_records() << "\n";
+  std::cout << "segments: " << d.segments() << " files, "
+            << FormatByteSize(d.segment_file_bytes()) << " allocated, "
+            << FormatByteSize(d.segment_live_bytes()) << " live"
+            << (d.direct_io() ? " (O_DIRECT)" : " (buffered)") << "  syncs=" << d.segment_syncs()
+            << " compacted_records=" << d.compacted_records()
+            << " removed_segments=" << d.removed_segments() << "\n";
   for (const std::string& step : d.recovery()) std::cout << "  recovered at start: " << step << "\n";
   PrintNamespaces(s);
 }

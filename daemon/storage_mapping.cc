@@ -102,6 +102,13 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   d->set_last_outage_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(h.last_outage)));
   d->set_corrupt_files(h.corrupt_files);
   d->set_unreadable_records(h.unreadable_records);
+  d->set_segments(h.segments);
+  d->set_segment_file_bytes(h.segment_file_bytes);
+  d->set_segment_live_bytes(h.segment_live_bytes);
+  d->set_segment_syncs(h.segment_syncs);
+  d->set_compacted_records(h.compacted_records);
+  d->set_removed_segments(h.removed_segments);
+  d->set_direct_io(h.direct_io);
   for (const std::string& step : h.recovery) d->add_recovery(step);
 }
 

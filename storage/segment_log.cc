@@ -1,5 +1,7 @@
 #include "storage/segment_log.h"
 
+#include <sys/statvfs.h>
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -39,6 +41,7 @@ constexpr uint64_t kRecordHashedBytes = 56;
 constexpr uint64_t kRecordAlign = 64;
 constexpr uint64_t kMaxIoBytes = 4 << 20;        // One pwrite/pread at most.
 constexpr uint64_t kSegmentGranule = 1 << 20;    // Segment sizes are multiples.
+constexpr uint64_t kFirstSegmentBytes = 8 << 20;  // A stream's first segment.
 constexpr uint64_t kMinSegmentBytes = 4 << 20;
 constexpr size_t kKeepReadBuffer = 8 << 20;      // Per-thread read buffer kept up to this.
 constexpr char kFileMagic[8] = {'E', 'V', 'K', 'S', 'E', 'G', '\0', '\2'};
@@ -336,6 +339,12 @@ class SegmentLogImpl final : public SegmentLog {
   std::shared_ptr<Segment> active_[2] ABSL_GUARDED_BY(write_mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(write_mu_) = 1;
   uint64_t next_id_ ABSL_GUARDED_BY(write_mu_) = 1;
+  // Size of the next segment of each stream: the first ones are small
+  // (a small cache keeps small files, and a small filesystem is not filled
+  // by one preallocation), each new one twice the last, up to
+  // segment_bytes; never more than a sixteenth of the filesystem.
+  uint64_t next_size_[2] ABSL_GUARDED_BY(write_mu_) = {0, 0};
+  uint64_t max_size_ = 0;
   AlignedBuffer staging_ ABSL_GUARDED_BY(write_mu_);
 
   mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(write_mu_);
@@ -368,6 +377,18 @@ absl::Status SegmentLogImpl::Init(std::vector<std::string>* notes) {
         absl::StrCat(parent, "/quarantine-", absl::ToUnixSeconds(absl::Now()));
   }
   EVOKE_RETURN_IF_ERROR(io_->CreateDir(opts_.dir));
+  max_size_ = opts_.segment_bytes;
+  if (struct statvfs st {}; statvfs(opts_.dir.c_str(), &st) == 0) {
+    const uint64_t total = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;
+    if (total > 0) {
+      max_size_ = std::clamp<uint64_t>(total / 16 / kSegmentGranule * kSegmentGranule,
+                                       kMinSegmentBytes, opts_.segment_bytes);
+    }
+  }
+  {
+    absl::MutexLock w(&write_mu_);
+    next_size_[0] = next_size_[1] = std::min(kFirstSegmentBytes, max_size_);
+  }
 
   // Probe what the filesystem allows: O_DIRECT or not, and the alignment.
   {
@@ -623,10 +644,11 @@ absl::StatusOr<std::shared_ptr<Segment>> SegmentLogImpl::CreateSegment(SegmentSt
                                                                        uint64_t record_bytes) {
   const uint64_t id = next_id_++;
   const uint64_t data_start = RoundUp(kFileHeaderBytes, align_);
+  uint64_t& next = next_size_[static_cast<int>(stream)];
   // Room for the record, its batch padding and the seal record.
   const uint64_t size = std::max<uint64_t>(
-      opts_.segment_bytes,
-      RoundUp(data_start + RoundUp(record_bytes, align_) + align_, kSegmentGranule));
+      next, RoundUp(data_start + RoundUp(record_bytes, align_) + align_, kSegmentGranule));
+  next = std::min(next * 2, max_size_);
   const std::string path = Path(id);
   const std::string tmp = path + ".tmp";
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SegmentFile> file,

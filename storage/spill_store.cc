@@ -2,6 +2,8 @@
 
 #include <sys/statvfs.h>
 
+#include <random>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -11,11 +13,14 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
+#include "common/failpoint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "rocksdb/cache.h"
@@ -29,6 +34,7 @@
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "storage/fault_env.h"
+#include "storage/segment_log.h"
 #include "storage/spill_record.pb.h"
 
 namespace evoke {
@@ -37,7 +43,29 @@ namespace {
 constexpr char kMetaFamily[] = "meta";
 constexpr char kPayloadFamily[] = "payload";
 constexpr char kFormatKey[] = "evoke.format";
-constexpr char kFormatVersion[] = "1";
+// Format 2: payloads in segment files (storage/segment_log.h), records in
+// the meta column family point at them. Format 1 kept payloads in the
+// "payload" column family (blob files); a format-1 dir is migrated at open.
+constexpr char kFormatVersion[] = "2";
+constexpr char kFormat1[] = "1";
+// Present (value "1") while format-1 payloads remain in the payload column
+// family: set when a format-1 dir is opened, removed when the last one has
+// moved into a segment.
+constexpr char kMigrateKey[] = "evoke.format1_payloads";
+// 16 random bytes written once; every segment file names it.
+constexpr char kInstanceKey[] = "evoke.instance";
+// Compaction and migration move payloads in batches of about this many bytes.
+constexpr uint64_t kMoveBatchBytes = 16ull << 20;
+
+PayloadLocation FromProto(const storage::PayloadLocation& p) {
+  return PayloadLocation{p.segment(), p.offset(), p.length(), p.seq()};
+}
+void ToProto(const PayloadLocation& l, storage::PayloadLocation* p) {
+  p->set_segment(l.segment);
+  p->set_offset(l.offset);
+  p->set_length(l.length);
+  p->set_seq(l.seq);
+}
 
 // ToAbsl translates a RocksDB status, once, at the storage edge.
 absl::Status ToAbsl(const rocksdb::Status& s, absl::string_view what) {
@@ -60,10 +88,6 @@ absl::Status ToAbsl(const rocksdb::Status& s, absl::string_view what) {
     const rocksdb::Status rocks_status_ = (expr); \
     if (!rocks_status_.ok()) return ToAbsl(rocks_status_, what); \
   } while (0)
-
-rocksdb::Slice ToSlice(absl::string_view v) {
-  return rocksdb::Slice(v.data(), v.size());
-}
 
 // Free and total bytes of the filesystem holding `path` (0 when unknown).
 struct FsSpace {
@@ -277,6 +301,13 @@ class RocksSpillStore final : public SpillStore {
     if (thread_.joinable()) thread_.join();
     absl::MutexLock w(&write_mu_);
     absl::WriterMutexLock d(&db_mu_);
+    if (log_ != nullptr && !read_only_unlocked()) {
+      // Sealed segments open from their footers, without a scan.
+      for (SegmentStream stream : {SegmentStream::kHot, SegmentStream::kCompaction}) {
+        const absl::Status s = log_->Seal(stream);
+        if (!s.ok()) EVOKE_LOG_WARNING("spill store: sealing a segment at close failed: ", s.ToString());
+      }
+    }
     db_.Close();
     ReleaseOwnLock();
   }
@@ -284,105 +315,167 @@ class RocksSpillStore final : public SpillStore {
   // OpenFirst opens the database through the recovery ladder and starts
   // the maintenance thread.
   absl::Status OpenFirst() {
-    absl::MutexLock w(&write_mu_);
-    absl::WriterMutexLock d(&db_mu_);
-    EVOKE_RETURN_IF_ERROR(OpenLadder());
+    {
+      absl::MutexLock w(&write_mu_);
+      absl::WriterMutexLock d(&db_mu_);
+      EVOKE_RETURN_IF_ERROR(OpenLadder());
+      EVOKE_RETURN_IF_ERROR(OpenSegments());
+      CheckLocations();
+    }
+    if (format1_payloads_.load()) MigrateFormat1(/*at_open=*/true);
     thread_ = std::thread([this] { Maintain(); });
     return absl::OkStatus();
   }
 
+  // Put appends the payloads to the active segment (one pwrite stream, one
+  // fdatasync), then commits the records, which point at them, in one
+  // WriteBatch: a record never names bytes that are not durable.
   absl::Status Put(absl::Span<const SpillWrite> writes, bool sync) override {
-    rocksdb::WriteBatch batch;
-    std::string value;
     uint64_t adds = 0;
-    {
+    for (const SpillWrite& w : writes) {
+      adds += w.record->ByteSizeLong() +
+              (w.payload.empty() ? 0 : SegmentRecordBytes(w.payload.size()));
+    }
+    absl::MutexLock wl(&write_mu_);
+    EVOKE_RETURN_IF_ERROR(CheckWritable(adds, "write"));
     absl::ReaderMutexLock d(&db_mu_);
     EVOKE_RETURN_IF_ERROR(CheckOpen());
+    EVOKE_RETURN_IF_ERROR(CheckLog());
+    std::vector<BlockId> ids;
+    ids.reserve(writes.size());
+    for (const SpillWrite& w : writes) ids.push_back(w.id);
+    const std::vector<std::optional<PayloadLocation>> old = Locations(ids);
+
+    std::vector<SegmentAppend> appends;
     for (const SpillWrite& w : writes) {
-      const std::string key = w.id.ToBytes();
+      if (!w.payload.empty()) appends.push_back({w.id, w.payload, w.record->meta().checksum()});
+    }
+    std::vector<PayloadLocation> placed;
+    if (!appends.empty()) {
+      absl::StatusOr<std::vector<PayloadLocation>> r = log_->Append(appends);
+      if (!r.ok()) return AppendFailed(r.status(), "write");
+      placed = *std::move(r);
+      // Payloads durable, records not yet: a crash here leaves garbage only.
+      EVOKE_FAILPOINT("segment.synced");
+    }
+
+    rocksdb::WriteBatch batch;
+    std::string value;
+    // Of ids written twice in one batch the last write wins.
+    absl::flat_hash_map<BlockId, size_t> last;
+    for (size_t i = 0; i < writes.size(); ++i) last[writes[i].id] = i;
+    std::vector<PayloadLocation> live;
+    size_t next = 0;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      const SpillWrite& w = writes[i];
       storage::SpillRecord record = *w.record;
       record.set_payload_present(!w.payload.empty());
+      record.clear_location();
+      if (!w.payload.empty()) {
+        ToProto(placed[next], record.mutable_location());
+        if (last[w.id] == i) live.push_back(placed[next]);
+        ++next;
+      }
       value.clear();
       record.SerializeToString(&value);
-      adds += value.size() + w.payload.size();
+      const std::string key = w.id.ToBytes();
       EVOKE_ROCKS_CHECK(batch.Put(meta(), key, value), "batch");
-      if (!w.payload.empty()) {
-        EVOKE_ROCKS_CHECK(batch.Put(payload(), key, ToSlice(w.payload)), "batch");
-      } else {
-        EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
-      }
+      if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
     }
+    EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, sync, "write"));
+    for (const auto& l : old) {
+      if (l.has_value()) log_->RemoveLive(*l);
     }
-    return Write(&batch, sync, "write", adds);
+    for (const PayloadLocation& l : live) log_->AddLive(l);
+    return absl::OkStatus();
   }
 
   absl::Status DropPayloads(absl::Span<const SpillWrite> breadcrumbs) override {
-    rocksdb::WriteBatch batch;
-    std::string value;
-    {
+    absl::MutexLock wl(&write_mu_);
+    EVOKE_RETURN_IF_ERROR(CheckWritable(0, "drop payloads"));
     absl::ReaderMutexLock d(&db_mu_);
     EVOKE_RETURN_IF_ERROR(CheckOpen());
+    EVOKE_RETURN_IF_ERROR(CheckLog());
+    std::vector<BlockId> ids;
+    for (const SpillWrite& w : breadcrumbs) ids.push_back(w.id);
+    const std::vector<std::optional<PayloadLocation>> old = Locations(ids);
+    rocksdb::WriteBatch batch;
+    std::string value;
     for (const SpillWrite& w : breadcrumbs) {
       const std::string key = w.id.ToBytes();
       storage::SpillRecord record = *w.record;
       record.set_payload_present(false);
+      record.clear_location();
       value.clear();
       record.SerializeToString(&value);
       EVOKE_ROCKS_CHECK(batch.Put(meta(), key, value), "batch");
-      EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
+      if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
     }
+    EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, false, "drop payloads"));
+    for (const auto& l : old) {
+      if (l.has_value()) log_->RemoveLive(*l);
     }
-    return Write(&batch, false, "drop payloads", 0);
+    return absl::OkStatus();
   }
 
   absl::Status Delete(absl::Span<const BlockId> ids) override {
-    rocksdb::WriteBatch batch;
-    {
+    absl::MutexLock wl(&write_mu_);
+    EVOKE_RETURN_IF_ERROR(CheckWritable(0, "delete"));
     absl::ReaderMutexLock d(&db_mu_);
     EVOKE_RETURN_IF_ERROR(CheckOpen());
+    EVOKE_RETURN_IF_ERROR(CheckLog());
+    const std::vector<std::optional<PayloadLocation>> old = Locations(ids);
+    rocksdb::WriteBatch batch;
     for (const BlockId& id : ids) {
       const std::string key = id.ToBytes();
       EVOKE_ROCKS_CHECK(batch.Delete(meta(), key), "batch");
-      EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
+      if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
     }
+    EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, false, "delete"));
+    for (const auto& l : old) {
+      if (l.has_value()) log_->RemoveLive(*l);
     }
-    return Write(&batch, false, "delete", 0);
+    return absl::OkStatus();
   }
 
+  // Read gets the record, then the payload from its segment (or, for a
+  // record not migrated yet, from the format-1 payload column family). A
+  // segment removed by compaction between the two (the record has moved)
+  // reads the record again, once.
   absl::Status Read(const BlockId& id,
                     const std::function<absl::Status(
                         const storage::SpillRecord&, absl::string_view)>& consume)
       override {
     const std::string key = id.ToBytes();
-    rocksdb::PinnableSlice meta_value;
-    rocksdb::PinnableSlice payload_value;
-    {
+    absl::Status last;
+    for (int attempt = 0; attempt < 2; ++attempt) {
       absl::ReaderMutexLock d(&db_mu_);
       EVOKE_RETURN_IF_ERROR(CheckOpen());
       rocksdb::DB* db = db_.db.get();
-      const rocksdb::Snapshot* snapshot = db->GetSnapshot();
       rocksdb::ReadOptions options;
-      options.snapshot = snapshot;
       options.verify_checksums = true;
+      rocksdb::PinnableSlice meta_value;
       rocksdb::Status s = db->Get(options, meta(), key, &meta_value);
-      if (s.ok()) s = db->Get(options, payload(), key, &payload_value);
-      db->ReleaseSnapshot(snapshot);
-      if (s.IsNotFound()) {
-        return absl::NotFoundError(
-            absl::StrCat("block ", id.ToHex(), " has no payload on disk"));
-      }
+      if (s.IsNotFound()) return NoPayload(id);
       if (!s.ok()) return ToAbsl(s, "read");
+      storage::SpillRecord record;
+      if (!record.ParseFromArray(meta_value.data(), static_cast<int>(meta_value.size()))) {
+        return absl::DataLossError(
+            absl::StrCat("spill store: record of ", id.ToHex(), " is unreadable"));
+      }
+      if (!record.payload_present()) return NoPayload(id);
+      if (!record.has_location()) {
+        // Not migrated yet (or migrated while we looked: read again).
+        last = ReadFormat1(id, key, record, consume);
+      } else if (log_ == nullptr) {
+        return NoPayload(id);
+      } else {
+        last = log_->Read(id, FromProto(record.location()),
+                          [&](absl::string_view payload) { return consume(record, payload); });
+      }
+      if (last.code() != absl::StatusCode::kNotFound) return last;
     }
-    // The pinned values stay valid after the database is swapped (they hold
-    // their own references).
-    storage::SpillRecord record;
-    if (!record.ParseFromArray(meta_value.data(),
-                               static_cast<int>(meta_value.size()))) {
-      return absl::DataLossError(
-          absl::StrCat("spill store: record of ", id.ToHex(), " is unreadable"));
-    }
-    return consume(record, absl::string_view(payload_value.data(),
-                                             payload_value.size()));
+    return last;
   }
 
   absl::Status ForEachRecord(
@@ -424,6 +517,7 @@ class RocksSpillStore final : public SpillStore {
         total += v;
       }
     }
+    if (log_ != nullptr) total += log_->FileBytes();
     return total;
   }
 
@@ -447,6 +541,23 @@ class RocksSpillStore final : public SpillStore {
 
   SpillStoreHealth Health() const override {
     SpillStoreHealth h;
+    h.compacted_records = compacted_records_.load();
+    h.removed_segments = removed_segments_.load();
+    std::shared_ptr<SegmentLog> log;
+    {
+      absl::ReaderMutexLock d(&db_mu_);
+      log = log_;
+    }
+    if (log != nullptr) {
+      for (const SegmentInfo& s : log->Segments()) {
+        ++h.segments;
+        h.segment_file_bytes += s.size;
+        h.segment_live_bytes += s.live_bytes;
+      }
+      const SegmentLogStats st = log->Stats();
+      h.segment_syncs = st.syncs;
+      h.direct_io = st.direct_io;
+    }
     absl::MutexLock lock(&state_mu_);
     h.writable = !stopped_;
     h.reason = stop_reason_;
@@ -471,20 +582,82 @@ class RocksSpillStore final : public SpillStore {
 
   // ------------------------------------------------------------ writes
 
-  // Write applies `batch`, which adds `adds` bytes. A batch names column
-  // families by id, so it stays valid when the database is reopened
-  // meanwhile (same families, same ids).
-  absl::Status Write(rocksdb::WriteBatch* batch, bool sync, absl::string_view what,
-                     uint64_t adds) ABSL_LOCKS_EXCLUDED(write_mu_, db_mu_) {
-    absl::MutexLock w(&write_mu_);
-    EVOKE_RETURN_IF_ERROR(CheckWritable(adds, what));
-    absl::ReaderMutexLock d(&db_mu_);
-    EVOKE_RETURN_IF_ERROR(CheckOpen());
+  // CommitLocked applies `batch` (records only: payloads are already in
+  // their segments). The caller checked that the store is writable.
+  absl::Status CommitLocked(rocksdb::WriteBatch* batch, bool sync, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_SHARED_LOCKS_REQUIRED(db_mu_) {
     rocksdb::WriteOptions options;
     options.sync = sync || opts_.sync;
     const rocksdb::Status s = db_.db->Write(options, batch);
     if (!s.ok()) Stop(s, what);
     return ToAbsl(s, what);
+  }
+
+  // AppendFailed counts a failed segment append. The log has poisoned the
+  // segment (the next append starts a new one), so the store keeps
+  // accepting writes: a full disk refuses each of them at fallocate.
+  absl::Status AppendFailed(const absl::Status& s, absl::string_view what) {
+    {
+      absl::MutexLock lock(&state_mu_);
+      ++write_failures_;
+      if (s.code() == absl::StatusCode::kResourceExhausted) ++refused_writes_;
+    }
+    const int64_t now = absl::ToUnixSeconds(absl::Now());
+    int64_t logged = last_append_log_s_.load();
+    if (now - logged >= 10 && last_append_log_s_.compare_exchange_strong(logged, now)) {
+      EVOKE_LOG_ERROR("spill store ", what, ": segment append failed: ", s.ToString());
+    }
+    return absl::Status(s.code(), absl::StrCat("spill store ", what, ": ", s.message()));
+  }
+
+  absl::Status CheckLog() const ABSL_SHARED_LOCKS_REQUIRED(db_mu_) {
+    if (log_ != nullptr) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("spill store: the segment files of ", opts_.path, " are not open"));
+  }
+
+  static absl::Status NoPayload(const BlockId& id) {
+    return absl::NotFoundError(absl::StrCat("block ", id.ToHex(), " has no payload on disk"));
+  }
+
+  // Locations returns where each id's record points now (nullopt: no
+  // record, no payload, or a format-1 payload).
+  std::vector<std::optional<PayloadLocation>> Locations(absl::Span<const BlockId> ids)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_) {
+    std::vector<std::optional<PayloadLocation>> out(ids.size());
+    if (ids.empty()) return out;
+    std::vector<std::string> keys;
+    keys.reserve(ids.size());
+    for (const BlockId& id : ids) keys.push_back(id.ToBytes());
+    std::vector<rocksdb::Slice> slices(keys.begin(), keys.end());
+    std::vector<rocksdb::PinnableSlice> values(ids.size());
+    std::vector<rocksdb::Status> statuses(ids.size());
+    db_.db->MultiGet(rocksdb::ReadOptions(), meta(), ids.size(), slices.data(), values.data(),
+                     statuses.data());
+    storage::SpillRecord record;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!statuses[i].ok()) continue;
+      if (!record.ParseFromArray(values[i].data(), static_cast<int>(values[i].size()))) continue;
+      if (record.payload_present() && record.has_location()) {
+        out[i] = FromProto(record.location());
+      }
+    }
+    return out;
+  }
+
+  // ReadFormat1 reads a payload that has not moved into a segment yet.
+  absl::Status ReadFormat1(
+      const BlockId& id, const std::string& key, const storage::SpillRecord& record,
+      const std::function<absl::Status(const storage::SpillRecord&, absl::string_view)>&
+          consume) ABSL_SHARED_LOCKS_REQUIRED(db_mu_) {
+    if (!format1_payloads_.load()) return NoPayload(id);
+    rocksdb::ReadOptions options;
+    options.verify_checksums = true;
+    rocksdb::PinnableSlice value;
+    const rocksdb::Status s = db_.db->Get(options, payload(), key, &value);
+    if (s.IsNotFound()) return NoPayload(id);
+    if (!s.ok()) return ToAbsl(s, "read");
+    return consume(record, absl::string_view(value.data(), value.size()));
   }
 
   // CheckOpen: UNAVAILABLE while no database is open (a reopen failed).
@@ -600,8 +773,10 @@ class RocksSpillStore final : public SpillStore {
     std::filesystem::create_directories(aside, ec);
     int moved = 0;
     for (const auto& f : std::filesystem::directory_iterator(opts_.path, ec)) {
-      if (!f.is_regular_file()) continue;
-      std::filesystem::rename(f.path(), aside + "/" + f.path().filename().string(), ec);
+      const std::string name = f.path().filename().string();
+      // The segment files go too: no record points into them any more.
+      if (!f.is_regular_file() && name != "segments") continue;
+      std::filesystem::rename(f.path(), aside + "/" + name, ec);
       moved += !ec;
     }
     Note(absl::StrCat("no recovery step opened the store (", failures, "); moved ", moved,
@@ -661,16 +836,26 @@ class RocksSpillStore final : public SpillStore {
       return ToAbsl(s, absl::StrCat("open ", opts_.path, " read-only (", why, ")"));
     }
     const FsSpace space = SpaceOf(opts_.path);
-    absl::MutexLock lock(&state_mu_);
-    read_only_ = true;
-    stopped_ = true;
-    no_space_ = true;
-    stopped_at_ = absl::Now();
-    stop_reason_ = absl::StrCat(
-        "spill store is read-only: ", why, " (", FormatByteSize(space.free), " free, the WAL needs ",
-        FormatByteSize(WalBytes(opts_.path)), " to recover); it reopens read-write when space returns");
-    recovery_.push_back(stop_reason_);
-    EVOKE_LOG_ERROR(stop_reason_);
+    {
+      absl::MutexLock lock(&state_mu_);
+      read_only_ = true;
+      stopped_ = true;
+      no_space_ = true;
+      stopped_at_ = absl::Now();
+      stop_reason_ = absl::StrCat("spill store is read-only: ", why, " (",
+                                  FormatByteSize(space.free), " free, the WAL needs ",
+                                  FormatByteSize(WalBytes(opts_.path)),
+                                  " to recover); it reopens read-write when space returns");
+      recovery_.push_back(stop_reason_);
+      EVOKE_LOG_ERROR(stop_reason_);
+    }
+    const rocksdb::Status format = CheckFormat();
+    if (!format.ok()) {
+      db_.Close();
+      ReleaseOwnLock();
+      if (format.IsNotSupported()) return absl::FailedPreconditionError(format.ToString());
+      return ToAbsl(format, absl::StrCat("open ", opts_.path, " read-only (", why, ")"));
+    }
     return absl::OkStatus();
   }
 
@@ -685,22 +870,446 @@ class RocksSpillStore final : public SpillStore {
     own_lock_ = nullptr;
   }
 
+  // CheckFormat reads (or, in a new dir, writes) the format and the
+  // instance id. A format-1 dir is turned into a format-2 dir whose old
+  // payloads are still in the payload column family (kMigrateKey): this
+  // evoked reads them there until MigrateFormat1 has moved them, and an
+  // older evoked refuses the dir instead of missing the new payloads.
   rocksdb::Status CheckFormat() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_) {
+    rocksdb::ColumnFamilyHandle* def = db_.handles[0];
     std::string format;
-    rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), db_.handles[0], kFormatKey, &format);
+    rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), def, kFormatKey, &format);
+    const bool read_only = read_only_unlocked();
     if (s.IsNotFound()) {
-      rocksdb::WriteOptions w;
-      w.sync = true;
-      s = db_.db->Put(w, db_.handles[0], kFormatKey, kFormatVersion);
       format = kFormatVersion;
+      if (!read_only) {
+        rocksdb::WriteOptions w;
+        w.sync = true;
+        s = db_.db->Put(w, def, kFormatKey, kFormatVersion);
+      } else {
+        s = rocksdb::Status::OK();
+      }
     }
     if (!s.ok()) return s;
-    if (format != kFormatVersion) {
+    if (format != kFormatVersion && format != kFormat1) {
       return rocksdb::Status::NotSupported(absl::StrCat(
           "data_dir: ", opts_.path, " holds spill format '", format,
-          "', this evoked reads format ", kFormatVersion, " (evoke format)"));
+          "', this evoked reads formats 1 (migrated at start) and ", kFormatVersion,
+          " (evoke format)"));
     }
+    std::string migrate;
+    const rocksdb::Status m = db_.db->Get(rocksdb::ReadOptions(), def, kMigrateKey, &migrate);
+    if (!m.ok() && !m.IsNotFound()) return m;
+    format1_payloads_.store(format == kFormat1 || m.ok());
+
+    std::string instance;
+    s = db_.db->Get(rocksdb::ReadOptions(), def, kInstanceKey, &instance);
+    if (s.IsNotFound() && !read_only) {
+      std::random_device rd;
+      instance.resize(16);
+      for (char& c : instance) c = static_cast<char>(rd());
+      rocksdb::WriteBatch batch;
+      batch.Put(def, kInstanceKey, instance).PermitUncheckedError();
+      if (format == kFormat1) {
+        batch.Put(def, kMigrateKey, "1").PermitUncheckedError();
+        batch.Put(def, kFormatKey, kFormatVersion).PermitUncheckedError();
+      }
+      rocksdb::WriteOptions w;
+      w.sync = true;
+      s = db_.db->Write(w, &batch);
+    } else if (s.ok() && format == kFormat1 && !read_only) {
+      rocksdb::WriteBatch batch;
+      batch.Put(def, kMigrateKey, "1").PermitUncheckedError();
+      batch.Put(def, kFormatKey, kFormatVersion).PermitUncheckedError();
+      rocksdb::WriteOptions w;
+      w.sync = true;
+      s = db_.db->Write(w, &batch);
+    } else if (s.IsNotFound()) {
+      instance.clear();  // Read-only and never written: no segment exists yet.
+      s = rocksdb::Status::OK();
+    }
+    if (!s.ok()) return s;
+    if (!instance.empty() && instance.size() != 16) {
+      return rocksdb::Status::Corruption(absl::StrCat(
+          "data_dir: ", opts_.path, ": ", kInstanceKey, " is ", instance.size(),
+          " bytes, not 16 (evoke format)"));
+    }
+    instance_ = instance;
     return s;
+  }
+
+  // ------------------------------------------------------------ segments
+
+  // OpenSegments opens the segment log (once: it outlives reopens of the
+  // database). Without an instance id yet (a read-only open of a dir that
+  // never had one) it waits for the read-write reopen.
+  absl::Status OpenSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, db_mu_) {
+    if (log_ != nullptr || instance_.empty()) return absl::OkStatus();
+    SegmentLogOptions o;
+    o.dir = opts_.path + "/segments";
+    o.segment_bytes = opts_.segment_bytes;
+    std::copy(instance_.begin(), instance_.end(), reinterpret_cast<char*>(o.instance.data()));
+    o.direct_io = opts_.direct_io;
+    o.faults = opts_.faults;
+    std::vector<std::string> notes;
+    absl::StatusOr<std::unique_ptr<SegmentLog>> log = SegmentLog::Open(o, &notes);
+    for (std::string& n : notes) Note(std::move(n));
+    if (!log.ok()) {
+      return absl::Status(log.status().code(),
+                          absl::StrCat("spill store: opening the segment files failed: ",
+                                       log.status().message()));
+    }
+    log_ = std::shared_ptr<SegmentLog>(std::move(*log));
+    return absl::OkStatus();
+  }
+
+  // CheckLocations scans every record once at open: a location inside a
+  // segment's valid range counts as live; one that is not (its segment is
+  // gone or quarantined, or it lies past a torn tail) is rewritten as a
+  // breadcrumb, never served. If the scan cannot read every record, no
+  // segment is ever removed during this run (a record it missed may point
+  // into one).
+  void CheckLocations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, db_mu_) {
+    if (log_ == nullptr) return;
+    rocksdb::ReadOptions options;
+    options.fill_cache = false;
+    options.verify_checksums = true;
+    std::unique_ptr<rocksdb::Iterator> it(db_.db->NewIterator(options, meta()));
+    storage::SpillRecord record;
+    std::vector<std::pair<std::string, storage::SpillRecord>> bad;
+    uint64_t live = 0;
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+        continue;
+      }
+      if (!record.payload_present()) continue;
+      if (!record.has_location()) {
+        if (!format1_payloads_.load()) bad.emplace_back(it->key().ToString(), record);
+        continue;
+      }
+      const PayloadLocation l = FromProto(record.location());
+      if (log_->Contains(l)) {
+        log_->AddLive(l);
+        ++live;
+      } else {
+        bad.emplace_back(it->key().ToString(), record);
+      }
+    }
+    if (!it->status().ok()) {
+      segments_removable_ = false;
+      Note(absl::StrCat("the record scan of the segment check stopped early (",
+                        it->status().ToString(),
+                        "); no segment file is removed until the next start"));
+    }
+    if (bad.empty()) return;
+    {
+      absl::MutexLock lock(&state_mu_);
+      unreadable_records_ += bad.size();
+    }
+    std::string what = absl::StrCat(bad.size(), " records point at payload bytes that are not in a "
+                                    "valid segment (missing, quarantined or past a torn tail)");
+    if (read_only_unlocked()) {
+      Note(absl::StrCat(what, "; they are not served (read-only: left as they are)"));
+      return;
+    }
+    rocksdb::WriteBatch batch;
+    std::string value;
+    for (auto& [key, r] : bad) {
+      r.set_payload_present(false);
+      r.clear_location();
+      value.clear();
+      r.SerializeToString(&value);
+      batch.Put(meta(), key, value).PermitUncheckedError();
+    }
+    rocksdb::WriteOptions w;
+    w.sync = true;
+    const rocksdb::Status s = db_.db->Write(w, &batch);
+    Note(absl::StrCat(what, "; ", s.ok() ? "rewritten as breadcrumbs (metadata kept)"
+                                         : "rewriting them failed: " + s.ToString()));
+  }
+
+  // MoveItem: one payload that compaction or migration moves.
+  struct MoveItem {
+    BlockId id;
+    std::string key;
+    std::string payload;
+    uint64_t checksum = 0;
+    std::optional<PayloadLocation> from;  // Compaction: where it was.
+    bool checksum_ok = true;
+  };
+
+  // MoveBatch appends the items whose records still point where they were
+  // read from (compaction) or still have no location (migration), and
+  // commits their new locations with sync. A record that moved, was
+  // deleted or was rewritten meanwhile keeps its newer state (the copy
+  // becomes garbage). A compaction item whose payload fails its checksum
+  // is not copied: its record becomes a breadcrumb.
+  absl::Status MoveBatch(std::vector<MoveItem>* items, absl::string_view what,
+                         uint64_t* moved, uint64_t* quarantined) {
+    uint64_t adds = 0;
+    for (const MoveItem& m : *items) adds += SegmentRecordBytes(m.payload.size());
+    absl::MutexLock wl(&write_mu_);
+    EVOKE_RETURN_IF_ERROR(CheckWritable(adds, what));
+    absl::ReaderMutexLock d(&db_mu_);
+    EVOKE_RETURN_IF_ERROR(CheckOpen());
+    EVOKE_RETURN_IF_ERROR(CheckLog());
+    std::vector<std::string> values(items->size());
+    std::vector<storage::SpillRecord> records(items->size());
+    std::vector<bool> keep(items->size(), false);
+    std::vector<bool> dropped(items->size(), false);  // Quarantined from `from`.
+    std::vector<SegmentAppend> appends;
+    rocksdb::WriteBatch batch;
+    for (size_t i = 0; i < items->size(); ++i) {
+      MoveItem& m = (*items)[i];
+      const rocksdb::Status s = db_.db->Get(rocksdb::ReadOptions(), meta(), m.key, &values[i]);
+      if (s.IsNotFound()) {
+        if (!m.from.has_value()) batch.Delete(payload(), m.key).PermitUncheckedError();
+        continue;
+      }
+      if (!s.ok()) return ToAbsl(s, absl::StrCat(what, " read"));
+      storage::SpillRecord& r = records[i];
+      if (!r.ParseFromString(values[i]) || !r.payload_present()) {
+        if (!m.from.has_value()) batch.Delete(payload(), m.key).PermitUncheckedError();
+        continue;
+      }
+      if (m.from.has_value()) {
+        if (!r.has_location() || FromProto(r.location()) != *m.from) continue;
+      } else if (r.has_location()) {
+        batch.Delete(payload(), m.key).PermitUncheckedError();
+        continue;
+      }
+      if (!m.checksum_ok || r.meta().checksum() != m.checksum ||
+          r.meta().payload_bytes() != m.payload.size()) {
+        r.set_payload_present(false);
+        r.clear_location();
+        batch.Put(meta(), m.key, r.SerializeAsString()).PermitUncheckedError();
+        if (!m.from.has_value()) batch.Delete(payload(), m.key).PermitUncheckedError();
+        dropped[i] = m.from.has_value();
+        ++*quarantined;
+        continue;
+      }
+      keep[i] = true;
+      appends.push_back({m.id, m.payload, m.checksum});
+    }
+    std::vector<PayloadLocation> placed;
+    if (!appends.empty()) {
+      // Moved data goes to its own stream: cold records stay apart from new
+      // spills.
+      absl::StatusOr<std::vector<PayloadLocation>> r =
+          log_->Append(appends, SegmentStream::kCompaction);
+      if (!r.ok()) return AppendFailed(r.status(), what);
+      placed = *std::move(r);
+    }
+    size_t next = 0;
+    for (size_t i = 0; i < items->size(); ++i) {
+      if (!keep[i]) continue;
+      storage::SpillRecord& r = records[i];
+      ToProto(placed[next++], r.mutable_location());
+      batch.Put(meta(), (*items)[i].key, r.SerializeAsString()).PermitUncheckedError();
+      if (!(*items)[i].from.has_value()) {
+        batch.Delete(payload(), (*items)[i].key).PermitUncheckedError();
+      }
+    }
+    if (batch.Count() > 0) EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, /*sync=*/true, what));
+    // Moved records committed, old copies still in place.
+    EVOKE_FAILPOINT("compaction.committed");
+    next = 0;
+    for (size_t i = 0; i < items->size(); ++i) {
+      const MoveItem& m = (*items)[i];
+      // Moved or quarantined: the record no longer points where it was.
+      if (m.from.has_value() && (keep[i] || dropped[i])) log_->RemoveLive(*m.from);
+      if (keep[i]) log_->AddLive(placed[next++]);
+    }
+    *moved += placed.size();
+    items->clear();
+    return absl::OkStatus();
+  }
+
+  // MigrateFormat1 moves the payloads still in the format-1 payload column
+  // family into segments, in batches, each committed with sync (a crash
+  // resumes where it stopped: moved records have a location). It needs free
+  // space for all of them (their blob files are freed only at the end):
+  // without it, it leaves them where they are, readable, and tries again
+  // at the next start.
+  void MigrateFormat1(bool at_open) {
+    const absl::Time start = absl::Now();
+    uint64_t bytes_left = 0;
+    {
+      absl::ReaderMutexLock d(&db_mu_);
+      if (db_.db == nullptr || log_ == nullptr || read_only_unlocked()) return;
+      uint64_t v = 0;
+      if (db_.db->GetIntProperty(payload(), rocksdb::DB::Properties::kTotalBlobFileSize, &v)) {
+        bytes_left += v;
+      }
+      if (db_.db->GetIntProperty(payload(), rocksdb::DB::Properties::kLiveSstFilesSize, &v)) {
+        bytes_left += v;
+      }
+    }
+    const FsSpace space = SpaceOf(opts_.path);
+    if (space.total > 0 && space.free < bytes_left + reserve_) {
+      if (at_open) {
+        Note(absl::StrCat(
+            "format-1 payloads (", FormatByteSize(bytes_left), ") stay in the payload column "
+            "family, readable, because moving them into segment files needs ",
+            FormatByteSize(bytes_left + reserve_), " free and ", FormatByteSize(space.free),
+            " are; they move at a later start once there is room"));
+      }
+      return;
+    }
+    std::vector<MoveItem> items;
+    uint64_t batch_bytes = 0, moved = 0, quarantined = 0, scanned = 0;
+    absl::Status status;
+    {
+      std::unique_ptr<rocksdb::Iterator> it;
+      {
+        absl::ReaderMutexLock d(&db_mu_);
+        rocksdb::ReadOptions options;
+        options.fill_cache = false;
+        options.verify_checksums = true;
+        it.reset(db_.db->NewIterator(options, payload()));
+      }
+      for (it->SeekToFirst(); it->Valid() && status.ok(); it->Next()) {
+        ++scanned;
+        MoveItem m;
+        m.key = it->key().ToString();
+        auto id = BlockId::FromBytes(m.key);
+        if (!id.ok()) continue;
+        m.id = *id;
+        m.payload = it->value().ToString();
+        storage::SpillRecord r;
+        m.checksum = 0;
+        {
+          absl::ReaderMutexLock d(&db_mu_);
+          std::string v;
+          if (db_.db->Get(rocksdb::ReadOptions(), meta(), m.key, &v).ok() && r.ParseFromString(v)) {
+            m.checksum = r.meta().checksum();
+          }
+        }
+        batch_bytes += m.payload.size();
+        items.push_back(std::move(m));
+        if (batch_bytes >= kMoveBatchBytes || items.size() >= 4096) {
+          status = MoveBatch(&items, "migration", &moved, &quarantined);
+          batch_bytes = 0;
+        }
+      }
+      if (status.ok() && !it->status().ok()) status = ToAbsl(it->status(), "migration scan");
+      // The iterator pins the database: release it before any reopen.
+    }
+    if (status.ok() && !items.empty()) {
+      status = MoveBatch(&items, "migration", &moved, &quarantined);
+    }
+    if (!status.ok()) {
+      Note(absl::StrCat("moving format-1 payloads into segment files stopped after ", moved,
+                        " blocks: ", status.ToString(), "; the rest stay readable where they "
+                        "are and move at a later start"));
+      return;
+    }
+    absl::MutexLock wl(&write_mu_);
+    absl::ReaderMutexLock d(&db_mu_);
+    if (db_.db == nullptr) return;
+    rocksdb::WriteOptions w;
+    w.sync = true;
+    rocksdb::Status s = db_.db->Delete(w, db_.handles[0], kMigrateKey);
+    if (s.ok()) {
+      format1_payloads_.store(false);
+      rocksdb::CompactRangeOptions c;
+      c.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+      s = db_.db->CompactRange(c, payload(), nullptr, nullptr);
+    }
+    Note(absl::StrCat("moved ", moved, " format-1 payloads into segment files in ",
+                      absl::FormatDuration(absl::Now() - start), " (", scanned, " scanned, ",
+                      quarantined, " whose record disagreed with the payload left as "
+                      "breadcrumbs)", s.ok() ? "" : "; freeing the old blob files failed: " +
+                      s.ToString()));
+  }
+
+  // CompactSegments runs on the maintenance thread: removes segments with
+  // no live record, and moves the live records out of the segment where
+  // most space is garbage (LFS cost-benefit: (1 - u) * age / (1 + u)), once
+  // at least half of it is.
+  void CompactSegments() {
+    std::shared_ptr<SegmentLog> log;
+    {
+      absl::ReaderMutexLock d(&db_mu_);
+      log = log_;
+    }
+    if (log == nullptr || !segments_removable_ || stopped()) return;
+    const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+    std::optional<SegmentInfo> victim;
+    double best = 0;
+    for (const SegmentInfo& s : log->Segments()) {
+      if (s.active || uncompactable_.contains(s.id)) continue;
+      if (s.live_bytes == 0) {
+        absl::MutexLock wl(&write_mu_);
+        // Re-checked under the write lock: a Put that appended here has
+        // committed its records (and counted them live) before releasing it.
+        for (const SegmentInfo& again : log->Segments()) {
+          if (again.id != s.id || again.active || again.live_bytes != 0) continue;
+          const absl::Status r = log->RemoveSegment(s.id);
+          if (!r.ok()) {
+            EVOKE_LOG_WARNING("spill store: removing segment ", s.id, " failed: ", r.ToString());
+          } else {
+            removed_segments_.fetch_add(1);
+          }
+        }
+        continue;
+      }
+      const uint64_t used = s.valid_end > 4096 ? s.valid_end - 4096 : 0;
+      if (used == 0 || s.live_bytes * 2 > used) continue;
+      const double u = static_cast<double>(s.live_bytes) / static_cast<double>(used);
+      const double age = static_cast<double>(std::max<int64_t>(1, now_ms - s.created_unix_ms));
+      const double score = (1 - u) * age / (1 + u);
+      if (!victim.has_value() || score > best) {
+        victim = s;
+        best = score;
+      }
+    }
+    if (!victim.has_value()) return;
+    std::vector<MoveItem> items;
+    uint64_t batch_bytes = 0, moved = 0, quarantined = 0;
+    absl::Status status = log->ForEachRecord(
+        victim->id, [&](const SegmentRecord& r, bool checksum_ok) -> absl::Status {
+          MoveItem m;
+          m.id = r.id;
+          m.key = r.id.ToBytes();
+          m.payload.assign(r.payload.data(), r.payload.size());
+          m.checksum = r.checksum;
+          m.from = r.location;
+          m.checksum_ok = checksum_ok;
+          batch_bytes += m.payload.size();
+          items.push_back(std::move(m));
+          if (batch_bytes < kMoveBatchBytes) return absl::OkStatus();
+          batch_bytes = 0;
+          return MoveBatch(&items, "compaction", &moved, &quarantined);
+        });
+    if (status.ok() && !items.empty()) {
+      status = MoveBatch(&items, "compaction", &moved, &quarantined);
+    }
+    compacted_records_.fetch_add(moved);
+    if (quarantined > 0) {
+      absl::MutexLock lock(&state_mu_);
+      unreadable_records_ += quarantined;
+    }
+    if (!status.ok()) {
+      if (status.code() == absl::StatusCode::kDataLoss) {
+        // A record header inside it does not verify: the records after it
+        // cannot be walked to. They stay readable by their locations; the
+        // segment is left alone for this run instead of failing every pass.
+        uncompactable_.insert(victim->id);
+        Note(absl::StrCat("segment ", victim->id, " cannot be compacted (", status.message(),
+                          "); its records stay where they are"));
+        return;
+      }
+      const absl::Time now = absl::Now();
+      if (now - last_compaction_log_ > absl::Seconds(10)) {
+        last_compaction_log_ = now;
+        EVOKE_LOG_WARNING("spill store: compacting segment ", victim->id, " stopped: ",
+                          status.ToString());
+      }
+      return;
+    }
+    // The segment is now garbage only; the next pass removes it (once every
+    // record that moved is committed, which MoveBatch did with sync).
   }
 
   // VerifyTables reads every SST file with its checksums once at start, so
@@ -747,6 +1356,16 @@ class RocksSpillStore final : public SpillStore {
                                         " bytes long"));
       }
       return absl::OkStatus();
+    }
+    if (record.payload_present()) {
+      // A payload that CheckLocations found missing (left as it is on a
+      // read-only open), or a format-1 one after the migration finished,
+      // is not on disk: the engine sees a breadcrumb.
+      const bool readable =
+          record.has_location()
+              ? log_ != nullptr && log_->Contains(FromProto(record.location()))
+              : format1_payloads_.load();
+      if (!readable) record.set_payload_present(false);
     }
     return visit(*id, std::move(record));
   }
@@ -836,6 +1455,7 @@ class RocksSpillStore final : public SpillStore {
                         "); writes continue, automatic compaction is off until restart");
       }
       if (listener_->write_error.load() || stopped()) TryResume();
+      CompactSegments();
     }
   }
 
@@ -867,9 +1487,26 @@ class RocksSpillStore final : public SpillStore {
       absl::WriterMutexLock d(&db_mu_);
       db_.Close();
       ReleaseOwnLock();
+      {
+        // CheckFormat writes what a read-only open could not.
+        absl::MutexLock lock(&state_mu_);
+        read_only_ = false;
+      }
       s = config_.Open(OpenMode::kNormal, &db_);
       if (s.ok()) s = CheckFormat();
+      if (s.ok() && log_ == nullptr) {
+        const absl::Status opened = OpenSegments();
+        if (opened.ok()) {
+          CheckLocations();
+        } else {
+          s = rocksdb::Status::IOError(std::string(opened.message()));
+        }
+      }
       if (!s.ok()) {
+        {
+          absl::MutexLock lock(&state_mu_);
+          read_only_ = true;
+        }
         db_.Close();
         EVOKE_LOG_ERROR("spill store: reopening read-write failed: ", s.ToString(),
                         "; staying read-only");
@@ -919,6 +1556,23 @@ class RocksSpillStore final : public SpillStore {
   OpenedDb db_ ABSL_GUARDED_BY(db_mu_);
   rocksdb::FileLock* own_lock_ ABSL_GUARDED_BY(write_mu_) = nullptr;
   absl::Time last_resume_log_ ABSL_GUARDED_BY(write_mu_) = absl::InfinitePast();
+  // The payload segments. Set once (at open, or at the first read-write
+  // reopen of a dir opened read-only before it had an instance id); read
+  // under db_mu_. Its own calls are thread-safe; appends, seals and
+  // removals run under write_mu_.
+  std::shared_ptr<SegmentLog> log_ ABSL_GUARDED_BY(db_mu_);
+  std::string instance_ ABSL_GUARDED_BY(db_mu_);
+  // Format-1 payloads remain in the payload column family (kMigrateKey).
+  std::atomic<bool> format1_payloads_{false};
+  // False when the open-time scan could not read every record.
+  std::atomic<bool> segments_removable_{true};
+  std::atomic<uint64_t> removed_segments_{0};
+  std::atomic<uint64_t> compacted_records_{0};
+  std::atomic<int64_t> last_append_log_s_{0};
+  // The maintenance thread's own: segments it cannot walk (a damaged record
+  // header), and when it last logged a failed compaction.
+  absl::flat_hash_set<uint64_t> uncompactable_;
+  absl::Time last_compaction_log_ = absl::InfinitePast();
 
   mutable absl::Mutex state_mu_ ABSL_ACQUIRED_AFTER(db_mu_);
   bool stop_thread_ ABSL_GUARDED_BY(state_mu_) = false;

@@ -1,4 +1,5 @@
-// SpillStore: tier 2, RocksDB in data_dir.
+// SpillStore: tier 2, records in RocksDB and payloads in segment files in
+// data_dir.
 #ifndef EVOKE_STORAGE_SPILL_STORE_H_
 #define EVOKE_STORAGE_SPILL_STORE_H_
 
@@ -28,12 +29,18 @@ struct SpillStoreOptions {
   // Writes that ask for durability (WriteOptions.sync) always fsync.
   // Default: false.
   bool sync = false;
-  // Payloads of at least this many bytes go to blob files (key-value
-  // separation), so compaction does not rewrite them. Default: 4 KiB.
+  // Size of a payload segment file (preallocated; a multiple of 1 MiB, at
+  // least 4 MiB). Default: 256 MiB.
+  uint64_t segment_bytes = 256ull << 20;
+  // Write and read segments with O_DIRECT where the filesystem allows it
+  // (it falls back to buffered I/O with fdatasync where not, e.g. tmpfs).
+  bool direct_io = true;
+  // Payloads of at least this many bytes went to blob files in format 1
+  // (read only while a format-1 dir is migrated). Default: 4 KiB.
   uint64_t min_blob_bytes = 4096;
-  // Blob file size. Default: 256 MiB.
+  // Blob file size of format 1. Default: 256 MiB.
   uint64_t blob_file_bytes = 256ull << 20;
-  // Block cache for metadata and small payloads. Default: 32 MiB.
+  // Block cache for metadata. Default: 32 MiB.
   uint64_t block_cache_bytes = 32ull << 20;
   // Free bytes kept on the data dir's filesystem: a write that adds payload
   // bytes is refused (RESOURCE_EXHAUSTED, nothing written) when fewer would
@@ -54,15 +61,36 @@ using SpillStoreHealth = TierHealth;
 
 using SpillWrite = TierWrite;
 
-// SpillStore keeps block records in a "meta" column family and payloads in a
-// "payload" column family with blob files. Every mutation is one atomic
-// WriteBatch: a crash leaves each block either fully old or fully new.
+// SpillStore keeps block records in RocksDB (a "meta" column family) and
+// payloads in append-only segment files under <path>/segments
+// (storage/segment_log.h): a Put appends the payloads (one pwrite stream,
+// one fdatasync), then commits the records, each naming its payload's
+// location, in one atomic WriteBatch. A crash leaves each block fully old or
+// fully new, and a record never names bytes that were not synced; payload
+// bytes are written once and never hashed by the store (the engine verifies
+// the block checksum of every copy it reads). Segment compaction, on the
+// maintenance thread, removes segments without live records and moves the
+// live records out of the one where most space is garbage (at least half).
+// Open drops a torn tail of the segment files and turns every record whose
+// payload is not in a valid segment into a breadcrumb (counted in
+// unreadable_records, noted in Health().recovery).
+//
+// A format-1 dir (payloads in a "payload" column family with blob files) is
+// migrated at open: its payloads move into segments in batches, each
+// committed with sync, so a crash resumes where it stopped. Without free
+// space for them they stay where they are, readable, and move at a later
+// start (noted in Health().recovery). An evoked older than format 2 refuses
+// a migrated dir (its format key says 2).
+//
 // RocksDB errors are translated here, once: NotFound -> NOT_FOUND,
 // Corruption -> DATA_LOSS, out of space -> RESOURCE_EXHAUSTED, other I/O
 // errors -> UNAVAILABLE.
 //
 // A full disk: writes that add bytes are refused before they reach RocksDB
-// when fewer than reserve_bytes would stay free. When a write fails anyway
+// or a segment when fewer than reserve_bytes would stay free; a segment
+// append that fails (ENOSPC at fallocate or pwrite, EIO at fdatasync) fails
+// its Put with nothing committed, and the next Put starts a new segment.
+// When a RocksDB write fails anyway
 // (RocksDB stops writes after a failed WAL or flush write), every later
 // write is refused at once (RESOURCE_EXHAUSTED for no space, else
 // UNAVAILABLE) and the WAL is never synced again (RocksDB asserts on a WAL

@@ -449,14 +449,15 @@ TEST_F(TierManagerTest, CorruptDiskCopyIsDataLoss) {
   const v1::BlockMeta meta = SessionMeta("s", 0);
   ASSERT_OK(Save(meta, Payload(0, 256 * kKiB)));
   ASSERT_OK(tm_->Flush(/*evict=*/true));
-  tm_.reset();  // Close RocksDB so blob files are complete on disk.
-  // Flip bytes in the middle of every blob file (payloads live there).
+  tm_.reset();
+  // Flip bytes inside the payload in every segment file (its one record
+  // starts after the 4 KiB file header: a 64-byte header, then the payload).
   int corrupted = 0;
-  for (const auto& f : std::filesystem::directory_iterator(dir_.Join("db"))) {
-    if (f.path().extension() != ".blob") continue;
+  for (const auto& f : std::filesystem::directory_iterator(dir_.Join("db/segments"))) {
+    if (f.path().extension() != ".evs") continue;
     std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto size = std::filesystem::file_size(f.path());
-    for (uint64_t off = size / 4; off < size * 3 / 4; off += 1024) {
+    const uint64_t payload = 4096 + 64;
+    for (uint64_t off = payload + 1024; off < payload + 255 * kKiB; off += 1024) {
       file.seekp(off);
       file.put('\x7f');
     }

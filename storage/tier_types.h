@@ -52,6 +52,14 @@ struct TierHealth {
   absl::Duration last_outage;        // Length of the last stop.
   uint64_t corrupt_files = 0;        // SST files found corrupt (start, compaction).
   uint64_t unreadable_records = 0;   // Records the start-up scan could not read.
+  // Payload segment files (spill format 2).
+  uint64_t segments = 0;             // Segment files.
+  uint64_t segment_file_bytes = 0;   // Their preallocated bytes.
+  uint64_t segment_live_bytes = 0;   // Bytes of records that metadata points at.
+  uint64_t segment_syncs = 0;        // fdatasync calls (one per appended batch).
+  uint64_t compacted_records = 0;    // Records compaction moved.
+  uint64_t removed_segments = 0;     // Segments removed (no live record left).
+  bool direct_io = false;            // Segments use O_DIRECT.
   // The recovery steps Open took, in order, with what each cost (empty for
   // a clean open).
   std::vector<std::string> recovery;

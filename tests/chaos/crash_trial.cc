@@ -568,6 +568,7 @@ const std::vector<std::string>& KnownFailpoints() {
       "spill.before_put",     "spill.after_put",    "spill.after_mark",
       "delete.before_disk",   "delete.after_disk",  "delete.after_index",
       "flush.after_writeback", "flush.after_persist",
+      "segment.synced",       "compaction.committed",
   };
   return *names;
 }

@@ -1,6 +1,6 @@
-// Corrupt files (issue #11): one flipped bit in each kind of RocksDB file
-// (SST, blob, MANIFEST, WAL tail, CURRENT, OPTIONS) of a real evoked's data
-// dir, then a restart. What is promised: evoked starts every time; every
+// Corrupt files (issue #11): one flipped bit in each kind of file (RocksDB's
+// SST, MANIFEST, WAL tail, CURRENT, OPTIONS, and the payload segment files)
+// of a real evoked's data dir, then a restart. What is promised: evoked starts every time; every
 // block loads with its exact bytes or fails (0 wrong bytes served); a block
 // that fails can be deleted, and stays deleted after a restart.
 //
@@ -30,13 +30,14 @@ bool LongForm() {
 }
 
 // The files of `kind` in `dir`, newest (largest number) last.
-std::vector<fs::path> FilesOf(const std::string& dir, const std::string& kind) {
+std::vector<fs::path> FilesOf(const std::string& data, const std::string& kind) {
   std::vector<fs::path> out;
+  const std::string dir = kind == "segment" ? data + "/segments" : data;
   for (const auto& f : fs::directory_iterator(dir)) {
     if (!f.is_regular_file() || f.file_size() == 0) continue;
     const std::string name = f.path().filename().string();
     const bool match = kind == "sst"        ? absl::EndsWith(name, ".sst")
-                       : kind == "blob"     ? absl::EndsWith(name, ".blob")
+                       : kind == "segment"  ? absl::EndsWith(name, ".evs")
                        : kind == "wal"      ? absl::EndsWith(name, ".log")
                        : kind == "manifest" ? absl::StartsWith(name, "MANIFEST-")
                        : kind == "current"  ? name == "CURRENT"
@@ -48,12 +49,32 @@ std::vector<fs::path> FilesOf(const std::string& dir, const std::string& kind) {
   return out;
 }
 
+// Bytes up to the last non-zero one: what was written of a preallocated
+// segment file.
+uint64_t WrittenBytes(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string chunk(1 << 20, '\0');
+  uint64_t offset = 0, end = 0;
+  while (f.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || f.gcount() > 0) {
+    const uint64_t n = static_cast<uint64_t>(f.gcount());
+    for (uint64_t i = n; i > 0; --i) {
+      if (chunk[i - 1] != '\0') {
+        end = offset + i;
+        break;
+      }
+    }
+    offset += n;
+  }
+  return end;
+}
+
 // Flips bit `bit` of the byte at `fraction` of the file (for the WAL, of its
-// last quarter: a torn or rotted tail).
-bool FlipBit(const fs::path& path, double fraction, int bit, bool tail) {
+// last quarter: a torn or rotted tail; for a segment, of what was written).
+bool FlipBit(const fs::path& path, double fraction, int bit, bool tail, bool written) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   if (!f) return false;
-  const uint64_t size = fs::file_size(path);
+  const uint64_t size = written ? WrittenBytes(path) : fs::file_size(path);
+  if (size == 0) return false;
   uint64_t offset = static_cast<uint64_t>(fraction * static_cast<double>(size));
   if (tail) offset = size - 1 - static_cast<uint64_t>(fraction * static_cast<double>(size / 4));
   offset = std::min(offset, size - 1);
@@ -82,7 +103,8 @@ class DiskCorruptTest : public E2eTest {
     ASSERT_TRUE(d.ok()) << d.status();
     std::unique_ptr<Client> client = (*d)->Connect();
     ASSERT_NE(client, nullptr);
-    // Flushed blocks (SST + blob files), then durable ones only in the WAL.
+    // Flushed blocks (records in SSTs, payloads in segments), then durable
+    // ones whose records are only in the WAL.
     std::vector<TestBlock> blocks;
     for (int i = 0; i < 24; ++i) blocks.push_back(SessionBlock("flushed", i, 16 + i));
     ASSERT_OK(SaveBlocks(*client, blocks, /*durable=*/true));
@@ -102,7 +124,7 @@ class DiskCorruptTest : public E2eTest {
       return;
     }
     const fs::path victim = files[static_cast<size_t>(fraction * 7) % files.size()];
-    ASSERT_TRUE(FlipBit(victim, fraction, bit, kind == "wal")) << victim;
+    ASSERT_TRUE(FlipBit(victim, fraction, bit, kind == "wal", kind == "segment")) << victim;
     const std::string what = absl::StrCat(kind, " ", victim.filename().string(), " at ",
                                           fraction, " bit ", bit);
 
@@ -164,7 +186,7 @@ class DiskCorruptTest : public E2eTest {
 };
 
 TEST_F(DiskCorruptTest, BitFlipsInEveryFileKind) {
-  const std::vector<std::string> kinds = {"sst", "blob", "manifest", "wal", "current", "options"};
+  const std::vector<std::string> kinds = {"sst", "segment", "manifest", "wal", "current", "options"};
   const std::vector<double> fractions =
       LongForm() ? std::vector<double>{0.02, 0.25, 0.5, 0.75, 0.98} : std::vector<double>{0.5};
   const int seeds = LongForm() ? 3 : 1;
