@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fingerprint.h"
+#include "recovery/bounds.h"
 
 namespace evoke {
 
@@ -19,6 +20,10 @@ namespace {
 constexpr size_t kScanChunkRows = 4096;
 // Tables below this many rows are scanned on the calling thread.
 constexpr size_t kParallelScanRows = 32768;
+// Rows asked of an ExactSource per call.
+constexpr size_t kExactBatch = 64;
+
+using recovery::HeadCode;
 
 }  // namespace
 
@@ -26,13 +31,15 @@ constexpr size_t kParallelScanRows = 32768;
 // summary. Row r is row r % kScanChunkRows of chunk r / kScanChunkRows.
 struct RecoveryIndex::Table {
   struct Chunk {
-    std::vector<int8_t> codes;  // rows x heads x dim
-    std::vector<float> scales;  // rows x heads
-    std::vector<float> exact;   // rows x heads x dim
+    std::vector<int8_t> codes;   // rows x heads x dim
+    std::vector<HeadCode> hc;    // rows x heads
+    std::vector<float> exact;    // rows x heads x dim; only without a source.
   };
   std::string key;  // In tables_.
   uint32_t heads = 0;
   uint32_t dim = 0;
+  // Channel scales (heads x dim powers of two), from the table's first row.
+  std::vector<float> sigma;
   std::vector<BlockId> ids;
   std::vector<Chunk> chunks;
   // Per row: the session view that lists it too (null if none) and where.
@@ -46,8 +53,8 @@ struct RecoveryIndex::Table {
   const int8_t* codes(size_t r) const {
     return chunk_of(r).codes.data() + (r % kScanChunkRows) * width();
   }
-  const float* scales(size_t r) const {
-    return chunk_of(r).scales.data() + (r % kScanChunkRows) * heads;
+  const HeadCode* hc(size_t r) const {
+    return chunk_of(r).hc.data() + (r % kScanChunkRows) * heads;
   }
   const float* exact(size_t r) const {
     return chunk_of(r).exact.data() + (r % kScanChunkRows) * width();
@@ -83,35 +90,36 @@ struct RecoveryIndex::Scan {
   const float* exact(size_t i) const {
     return table != nullptr ? table->exact(i) : view->table[i]->exact(view->row[i]);
   }
+  const Table* table_of(size_t i) const { return table != nullptr ? table : view->table[i]; }
   // A view's row i.
   const int8_t* codes(size_t i) const { return view->table[i]->codes(view->row[i]); }
-  const float* scales(size_t i) const { return view->table[i]->scales(view->row[i]); }
+  const HeadCode* hc(size_t i) const { return view->table[i]->hc(view->row[i]); }
 };
 
 namespace {
 
-// The scan's kernel: approximate scores of rows [begin, end) into out[].
-// Queries are int16 with a scale per vector, codes int8 with a scale per
-// (row, head); each head's dot product is exact in int32 (the bound on the
-// query's range in Prepare keeps dim * 127 * qmax below 2^31), then scaled.
-// The compiler builds the kernel for x86-64-v4 (AVX-512BW), v3 (AVX2) and the
-// baseline and picks one at run time.
+// The scan's kernel: for rows [0, n), the integer dot products of the
+// query's int16 codes with each row's int8 codes (exact in int32: the bound
+// on the query's range keeps dim * 127 * qmax below 2^31), turned into each
+// row's score bounds [lo, hi] (recovery::RowBounds, in f64). The compiler
+// builds the kernel for x86-64-v4 (AVX-512BW), v3 (AVX2) and the baseline
+// and picks one at run time.
 //
 // Query vectors come `group` per KV head, in head order: MEAN has one per KV
 // head (group 1), summed; MAX has every query head, best one wins.
 #if defined(__x86_64__)
 #define EVOKE_SCAN_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#define EVOKE_DOT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define EVOKE_SCAN_CLONES
-#define EVOKE_DOT_CLONES
 #endif
 
 // Integer dot product; GCC turns this loop into pmaddwd (int16 pairs summed
 // into int32) for every clone. No `omp simd` here: integer sums reassociate
 // freely, and the pragma makes GCC pick a worse pattern.
-inline int32_t DotI16I8(const int16_t* __restrict q, const int8_t* __restrict c, uint32_t n) {
+__attribute__((always_inline)) inline int32_t DotI16I8(const int16_t* __restrict q,
+                                                       const int8_t* __restrict c,
+                                                       uint32_t n) {
   int32_t acc = 0;
   for (uint32_t d = 0; d < n; ++d) {
     acc += static_cast<int32_t>(q[d]) * static_cast<int32_t>(static_cast<int16_t>(c[d]));
@@ -119,110 +127,36 @@ inline int32_t DotI16I8(const int16_t* __restrict q, const int8_t* __restrict c,
   return acc;
 }
 
-// One row's approximate score (inlined into each clone of the kernels).
-__attribute__((always_inline)) inline float ScanRow(const int16_t* q, const float* q_scale,
-                                                    uint32_t group, const int8_t* c,
-                                                    const float* sc, uint32_t heads,
-                                                    uint32_t dim, bool max) {
-  float total = 0, best = -INFINITY;
-  const int16_t* qv = q;
-  for (uint32_t h = 0; h < heads; ++h) {
-    const int8_t* ch = c + static_cast<size_t>(h) * dim;
-    for (uint32_t g = 0; g < group; ++g, qv += dim) {
-      const float score =
-          static_cast<float>(DotI16I8(qv, ch, dim)) * q_scale[h * group + g] * sc[h];
-      total += score;
-      best = std::max(best, score);
-    }
+// One row's bounds (inlined into each clone of the kernels).
+__attribute__((always_inline)) inline void BoundRow(const recovery::ScanQuery& sq,
+                                                    const int8_t* c, const HeadCode* hc,
+                                                    int32_t* dots, double* lo, double* hi) {
+  const int16_t* qv = sq.u.data();
+  for (uint32_t g = 0; g < sq.vectors; ++g, qv += sq.dim) {
+    dots[g] = DotI16I8(qv, c + static_cast<size_t>(g / sq.group) * sq.dim, sq.dim);
   }
-  return max ? best : total;
+  recovery::RowBounds(sq, dots, hc, lo, hi);
 }
 
-// Rows [begin, end) of a table, in place.
+// n rows of a table chunk, in place.
 EVOKE_SCAN_CLONES
-void ScanRows(const int16_t* q, const float* q_scale, uint32_t group,
-              const int8_t* codes, const float* scales, uint32_t heads, uint32_t dim,
-              size_t begin, size_t end, bool max, float* out) {
-  const size_t width = static_cast<size_t>(heads) * dim;
-  for (size_t row = begin; row < end; ++row) {
-    out[row - begin] = ScanRow(q, q_scale, group, codes + row * width, scales + row * heads,
-                               heads, dim, max);
+void BoundRows(const recovery::ScanQuery& sq, const int8_t* codes, const HeadCode* hc,
+               size_t n, int32_t* dots, double* lo, double* hi) {
+  const size_t width = static_cast<size_t>(sq.heads) * sq.dim;
+  for (size_t row = 0; row < n; ++row) {
+    BoundRow(sq, codes + row * width, hc + row * sq.heads, dots, lo + row, hi + row);
   }
 }
 
-// n rows of a view, through their references.
+// n rows of a view, through their references (each with its table's query).
 EVOKE_SCAN_CLONES
-void ScanRefs(const int16_t* q, const float* q_scale, uint32_t group,
-              const int8_t* const* codes, const float* const* scales, uint32_t heads,
-              uint32_t dim, size_t n, bool max, float* out) {
+void BoundRefs(const recovery::ScanQuery* const* sq, const int8_t* const* codes,
+               const HeadCode* const* hc, size_t n, int32_t* dots, double* lo, double* hi) {
   for (size_t i = 0; i < n; ++i) {
     // The next rows are elsewhere in memory: start loading them now.
     if (i + 2 < n) __builtin_prefetch(codes[i + 2]);
-    out[i] = ScanRow(q, q_scale, group, codes[i], scales[i], heads, dim, max);
+    BoundRow(*sq[i], codes[i], hc[i], dots, lo + i, hi + i);
   }
-}
-
-EVOKE_DOT_CLONES
-float DotF32(const float* q, const float* v, uint32_t n) {
-  float acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (uint32_t i = 0; i < n; ++i) acc += q[i] * v[i];
-  return acc;
-}
-
-// The plain scalar loop the benchmarks compare with (no vectorization;
-// GCC's attribute; clang has no equivalent and vectorizes as it likes).
-#if !defined(__clang__)
-__attribute__((optimize("no-tree-vectorize")))
-#endif
-double DotScalar(const float* q, const float* v, uint32_t n) {
-  double acc = 0;
-  for (uint32_t i = 0; i < n; ++i) acc += static_cast<double>(q[i]) * v[i];
-  return acc;
-}
-
-// Prepared query: for MEAN, one vector per KV head (the mean over its query
-// heads' share); for MAX, every query head with its KV head.
-struct PreparedQuery {
-  bool max = false;
-  uint32_t heads = 0;  // KV heads of the table.
-  uint32_t dim = 0;
-  uint32_t n_query_heads = 0;
-  std::vector<float> per_kv;  // MEAN: heads x dim, already divided by n_q.
-  absl::Span<const float> raw;
-  // The scan's query: MEAN per_kv, MAX raw, quantized (one scale per vector).
-  std::vector<int16_t> q16;
-  std::vector<float> q_scale;
-  uint32_t scan_vectors = 0;
-  uint32_t scan_group = 1;  // Scan vectors per KV head.
-};
-
-float ScoreExact(const PreparedQuery& p, const float* v) {
-  if (!p.max) {
-    float s = 0;
-    for (uint32_t h = 0; h < p.heads; ++h) {
-      s += DotF32(p.per_kv.data() + h * p.dim, v + h * p.dim, p.dim);
-    }
-    return s;
-  }
-  const uint32_t group = p.n_query_heads / p.heads;
-  float best = -INFINITY;
-  for (uint32_t q = 0; q < p.n_query_heads; ++q) {
-    best = std::max(best, DotF32(p.raw.data() + q * p.dim, v + (q / group) * p.dim, p.dim));
-  }
-  return best;
-}
-
-double ScoreScalar(const RecoveryQuery& query, const RecoveryIndex::Scan& t, size_t row) {
-  const float* v = t.exact(row);
-  const uint32_t group = query.n_query_heads / t.heads;
-  double total = 0, best = -INFINITY;
-  for (uint32_t q = 0; q < query.n_query_heads; ++q) {
-    const double d = DotScalar(query.queries.data() + q * t.dim, v + (q / group) * t.dim, t.dim);
-    total += d;
-    best = std::max(best, d);
-  }
-  return query.aggregate_max ? best : total / query.n_query_heads;
 }
 
 absl::Status CheckShape(const RecoveryQuery& q, const RecoveryIndex::Scan& t) {
@@ -243,97 +177,89 @@ absl::Status CheckShape(const RecoveryQuery& q, const RecoveryIndex::Scan& t) {
   return absl::OkStatus();
 }
 
-PreparedQuery Prepare(const RecoveryQuery& q, const RecoveryIndex::Scan& t) {
-  PreparedQuery p;
-  p.max = q.aggregate_max;
-  p.heads = t.heads;
-  p.dim = t.dim;
-  p.n_query_heads = q.n_query_heads;
-  p.raw = q.queries;
-  if (!p.max) {
-    p.per_kv.assign(static_cast<size_t>(t.heads) * t.dim, 0.0f);
-    const uint32_t group = q.n_query_heads / t.heads;
-    const float inv = 1.0f / q.n_query_heads;
-    for (uint32_t h = 0; h < q.n_query_heads; ++h) {
-      float* dst = p.per_kv.data() + (h / group) * t.dim;
-      const float* src = q.queries.data() + h * t.dim;
-      for (uint32_t d = 0; d < t.dim; ++d) dst[d] += src[d] * inv;
-    }
-  }
-  const absl::Span<const float> scan = p.max ? p.raw : absl::MakeConstSpan(p.per_kv);
-  p.scan_vectors = p.max ? q.n_query_heads : t.heads;
-  p.scan_group = p.max ? q.n_query_heads / t.heads : 1;
-  // |q| <= qmax and |code| <= 127 over dim terms must fit in int32.
-  const float qmax = static_cast<float>(
-      std::min<int64_t>(32767, ((int64_t{1} << 31) - 1) / (127 * int64_t{std::max(1u, t.dim)})));
-  p.q16.resize(scan.size());
-  p.q_scale.resize(p.scan_vectors);
-  for (uint32_t v = 0; v < p.scan_vectors; ++v) {
-    const float* src = scan.data() + static_cast<size_t>(v) * t.dim;
-    float maxabs = 0;
-    for (uint32_t d = 0; d < t.dim; ++d) maxabs = std::max(maxabs, std::fabs(src[d]));
-    const float scale = maxabs > 0 ? maxabs / qmax : 0.0f;
-    p.q_scale[v] = scale;
-    int16_t* dst = p.q16.data() + static_cast<size_t>(v) * t.dim;
-    for (uint32_t d = 0; d < t.dim; ++d) {
-      dst[d] = scale > 0 ? static_cast<int16_t>(std::lround(src[d] / scale)) : 0;
-    }
-  }
-  return p;
+recovery::ExactQuery PrepareExact(const RecoveryQuery& q, const RecoveryIndex::Scan& t) {
+  return recovery::MakeExactQuery(q.aggregate_max, t.heads, t.dim, q.n_query_heads,
+                                  q.queries.data());
 }
 
-// Candidates: the best `keep` (score, row) pairs seen, as a min-heap on score.
-class Best {
+// The answer's order: score descending, then BlockId ascending.
+struct Scored {
+  double score;
+  BlockId id;
+};
+bool Better(const Scored& a, const Scored& b) {
+  return a.score != b.score ? a.score > b.score : a.id < b.id;
+}
+
+// TopK keeps the best k Scored (a heap whose front is the worst kept).
+class TopK {
  public:
-  explicit Best(size_t keep) : keep_(keep) { heap_.reserve(keep + 1); }
-  void Offer(float score, uint32_t row) {
-    if (heap_.size() < keep_) {
-      heap_.emplace_back(score, row);
-      std::push_heap(heap_.begin(), heap_.end(), Greater);
-    } else if (keep_ > 0 && Greater(std::pair(score, row), heap_.front())) {
-      std::pop_heap(heap_.begin(), heap_.end(), Greater);
-      heap_.back() = {score, row};
-      std::push_heap(heap_.begin(), heap_.end(), Greater);
+  explicit TopK(size_t k) : k_(k) { heap_.reserve(std::min<size_t>(k, 4096) + 1); }
+  bool full() const { return k_ > 0 && heap_.size() == k_; }
+  const Scored& worst() const { return heap_.front(); }
+  void Offer(const Scored& s) {
+    if (k_ == 0) return;
+    if (heap_.size() < k_) {
+      heap_.push_back(s);
+      std::push_heap(heap_.begin(), heap_.end(), Better);
+    } else if (Better(s, heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), Better);
+      heap_.back() = s;
+      std::push_heap(heap_.begin(), heap_.end(), Better);
     }
   }
-  void Merge(const Best& other) {
-    for (const auto& [score, row] : other.heap_) Offer(score, row);
+  std::vector<RecoveryHit> Hits() {
+    std::sort(heap_.begin(), heap_.end(), Better);
+    std::vector<RecoveryHit> hits;
+    hits.reserve(heap_.size());
+    for (const Scored& s : heap_) hits.push_back(RecoveryHit{s.id, static_cast<float>(s.score)});
+    return hits;
   }
-  std::vector<std::pair<float, uint32_t>> Take() { return std::move(heap_); }
 
  private:
-  // Higher score first; on ties the lower row (deterministic results).
-  static bool Greater(const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  }
-  size_t keep_;
-  std::vector<std::pair<float, uint32_t>> heap_;
+  size_t k_;
+  std::vector<Scored> heap_;
 };
 
-// BestHits sorts scored rows best first (ties: lower row) and returns up to
-// query.k of them, stopping below query.min_score when set.
-template <typename Score>
-std::vector<RecoveryHit> BestHits(const RecoveryQuery& query, const RecoveryIndex::Scan& t,
-                                  std::vector<std::pair<Score, uint32_t>> scored) {
-  // A score that is not a number ranks last (the sort needs an ordering).
-  for (auto& [score, row] : scored) {
-    if (std::isnan(score)) score = -std::numeric_limits<Score>::infinity();
+// LowerK keeps the `keep` largest lower bounds seen: tau(), the smallest of
+// them once `keep` were seen, is then a lower bound of the keep-th best
+// exact score.
+class LowerK {
+ public:
+  explicit LowerK(size_t keep) : keep_(keep) {}
+  double tau() const {
+    return keep_ > 0 && heap_.size() == keep_ ? heap_.front() : -INFINITY;
   }
-  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
-  std::vector<RecoveryHit> hits;
-  for (const auto& [score, row] : scored) {
-    if (hits.size() == query.k) break;
-    if (query.has_min_score && score < query.min_score) break;
-    hits.push_back(RecoveryHit{t.id(row), static_cast<float>(score)});
+  void Offer(double lo) {
+    if (keep_ == 0) return;
+    if (heap_.size() < keep_) {
+      heap_.push_back(lo);
+      std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+    } else if (lo > heap_.front()) {
+      std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+      heap_.back() = lo;
+      std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+    }
   }
-  return hits;
-}
+  void Merge(const LowerK& other) {
+    for (double lo : other.heap_) Offer(lo);
+  }
+
+ private:
+  size_t keep_;
+  std::vector<double> heap_;  // Min-heap.
+};
+
+// A row that survived the bounds: its upper bound and its row in the scan.
+struct Candidate {
+  double hi;
+  uint32_t row;
+};
 
 }  // namespace
 
-RecoveryIndex::RecoveryIndex(CopyPool* pool) : pool_(pool) {}
+RecoveryIndex::RecoveryIndex(CopyPool* pool, ExactSource exact)
+    : pool_(pool), exact_(std::move(exact)) {}
 RecoveryIndex::~RecoveryIndex() = default;
 
 std::string SessionScopeKey(absl::string_view ns, absl::string_view session_id) {
@@ -367,7 +293,7 @@ uint64_t Cap(const std::vector<T>& v) {
 }
 
 uint64_t ChunkBytes(const Table::Chunk& c) {
-  return Cap(c.codes) + Cap(c.scales) + Cap(c.exact);
+  return Cap(c.codes) + Cap(c.hc) + Cap(c.exact);
 }
 
 // A table's per-row vectors (its chunks are counted as they change).
@@ -433,25 +359,38 @@ void MaybeShrink(std::vector<T>& v) {
 // Makes room for one more row in chunk `c` that holds `rows` rows: its
 // capacity grows by half (not double: summaries can be large), up to a
 // whole chunk.
-void ReserveRow(Table::Chunk& c, size_t rows, size_t width, uint32_t heads) {
-  if ((rows + 1) * width <= c.exact.capacity()) return;
+void ReserveRow(Table::Chunk& c, size_t rows, size_t width, uint32_t heads, bool exact) {
+  if ((rows + 1) * width <= c.codes.capacity()) return;
   const size_t want = std::min(kScanChunkRows, std::max(rows + 1, rows + rows / 2));
   c.codes.reserve(want * width);
-  c.exact.reserve(want * width);
-  c.scales.reserve(want * heads);
+  if (exact) c.exact.reserve(want * width);
+  c.hc.reserve(want * heads);
 }
 
 }  // namespace
 
-uint64_t RecoveryIndex::AccountedBytes(const v1::BlockMeta& meta) {
+bool RecoveryIndex::CopySummary(const v1::BlockMeta& meta, v1::SummaryKind kind,
+                                uint32_t layer, uint32_t heads, uint32_t dim, float* out) {
+  // The last summary of that kind and layer is the one Add indexed.
+  for (int i = meta.summaries_size() - 1; i >= 0; --i) {
+    const v1::Summary& s = meta.summaries(i);
+    if (s.kind() != kind || s.layer() != layer) continue;
+    if (!Indexable(s) || s.heads() != heads || s.dim() != dim) return false;
+    std::copy(s.values().begin(), s.values().end(), out);
+    return true;
+  }
+  return false;
+}
+
+uint64_t RecoveryIndex::AccountedBytes(const v1::BlockMeta& meta, bool f32_copy) {
   const bool session = meta.kind() == v1::BLOCK_KIND_SESSION;
   const uint64_t n = static_cast<uint64_t>(meta.summaries_size());
   uint64_t bytes = sizeof(std::pair<const BlockId, BlockSlots>) + 1 +
                    (n > 1 ? n * sizeof(Slot) : 0);
   for (const v1::Summary& s : meta.summaries()) {
     const uint64_t values = static_cast<uint64_t>(s.values_size());
-    bytes += values * (sizeof(float) + sizeof(int8_t)) +
-             std::min<uint64_t>(s.heads(), values) * sizeof(float) + sizeof(BlockId) +
+    bytes += values * ((f32_copy ? sizeof(float) : 0) + sizeof(int8_t)) +
+             std::min<uint64_t>(s.heads(), values) * sizeof(HeadCode) + sizeof(BlockId) +
              sizeof(View*) + sizeof(uint32_t);
     if (session) bytes += sizeof(Table*) + sizeof(uint32_t);
   }
@@ -484,7 +423,11 @@ void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
       t_slot->key = TableKey(model_scope, s.kind(), s.layer());
       t_slot->heads = s.heads();
       t_slot->dim = s.dim();
-      bytes_ += ScopeBytes(*t_slot);
+      if (s.values_size() == static_cast<int>(t_slot->width())) {
+        t_slot->sigma.resize(t_slot->width());
+        recovery::ChannelScales(s.values().data(), s.heads(), s.dim(), t_slot->sigma.data());
+      }
+      bytes_ += ScopeBytes(*t_slot) + Cap(t_slot->sigma);
     }
     Table* t = t_slot.get();
     // A table holds one shape; a summary of another shape (a client mixing
@@ -496,20 +439,15 @@ void RecoveryIndex::Add(const BlockId& id, const v1::BlockMeta& meta) {
     if (in_chunk == 0) t->chunks.emplace_back();
     Table::Chunk& c = t->chunks.back();
     const uint64_t chunk_before = ChunkBytes(c);
-    ReserveRow(c, in_chunk, t->width(), t->heads);
-    c.exact.insert(c.exact.end(), s.values().begin(), s.values().end());
+    ReserveRow(c, in_chunk, t->width(), t->heads, exact_ == nullptr);
+    if (exact_ == nullptr) c.exact.insert(c.exact.end(), s.values().begin(), s.values().end());
     c.codes.resize(c.codes.size() + t->width());
-    c.scales.resize(c.scales.size() + t->heads);
+    c.hc.resize(c.hc.size() + t->heads);
     for (uint32_t h = 0; h < t->heads; ++h) {
-      const float* v = s.values().data() + h * t->dim;
-      float maxabs = 0;
-      for (uint32_t d = 0; d < t->dim; ++d) maxabs = std::max(maxabs, std::fabs(v[d]));
-      const float scale = maxabs > 0 ? maxabs / 127.0f : 0.0f;
-      c.scales[in_chunk * t->heads + h] = scale;
-      int8_t* code = c.codes.data() + in_chunk * t->width() + h * t->dim;
-      for (uint32_t d = 0; d < t->dim; ++d) {
-        code[d] = scale > 0 ? static_cast<int8_t>(std::lround(v[d] / scale)) : 0;
-      }
+      const size_t off = static_cast<size_t>(h) * t->dim;
+      recovery::EncodeHead(s.values().data() + off, t->sigma.data() + off, t->dim,
+                           c.codes.data() + in_chunk * t->width() + off,
+                           &c.hc[in_chunk * t->heads + h]);
     }
     t->ids.push_back(id);
     t->view.push_back(nullptr);
@@ -575,8 +513,10 @@ void RecoveryIndex::RemoveRow(Table* t, uint32_t row) {
     const Table::Chunk& from = t->chunk_of(last);
     const size_t r = row % kScanChunkRows, l = last % kScanChunkRows;
     std::copy_n(from.codes.begin() + l * width, width, to.codes.begin() + r * width);
-    std::copy_n(from.exact.begin() + l * width, width, to.exact.begin() + r * width);
-    std::copy_n(from.scales.begin() + l * t->heads, t->heads, to.scales.begin() + r * t->heads);
+    if (!from.exact.empty()) {
+      std::copy_n(from.exact.begin() + l * width, width, to.exact.begin() + r * width);
+    }
+    std::copy_n(from.hc.begin() + l * t->heads, t->heads, to.hc.begin() + r * t->heads);
     t->ids[row] = t->ids[last];
     t->view[row] = t->view[last];
     t->view_pos[row] = t->view_pos[last];
@@ -597,11 +537,11 @@ void RecoveryIndex::RemoveRow(Table* t, uint32_t row) {
     t->chunks.pop_back();
   } else {
     c.codes.resize(left * width);
-    c.exact.resize(left * width);
-    c.scales.resize(left * t->heads);
+    if (!c.exact.empty()) c.exact.resize(left * width);
+    c.hc.resize(left * t->heads);
     MaybeShrink(c.codes);
     MaybeShrink(c.exact);
-    MaybeShrink(c.scales);
+    MaybeShrink(c.hc);
     bytes_ += ChunkBytes(c) - chunk_before;
   }
   t->ids.pop_back();
@@ -612,7 +552,7 @@ void RecoveryIndex::RemoveRow(Table* t, uint32_t row) {
   MaybeShrink(t->view_pos);
   bytes_ += RowVectorBytes(*t) - vectors_before;
   if (t->ids.empty()) {
-    bytes_ -= RowVectorBytes(*t) + ScopeBytes(*t);
+    bytes_ -= RowVectorBytes(*t) + ScopeBytes(*t) + Cap(t->sigma);
     tables_.erase(tables_.find(t->key));  // Destroys *t.
   }
 }
@@ -663,74 +603,227 @@ uint64_t RecoveryIndex::Rows(absl::string_view scope, v1::SummaryKind kind,
   return Find(query, &scan) ? scan.rows() : 0;
 }
 
-absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQuery& query,
-                                                               uint64_t* candidates) const {
-  absl::ReaderMutexLock lock(&mu_);
-  Scan t;
-  if (!Find(query, &t)) {
-    return absl::NotFoundError(absl::StrCat(
-        "scope: no block of this scope has a ", v1::SummaryKind_Name(query.kind),
-        " summary", query.kind == v1::SUMMARY_EMBEDDING ? "" : absl::StrCat(" of layer ", query.layer)));
-  }
-  if (absl::Status s = CheckShape(query, t); !s.ok()) return s;
-  const size_t rows = t.rows();
-  if (candidates != nullptr) *candidates = rows;
-  const PreparedQuery p = Prepare(query, t);
+namespace {
 
-  // Scan: approximate scores of every row, chunk by chunk, keeping the best
-  // k * oversample + 16 per chunk; large tables in parallel on the pool.
-  const size_t keep = static_cast<size_t>(query.k) * std::max(1u, query.oversample) + 16;
+// Pass 1 of Search: every row's bounds; returns the rows that may be in the
+// answer (U >= tau, U >= min_score), by U descending. Excluded rows are not
+// looked up here (a hash lookup per row would cost more than its bounds):
+// tau is the (k + |exclude|)-th largest L, a lower bound of the k-th best
+// score among the rows not excluded, and the exact pass skips them.
+std::vector<Candidate> Survivors(const RecoveryQuery& query, const RecoveryIndex::Scan& t,
+                                 const recovery::ExactQuery& eq, CopyPool* pool) {
+  const size_t rows = t.rows();
   const size_t chunks = (rows + kScanChunkRows - 1) / kScanChunkRows;
-  std::vector<Best> best(chunks, Best(keep));
+  const size_t keep =
+      static_cast<size_t>(query.k) + (query.exclude != nullptr ? query.exclude->size() : 0);
+  // A scan query per table the rows are in (a view's may span layouts).
+  std::vector<std::pair<const Table*, std::unique_ptr<recovery::ScanQuery>>> queries;
+  auto query_of = [&](const Table* table) -> const recovery::ScanQuery* {
+    for (const auto& [tb, sq] : queries) {
+      if (tb == table) return sq.get();
+    }
+    queries.emplace_back(table, std::make_unique<recovery::ScanQuery>(
+                                    recovery::MakeScanQuery(eq, table->sigma.data())));
+    return queries.back().second.get();
+  };
+  std::vector<const recovery::ScanQuery*> ref_queries;
+  if (t.table != nullptr) {
+    query_of(t.table);
+  } else {
+    ref_queries.resize(rows);
+    const Table* last = nullptr;
+    const recovery::ScanQuery* last_q = nullptr;
+    for (size_t i = 0; i < rows; ++i) {
+      const Table* tb = t.view->table[i];
+      if (tb != last) {
+        last = tb;
+        last_q = query_of(tb);
+      }
+      ref_queries[i] = last_q;
+    }
+  }
+  const bool parallel = pool != nullptr && rows >= kParallelScanRows;
+  struct Part {
+    explicit Part(size_t keep) : lower(keep) {}
+    LowerK lower;
+    std::vector<Candidate> out;
+  };
+  std::vector<Part> parts(parallel ? chunks : 1, Part(keep));
+  const double min_score =
+      query.has_min_score ? static_cast<double>(query.min_score) : -INFINITY;
   auto scan_chunk = [&](size_t chunk) {
+    Part& part = parts[parallel ? chunk : 0];
     const size_t begin = chunk * kScanChunkRows;
-    const size_t end = std::min(rows, begin + kScanChunkRows);
-    float scores[kScanChunkRows];
+    const size_t n = std::min(rows, begin + kScanChunkRows) - begin;
+    // On the heap: a server thread's stack may be small.
+    std::vector<double> lo(n), hi(n);
+    std::vector<int32_t> dots(eq.vectors());
     if (t.table != nullptr) {
       const Table::Chunk& c = t.table->chunks[chunk];
-      ScanRows(p.q16.data(), p.q_scale.data(), p.scan_group, c.codes.data(), c.scales.data(),
-               t.heads, t.dim, 0, end - begin, p.max, scores);
+      BoundRows(*queries[0].second, c.codes.data(), c.hc.data(), n, dots.data(), lo.data(),
+                hi.data());
     } else {
-      // The rows' addresses first (on the heap: a server thread's stack
-      // may be small), then the kernel.
-      std::vector<const int8_t*> codes(end - begin);
-      std::vector<const float*> scales(end - begin);
-      for (size_t i = begin; i < end; ++i) {
-        codes[i - begin] = t.codes(i);
-        scales[i - begin] = t.scales(i);
+      std::vector<const int8_t*> codes(n);
+      std::vector<const HeadCode*> hc(n);
+      for (size_t i = 0; i < n; ++i) {
+        codes[i] = t.codes(begin + i);
+        hc[i] = t.hc(begin + i);
       }
-      ScanRefs(p.q16.data(), p.q_scale.data(), p.scan_group, codes.data(), scales.data(),
-               t.heads, t.dim, end - begin, p.max, scores);
+      BoundRefs(ref_queries.data() + begin, codes.data(), hc.data(), n, dots.data(), lo.data(),
+                hi.data());
     }
-    for (size_t row = begin; row < end; ++row) {
-      if (query.exclude != nullptr && query.exclude->contains(t.id(row))) continue;
-      best[chunk].Offer(scores[row - begin], static_cast<uint32_t>(row));
+    for (size_t i = 0; i < n; ++i) {
+      part.lower.Offer(lo[i]);
+      if (hi[i] >= part.lower.tau() && hi[i] >= min_score) {
+        part.out.push_back(Candidate{hi[i], static_cast<uint32_t>(begin + i)});
+      }
     }
   };
-  if (pool_ != nullptr && rows >= kParallelScanRows) {
-    pool_->ParallelFor(chunks, scan_chunk);
+  if (parallel) {
+    pool->ParallelFor(chunks, scan_chunk);
   } else {
     for (size_t c = 0; c < chunks; ++c) scan_chunk(c);
   }
-  for (size_t c = 1; c < chunks; ++c) best[0].Merge(best[c]);
-  // Rescore the survivors exactly in f32, take the best k.
-  std::vector<std::pair<float, uint32_t>> scored = best[0].Take();
-  for (auto& [score, row] : scored) score = ScoreExact(p, t.exact(row));
-  return BestHits(query, t, std::move(scored));
+  for (size_t p = 1; p < parts.size(); ++p) parts[0].lower.Merge(parts[p].lower);
+  const double tau = parts[0].lower.tau();
+  std::vector<Candidate> out;
+  for (const Part& part : parts) {
+    for (const Candidate& c : part.out) {
+      if (c.hi >= tau) out.push_back(c);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return a.hi != b.hi ? a.hi > b.hi : a.row < b.row;
+  });
+  return out;
+}
+
+bool Excluded(const RecoveryQuery& query, const BlockId& id) {
+  return query.exclude != nullptr && query.exclude->contains(id);
+}
+
+// Scores `ids` (in that order) with values from `source`, kExactBatch at a
+// time, into `top`, until `stop(i)` says that row i and every later one
+// cannot enter the answer. Returns the rows scored.
+template <typename Stop>
+uint64_t ScoreThroughSource(const ExactSource& source, const RecoveryQuery& query,
+                            const recovery::ExactQuery& eq, absl::Span<const BlockId> ids,
+                            Stop stop, TopK* top) {
+  const size_t width = static_cast<size_t>(eq.heads) * eq.dim;
+  std::vector<float> values(kExactBatch * width);
+  uint8_t found[kExactBatch];
+  uint64_t scored = 0;
+  for (size_t i = 0; i < ids.size() && !stop(i); i += kExactBatch) {
+    const size_t n = std::min(kExactBatch, ids.size() - i);
+    std::fill(found, found + n, uint8_t{0});
+    source(ExactRows{query.kind, query.layer, eq.heads, eq.dim, ids.subspan(i, n),
+                     values.data(), found});
+    for (size_t j = 0; j < n; ++j) {
+      if (found[j] == 0) continue;  // Gone since the scan.
+      const float* v = values.data() + j * width;
+      // Values from outside: the same rule as Add (a NaN would break the order).
+      if (!std::all_of(v, v + width, [](float x) { return std::isfinite(x); })) continue;
+      const double score = recovery::ExactScore(eq, v);
+      ++scored;
+      if (query.has_min_score && score < query.min_score) continue;
+      top->Offer(Scored{score, ids[i + j]});
+    }
+  }
+  return scored;
+}
+
+absl::Status NoSuchScope(const RecoveryQuery& query) {
+  return absl::NotFoundError(absl::StrCat(
+      "scope: no block of this scope has a ", v1::SummaryKind_Name(query.kind), " summary",
+      query.kind == v1::SUMMARY_EMBEDDING ? "" : absl::StrCat(" of layer ", query.layer)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::Search(const RecoveryQuery& query,
+                                                               uint64_t* candidates,
+                                                               uint64_t* rescored) const {
+  TopK top(query.k);
+  recovery::ExactQuery eq;
+  // The exact pass's rows, in U-descending order (with a source).
+  std::vector<double> hi;
+  std::vector<BlockId> ids;
+  uint64_t scored = 0;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    Scan t;
+    if (!Find(query, &t)) return NoSuchScope(query);
+    if (absl::Status s = CheckShape(query, t); !s.ok()) return s;
+    if (candidates != nullptr) *candidates = t.rows();
+    if (rescored != nullptr) *rescored = 0;
+    if (query.k == 0) return std::vector<RecoveryHit>();
+    eq = PrepareExact(query, t);
+    const std::vector<Candidate> survivors = Survivors(query, t, eq, pool_);
+    if (exact_ == nullptr) {
+      // The index's own copy: the exact pass under the lock.
+      for (const Candidate& c : survivors) {
+        // Every later row has S <= U < the k-th exact score (or min_score).
+        if (top.full() && c.hi < top.worst().score) break;
+        if (query.has_min_score && c.hi < query.min_score) break;
+        const BlockId& id = t.id(c.row);
+        if (Excluded(query, id)) continue;
+        const double score = recovery::ExactScore(eq, t.exact(c.row));
+        ++scored;
+        if (query.has_min_score && score < query.min_score) continue;
+        top.Offer(Scored{score, id});
+      }
+      if (rescored != nullptr) *rescored = scored;
+      return top.Hits();
+    }
+    hi.reserve(survivors.size());
+    ids.reserve(survivors.size());
+    for (const Candidate& c : survivors) {
+      const BlockId& id = t.id(c.row);
+      if (Excluded(query, id)) continue;
+      hi.push_back(c.hi);
+      ids.push_back(id);
+    }
+  }
+  // The lock is released: the source may take the engine's lock, under
+  // which the engine calls Add and Remove.
+  scored = ScoreThroughSource(
+      exact_, query, eq, ids,
+      [&](size_t i) {
+        return (top.full() && hi[i] < top.worst().score) ||
+               (query.has_min_score && hi[i] < query.min_score);
+      },
+      &top);
+  if (rescored != nullptr) *rescored = scored;
+  return top.Hits();
 }
 
 absl::StatusOr<std::vector<RecoveryHit>> RecoveryIndex::SearchExact(
     const RecoveryQuery& query) const {
-  absl::ReaderMutexLock lock(&mu_);
-  Scan t;
-  if (!Find(query, &t)) return absl::NotFoundError("scope: no such summaries");
-  if (absl::Status s = CheckShape(query, t); !s.ok()) return s;
-  std::vector<std::pair<double, uint32_t>> scored;
-  for (size_t row = 0; row < t.rows(); ++row) {
-    if (query.exclude != nullptr && query.exclude->contains(t.id(row))) continue;
-    scored.emplace_back(ScoreScalar(query, t, row), static_cast<uint32_t>(row));
+  TopK top(query.k);
+  recovery::ExactQuery eq;
+  std::vector<BlockId> ids;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    Scan t;
+    if (!Find(query, &t)) return absl::NotFoundError("scope: no such summaries");
+    if (absl::Status s = CheckShape(query, t); !s.ok()) return s;
+    eq = PrepareExact(query, t);
+    for (size_t row = 0; row < t.rows(); ++row) {
+      const BlockId& id = t.id(row);
+      if (Excluded(query, id)) continue;
+      if (exact_ != nullptr) {
+        ids.push_back(id);
+        continue;
+      }
+      const double score = recovery::ExactScore(eq, t.exact(row));
+      if (query.has_min_score && score < query.min_score) continue;
+      top.Offer(Scored{score, id});
+    }
   }
-  return BestHits(query, t, std::move(scored));
+  if (exact_ != nullptr) {
+    ScoreThroughSource(exact_, query, eq, ids, [](size_t) { return false; }, &top);
+  }
+  return top.Hits();
 }
 
 }  // namespace evoke
