@@ -2,9 +2,14 @@
 
 #include <malloc.h>
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <random>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/chain_hash.h"
@@ -515,6 +520,371 @@ TEST(RecoveryExactTest, OutlierChannelsReturnTheExactBestK) {
   std::printf("outlier channels: the best k ids for %d of 40 queries, ids and scores for %d\n",
               same_ids, exact);
   EXPECT_EQ(exact, 40);
+}
+
+}  // namespace
+}  // namespace evoke
+
+namespace evoke {
+namespace {
+
+// An engine's stand-in for the exact values: its metas under its own lock,
+// under which it calls the index's Add and Remove (as the TierManager does),
+// and an ExactSource that takes that lock. A Search that called the source
+// holding the index's lock would deadlock against Put and Drop.
+class Engine {
+ public:
+  explicit Engine(CopyPool* pool = nullptr)
+      : index(pool, [this](const ExactRows& rows) { Fill(rows); }) {}
+  void Put(const BlockId& id, const v1::BlockMeta& meta) {
+    absl::MutexLock lock(&mu_);
+    metas_[id] = meta;
+    index.Add(id, meta);
+  }
+  void Drop(const BlockId& id) {
+    absl::MutexLock lock(&mu_);
+    auto it = metas_.find(id);
+    if (it == metas_.end()) return;
+    index.Remove(id, it->second);
+    metas_.erase(it);
+  }
+  uint64_t source_rows() const { return source_rows_.load(); }
+
+  RecoveryIndex index;
+
+ private:
+  void Fill(const ExactRows& rows) {
+    absl::ReaderMutexLock lock(&mu_);
+    const size_t width = static_cast<size_t>(rows.heads) * rows.dim;
+    for (size_t i = 0; i < rows.ids.size(); ++i) {
+      auto it = metas_.find(rows.ids[i]);
+      rows.found[i] = it != metas_.end() &&
+                      RecoveryIndex::CopySummary(it->second, rows.kind, rows.layer, rows.heads,
+                                                 rows.dim, rows.values + i * width);
+    }
+    source_rows_ += rows.ids.size();
+  }
+  absl::Mutex mu_;
+  absl::flat_hash_map<BlockId, v1::BlockMeta> metas_;
+  std::atomic<uint64_t> source_rows_{0};
+};
+
+v1::BlockMeta RowMeta(uint64_t seq, uint32_t heads, uint32_t dim, const std::vector<float>& x,
+                      bool session = true) {
+  v1::BlockMeta m = Block("s", seq, x);
+  if (!session) m.set_kind(v1::BLOCK_KIND_PREFIX);
+  m.mutable_summaries(0)->set_heads(heads);
+  m.mutable_summaries(0)->set_dim(dim);
+  return m;
+}
+
+// Search must equal SearchExact: the same ids in the same order and the
+// same scores, bit for bit; with and without an ExactSource.
+void ExpectExact(const RecoveryIndex& index, const RecoveryQuery& query, const char* what) {
+  ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> got, index.Search(query, nullptr));
+  ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> want, index.SearchExact(query));
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].id, want[i].id) << what << " hit " << i;
+    ASSERT_EQ(got[i].score, want[i].score) << what << " hit " << i;
+  }
+}
+
+// A set of rows, indexed both ways: with the f32 copy and with a source.
+struct Both {
+  RecoveryIndex copy;
+  Engine engine;
+  uint32_t heads, dim;
+  uint64_t n = 0;
+  Both(uint32_t h, uint32_t d) : heads(h), dim(d) {}
+  BlockId Add(const std::vector<float>& x) {
+    const BlockId id = SessionBlockId("ns", "s", n);
+    const v1::BlockMeta m = RowMeta(n++, heads, dim, x);
+    copy.Add(id, m);
+    engine.Put(id, m);
+    return id;
+  }
+  void Expect(const RecoveryQuery& query, const char* what) {
+    ExpectExact(copy, query, what);
+    ExpectExact(engine.index, query, what);
+    // And the two agree with each other.
+    ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> a, copy.Search(query, nullptr));
+    ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> b, engine.index.Search(query, nullptr));
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i].id, b[i].id) << what;
+  }
+};
+
+// Duplicates of one row (ties decided by BlockId, across the k boundary),
+// rows whose scores differ in the last bits, for k = 1, k inside the ties,
+// k = N and k > N, in both aggregations.
+TEST(RecoveryExactTest, NearTiesAndDuplicatesAcrossTheKBoundary) {
+  constexpr uint32_t kH = 4, kD = 32;
+  Both both(kH, kD);
+  std::mt19937 rng(31);
+  const std::vector<float> base = Random(rng, kH * kD);
+  for (int i = 0; i < 200; ++i) both.Add(Random(rng, kH * kD));
+  absl::flat_hash_set<BlockId> dups;
+  for (int i = 0; i < 12; ++i) dups.insert(both.Add(base));  // Exact duplicates.
+  for (int i = 0; i < 12; ++i) {  // One value 1-3 ulps away.
+    std::vector<float> x = base;
+    float& v = x[rng() % x.size()];
+    for (int u = 0; u <= i % 3; ++u) v = std::nextafter(v, i % 2 ? INFINITY : -INFINITY);
+    both.Add(x);
+  }
+  const uint64_t n = both.n;
+  for (bool max : {false, true}) {
+    for (uint32_t k : {1u, 5u, 12u, 13u, 20u, static_cast<uint32_t>(n), 1000u}) {
+      // A query along the duplicates: they are the best, tied.
+      std::vector<float> q(2 * kH * kD);
+      for (size_t j = 0; j < q.size(); ++j) q[j] = base[j % (kH * kD) / kD * kD + j % kD];
+      RecoveryQuery query = Query(SessionScopeKey("ns", "s"), q, 2 * kH, k);
+      query.aggregate_max = max;
+      both.Expect(query, "duplicates");
+      ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> hits, both.copy.Search(query, nullptr));
+      EXPECT_EQ(hits.size(), std::min<uint64_t>(k, n));
+      // Scores never rise; the exact duplicates (equal f64 scores) come in
+      // id order (rows 1 ulp away may round to the same f32 score).
+      BlockId last_dup;
+      bool seen_dup = false;
+      for (size_t i = 0; i < hits.size(); ++i) {
+        if (i > 0) ASSERT_GE(hits[i - 1].score, hits[i].score) << i;
+        if (dups.contains(hits[i].id)) {
+          if (seen_dup) ASSERT_LT(last_dup, hits[i].id) << i;
+          last_dup = hits[i].id;
+          seen_dup = true;
+        }
+      }
+      query.queries = Random(rng, 2 * kH * kD);
+      std::vector<float> random_q(query.queries.begin(), query.queries.end());
+      query.queries = random_q;
+      both.Expect(query, "random query");
+    }
+  }
+}
+
+// All-zero rows and a zero query (every score 0: ids decide), negative
+// scores only, magnitudes from 1e-30 to 1e30 in one table.
+TEST(RecoveryExactTest, ZerosNegativeScoresAndExtremeMagnitudes) {
+  constexpr uint32_t kH = 2, kD = 16;
+  Both both(kH, kD);
+  std::mt19937 rng(32);
+  for (int i = 0; i < 40; ++i) both.Add(std::vector<float>(kH * kD, 0.0f));
+  for (float mag : {1e-30f, 1e-20f, 1e-10f, 1.0f, 1e10f, 1e20f, 1e30f}) {
+    for (int i = 0; i < 30; ++i) {
+      std::vector<float> x = Random(rng, kH * kD);
+      for (float& v : x) v *= mag;
+      both.Add(x);
+    }
+  }
+  for (int i = 0; i < 5; ++i) {  // Denormals.
+    std::vector<float> x(kH * kD, std::ldexp(1.0f, -140 - i));
+    both.Add(x);
+  }
+  for (uint32_t k : {1u, 8u, 45u}) {
+    const std::vector<float> zero(kH * kD, 0.0f);
+    both.Expect(Query(SessionScopeKey("ns", "s"), zero, kH, k), "zero query");
+    for (float qmag : {1e-30f, 1.0f, 1e30f}) {
+      std::vector<float> q = Random(rng, kH * kD);
+      for (float& v : q) v *= qmag;
+      both.Expect(Query(SessionScopeKey("ns", "s"), q, kH, k), "magnitudes");
+    }
+  }
+  // Only negative scores: rows all along -q.
+  Both neg(kH, kD);
+  const std::vector<float> q = Random(rng, kH * kD);
+  for (int i = 0; i < 100; ++i) {
+    std::vector<float> x(kH * kD);
+    const float a = 0.5f + static_cast<float>(rng() % 1000) / 100;
+    for (size_t j = 0; j < x.size(); ++j) x[j] = -a * q[j] + 0.01f * (rng() % 7);
+    neg.Add(x);
+  }
+  neg.Expect(Query(SessionScopeKey("ns", "s"), q, kH, 7), "negative");
+}
+
+// exclude covering the true best, min_score equal to a score.
+TEST(RecoveryExactTest, ExcludeAndMinScore) {
+  constexpr uint32_t kH = 4, kD = 16;
+  Both both(kH, kD);
+  std::mt19937 rng(33);
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 500; ++i) ids.push_back(both.Add(Random(rng, kH * kD)));
+  const std::vector<float> q = Random(rng, kH * kD);
+  RecoveryQuery query = Query(SessionScopeKey("ns", "s"), q, kH, 10);
+  ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> all, both.copy.SearchExact(query));
+  absl::flat_hash_set<BlockId> exclude;
+  for (int i = 0; i < 6; ++i) exclude.insert(all[i].id);
+  query.exclude = &exclude;
+  both.Expect(query, "exclude");
+  ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> hits, both.engine.index.Search(query, nullptr));
+  ASSERT_EQ(hits.size(), 10u);
+  EXPECT_EQ(hits[0].id, all[6].id);
+  query.exclude = nullptr;
+  query.has_min_score = true;
+  for (int i : {0, 3, 9}) {
+    query.min_score = all[i].score;  // Exactly a (rounded) score.
+    both.Expect(query, "min_score");
+  }
+  query.min_score = all[0].score * 2 + 1;  // Above everything.
+  both.Expect(query, "min_score above all");
+}
+
+// Rows that move between chunks (removals fill holes with the last row),
+// rows of a view across two layouts, large tables scanned in parallel.
+TEST(RecoveryExactTest, ChurnViewsAndParallelScans) {
+  constexpr uint32_t kH = 8, kD = 32;
+  CopyPool pool(2);
+  Engine engine(&pool);
+  RecoveryIndex copy(&pool);
+  std::mt19937 rng(34);
+  std::normal_distribution<float> normal;
+  for (uint32_t i = 0; i < 40000; ++i) {
+    std::vector<float> x(kH * kD);
+    for (float& v : x) v = normal(rng);
+    x[i % (kH * kD)] *= 100;  // Outliers in moving channels.
+    v1::BlockMeta m = RowMeta(i, kH, kD, x);
+    if (i % 2) m.mutable_fingerprint()->set_model_id("m2");
+    m.set_session_id(i % 3 ? "a" : "b");
+    const BlockId id = SessionBlockId("ns", "ids", i);
+    engine.Put(id, m);
+    copy.Add(id, m);
+    if (i % 7 == 3) {
+      const BlockId gone = SessionBlockId("ns", "ids", i / 2);
+      engine.Drop(gone);
+      copy.Remove(gone, v1::BlockMeta());
+    }
+  }
+  for (const std::string& scope : {SessionScopeKey("ns", "a"), SessionScopeKey("ns", "b"),
+                                   ModelScopeKey(DigestFingerprint(Fp()))}) {
+    for (bool max : {false, true}) {
+      const std::vector<float> q = Random(rng, 2 * kH * kD);
+      RecoveryQuery query = Query(scope, q, 2 * kH, 16);
+      query.aggregate_max = max;
+      ExpectExact(copy, query, scope.c_str());
+      ExpectExact(engine.index, query, scope.c_str());
+    }
+  }
+}
+
+// Add and Remove through the engine (its lock, then the index's) while
+// searches run: no deadlock, and rows that never change answer exactly.
+// The churned rows score far below the stable ones, so the answer is known.
+TEST(RecoveryExactTest, ConcurrentAddRemoveDuringSearch) {
+  constexpr uint32_t kH = 4, kD = 32, kStable = 300;
+  Engine engine;
+  std::mt19937 rng(35);
+  const std::vector<float> q = Random(rng, kH * kD);
+  RecoveryIndex reference;
+  for (uint32_t i = 0; i < kStable; ++i) {
+    std::vector<float> x = Random(rng, kH * kD);
+    for (size_t j = 0; j < x.size(); ++j) x[j] += 4 * q[j];  // Scores well above 0.
+    const v1::BlockMeta m = RowMeta(i, kH, kD, x);
+    engine.Put(SessionBlockId("ns", "s", i), m);
+    reference.Add(SessionBlockId("ns", "s", i), m);
+  }
+  RecoveryQuery query = Query(SessionScopeKey("ns", "s"), q, kH, 20);
+  ASSERT_OK_AND_ASSIGN(const std::vector<RecoveryHit> want, reference.SearchExact(query));
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    std::mt19937 r(36);
+    while (!stop.load()) {
+      const uint32_t i = kStable + r() % 500;
+      if (r() % 3 == 0) {
+        engine.Drop(SessionBlockId("ns", "s", i));
+      } else {
+        std::vector<float> x = Random(r, kH * kD);
+        for (size_t j = 0; j < x.size(); ++j) x[j] -= 4 * q[j];  // Far below.
+        engine.Put(SessionBlockId("ns", "s", i), RowMeta(i, kH, kD, x));
+      }
+    }
+  });
+  int searches = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(1);
+  while (absl::Now() < end) {
+    ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> got, engine.index.Search(query, nullptr));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].id, want[i].id);
+      ASSERT_EQ(got[i].score, want[i].score);
+    }
+    ++searches;
+  }
+  stop = true;
+  churn.join();
+  std::printf("concurrent churn: %d searches exact\n", searches);
+  EXPECT_GT(searches, 10);
+}
+
+// Issue #13's memory goal: a 1024-dim candidate (8 KV heads x 128) costs at
+// most 1.5 KB of memory_bytes(), session view included, when the index
+// reads exact values through a source (the old index: ~5.2 KB).
+TEST(RecoveryExactTest, MemoryPerThousandDimCandidateWithASource) {
+  constexpr uint32_t kH = 8, kD = 128, kBlocks = 3 * 4096 + 500;
+  Engine engine;
+  std::mt19937 rng(37);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    engine.Put(SessionBlockId("ns", "s", i), RowMeta(i, kH, kD, Random(rng, kH * kD)));
+  }
+  EXPECT_EQ(engine.index.Rows(SessionScopeKey("ns", "s"), v1::SUMMARY_MEAN_KEYS, 1), kBlocks);
+  EXPECT_EQ(engine.index.Rows(ModelScopeKey(DigestFingerprint(Fp())), v1::SUMMARY_MEAN_KEYS, 1),
+            kBlocks);
+  const double per_row = static_cast<double>(engine.index.memory_bytes()) / kBlocks;
+  std::printf("recovery index with a source: %.0f bytes per 1024-dim session candidate\n",
+              per_row);
+  EXPECT_LE(per_row, 1536);
+  // Search still answers exactly, rescoring a few rows through the source.
+  const std::vector<float> q = Random(rng, 4 * kH * kD);
+  RecoveryQuery query = Query(SessionScopeKey("ns", "s"), q, 4 * kH, 8);
+  uint64_t rescored = 0;
+  ASSERT_OK(engine.index.Search(query, nullptr, &rescored).status());
+  std::printf("rescored %llu of %u rows\n", static_cast<unsigned long long>(rescored), kBlocks);
+  EXPECT_LT(rescored, kBlocks / 10);
+  ExpectExact(engine.index, query, "1024-dim");
+}
+
+}  // namespace
+}  // namespace evoke
+
+namespace evoke {
+namespace {
+
+// Decoys whose codes promise more than the best row holds, and the best row
+// whose codes promise less: the old scan ranked by approximate score and
+// rescored only the best k * 4 + 16 of them, so the true best (k = 1) was
+// never rescored. In y space (channel scales 1, from a first row of -1s):
+// a decoy has scale s and values 1.5001 s (code 2, exact 1.5 s a channel),
+// the best scale 1.5 s and values 1.49 * 1.5 s (code 1, exact 2.2 s).
+TEST(RecoveryExactTest, DecoysWhoseCodesPromiseMoreThanTheBest) {
+  constexpr uint32_t kH = 2, kD = 16;
+  RecoveryIndex index;
+  uint64_t seq = 0;
+  auto add = [&](const std::vector<float>& x) {
+    v1::BlockMeta m = Block("s", seq, x);
+    m.mutable_summaries(0)->set_heads(kH);
+    m.mutable_summaries(0)->set_dim(kD);
+    index.Add(SessionBlockId("ns", "s", seq), m);
+    ++seq;
+  };
+  add(std::vector<float>(kH * kD, -1.0f));  // Channel scales 1 (and a low score).
+  auto row = [&](float max, float v) {
+    std::vector<float> x(kH * kD, v);
+    for (uint32_t h = 0; h < kH; ++h) x[h * kD] = max;  // Sets the scale: max / 127.
+    return x;
+  };
+  const float s = 1.0f / 127;
+  for (int i = 0; i < 100; ++i) add(row(1.0f, 1.5001f * s));
+  add(row(1.5f, 1.49f * 1.5f * s));  // The best.
+  const BlockId best = SessionBlockId("ns", "s", seq - 1);
+  std::vector<float> q(kH * kD, 1.0f);
+  for (uint32_t h = 0; h < kH; ++h) q[h * kD] = 0;
+  for (uint32_t k : {1u, 3u}) {
+    RecoveryQuery query = Query(SessionScopeKey("ns", "s"), q, kH, k);
+    ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> want, index.SearchExact(query));
+    ASSERT_EQ(want[0].id, best);
+    ASSERT_OK_AND_ASSIGN(std::vector<RecoveryHit> got, index.Search(query, nullptr));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].id, want[i].id) << "k=" << k;
+  }
 }
 
 }  // namespace
