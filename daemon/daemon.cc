@@ -182,7 +182,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.copy_threads > 0) {
     impl->scan_pool = std::make_unique<CopyPool>(static_cast<int>(options.copy_threads));
   }
-  impl->recovery = std::make_unique<RecoveryIndex>(impl->scan_pool.get());
+  // Recover rescores with the summaries' exact values read from the
+  // engine's in-RAM metadata (no f32 copy in the index). The source runs
+  // without the index's lock (the engine calls the feed under its own), and
+  // only for searches, which start after the TierManager is open.
+  Impl* const self = impl.get();
+  ExactSource exact = [self](const ExactRows& rows) {
+    TierManager* const tiers = self->tiers.get();
+    if (tiers == nullptr) return;  // Not open yet: every row reads as gone.
+    const size_t width = static_cast<size_t>(rows.heads) * rows.dim;
+    tiers->VisitMetas(rows.ids, [&](size_t i, const v1::BlockMeta& meta) {
+      rows.found[i] = RecoveryIndex::CopySummary(meta, rows.kind, rows.layer, rows.heads,
+                                                 rows.dim, rows.values + i * width);
+    });
+  };
+  impl->recovery = std::make_unique<RecoveryIndex>(impl->scan_pool.get(), std::move(exact));
   impl->recovery_feed = std::make_unique<RecoveryFeed>(impl->recovery.get());
   TierManagerOptions tier_options;
   tier_options.observer = impl->recovery_feed.get();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -299,6 +300,14 @@ class TierManager {
   // spiller has nothing queued, or `timeout` passes (returns false). For
   // tests and the demo.
   virtual bool WaitForSpillerIdle(absl::Duration timeout) = 0;
+
+  // VisitMetas calls `visit(i, meta)` for each of `ids` (index i) that is in
+  // the index (breadcrumbs included), with the index lock held shared for
+  // the whole batch: `visit` must be quick and must not call the
+  // TierManager. Read-only, never touches disk. The daemon's RecoveryIndex
+  // reads the summaries' exact values through it, instead of keeping a copy.
+  virtual void VisitMetas(absl::Span<const BlockId> ids,
+                          absl::FunctionRef<void(size_t, const v1::BlockMeta&)> visit) = 0;
 };
 
 }  // namespace evoke

@@ -72,6 +72,15 @@ class TierManagerImpl final : public TierManager {
   bool WaitForSpillerIdle(absl::Duration timeout) override {
     return spiller_.WaitForIdle(timeout);
   }
+  void VisitMetas(absl::Span<const BlockId> ids,
+                  absl::FunctionRef<void(size_t, const v1::BlockMeta&)> visit) override {
+    absl::ReaderMutexLock lock(&core_.mu);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      // Find, not FindVisible: a breadcrumb being re-saved keeps the meta
+      // the observer was last told of until its save commits.
+      if (const IndexEntry* e = core_.index.Find(ids[i]); e != nullptr) visit(i, e->meta);
+    }
+  }
 
  private:
   // Save, in three phases.
