@@ -111,32 +111,46 @@ ScanQuery MakeScanQuery(const ExactQuery& q, const float* sigma);
 __attribute__((always_inline)) inline void RowBounds(const ScanQuery& sq, const int32_t* dots,
                                                      const HeadCode* hc, double* lo,
                                                      double* hi) {
-  double a_sum = 0, b_sum = 0, best_lo = -INFINITY, best_hi = -INFINITY;
-  bool unbounded = false;
-  for (uint32_t g = 0; g < sq.vectors; ++g) {
-    const HeadCode& h = hc[g / sq.group];
-    const double s = h.scale;
-    unbounded |= !(s <= FLT_MAX);
-    const double a = sq.t[g] * s * dots[g];
-    const double b = s * (sq.half_t_l1[g] * h.l1 +
-                          std::min(sq.n2_rho[g] * h.rho, sq.half_n1[g]) + sq.margin[g]) +
-                     kMarginAbs;
-    a_sum += a;
-    b_sum += b;
-    best_lo = std::max(best_lo, a - b);
-    best_hi = std::max(best_hi, a + b);
-  }
-  if (unbounded) {
+  const double* t = sq.t.data();
+  const double* half_t_l1 = sq.half_t_l1.data();
+  const double* n2_rho = sq.n2_rho.data();
+  const double* half_n1 = sq.half_n1.data();
+  const double* margin = sq.margin.data();
+  float max_scale = 0;
+  for (uint32_t h = 0; h < sq.heads; ++h) max_scale = std::max(max_scale, hc[h].scale);
+  if (!(max_scale <= FLT_MAX)) {  // A head that could not be encoded.
     *lo = -INFINITY;
     *hi = INFINITY;
-  } else if (sq.max) {
-    *lo = best_lo;
-    *hi = best_hi;
-  } else {
+    return;
+  }
+  if (!sq.max) {  // MEAN: one vector per head, summed.
+    double a_sum = 0, b_sum = 0;
+    for (uint32_t h = 0; h < sq.heads; ++h) {
+      const double s = hc[h].scale;
+      a_sum += t[h] * s * dots[h];
+      b_sum += s * (half_t_l1[h] * hc[h].l1 + std::min(n2_rho[h] * hc[h].rho, half_n1[h]) +
+                    margin[h]);
+    }
+    b_sum += kMarginAbs;
     // Rounding is monotone: fl(x / n) <= fl(U / n) whenever x <= U.
     *lo = (a_sum - b_sum) / sq.divisor;
     *hi = (a_sum + b_sum) / sq.divisor;
+    return;
   }
+  double best_lo = -INFINITY, best_hi = -INFINITY;
+  for (uint32_t h = 0, g = 0; h < sq.heads; ++h) {
+    const double s = hc[h].scale;
+    for (uint32_t j = 0; j < sq.group; ++j, ++g) {
+      const double a = t[g] * s * dots[g];
+      const double b = s * (half_t_l1[g] * hc[h].l1 +
+                            std::min(n2_rho[g] * hc[h].rho, half_n1[g]) + margin[g]) +
+                       kMarginAbs;
+      best_lo = std::max(best_lo, a - b);
+      best_hi = std::max(best_hi, a + b);
+    }
+  }
+  *lo = best_lo;
+  *hi = best_hi;
 }
 
 }  // namespace evoke::recovery

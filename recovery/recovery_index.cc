@@ -132,8 +132,18 @@ __attribute__((always_inline)) inline void BoundRow(const recovery::ScanQuery& s
                                                     const int8_t* c, const HeadCode* hc,
                                                     int32_t* dots, double* lo, double* hi) {
   const int16_t* qv = sq.u.data();
-  for (uint32_t g = 0; g < sq.vectors; ++g, qv += sq.dim) {
-    dots[g] = DotI16I8(qv, c + static_cast<size_t>(g / sq.group) * sq.dim, sq.dim);
+  if (sq.dim == 128) {  // The common head_dim: a fixed trip count unrolls.
+    for (uint32_t h = 0, g = 0; h < sq.heads; ++h) {
+      for (uint32_t j = 0; j < sq.group; ++j, ++g, qv += 128) {
+        dots[g] = DotI16I8(qv, c + static_cast<size_t>(h) * 128, 128);
+      }
+    }
+  } else {
+    for (uint32_t h = 0, g = 0; h < sq.heads; ++h) {
+      for (uint32_t j = 0; j < sq.group; ++j, ++g, qv += sq.dim) {
+        dots[g] = DotI16I8(qv, c + static_cast<size_t>(h) * sq.dim, sq.dim);
+      }
+    }
   }
   recovery::RowBounds(sq, dots, hc, lo, hi);
 }
