@@ -6,10 +6,18 @@
 //   --copy-threads), Search on one thread, and the scalar scan.
 //   build/bench/evoke_recovery_bench --benchmark_min_time=0.5
 //
+// The indexes read exact values through an ExactSource, as evoked's does
+// (from the engine's metadata; here from one array of the rows' f32 values),
+// so they hold no f32 copy.
+//
 // Counters: p50_ms / p99_ms of the timed queries (Google Benchmark's own time
-// is the mean), and recall@8 of Search against SearchExact's top 8 over 64
-// planted queries (each query is one block's keys, scaled per query head,
+// is the mean); rescored: rows scored exactly per query (mean); bytes_per_row:
+// memory_bytes() / rows; recall_at_8 of Search against SearchExact's top 8
+// and exact_queries, the share of queries whose ids and scores are equal, over
+// 64 planted queries (each query is one block's keys, scaled per query head,
 // plus noise as large as the keys: the answer is known, the scores are close).
+// EVOKE_BENCH_OUTLIERS=R gives every row 2 outlier channels per head of R
+// times the rest (real K caches have ~100).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -20,6 +28,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/chain_hash.h"
 #include "common/fingerprint.h"
 #include "common/copy_pool.h"
@@ -57,8 +66,22 @@ CopyPool& Pool() {
 }
 
 struct Corpus {
-  RecoveryIndex index{&Pool()};
-  RecoveryIndex serial;  // The same rows, scanned on the calling thread.
+  // The engine's stand-in: every row's f32 values, and where each id's are.
+  std::vector<float> values;
+  absl::flat_hash_map<BlockId, uint32_t> row_of;
+  void Fill(const ExactRows& rows) const {
+    const size_t width = static_cast<size_t>(kKvHeads) * kDim;
+    for (size_t i = 0; i < rows.ids.size(); ++i) {
+      auto it = row_of.find(rows.ids[i]);
+      if (it == row_of.end() || rows.heads * rows.dim != width) continue;
+      std::copy_n(values.data() + static_cast<size_t>(it->second) * width, width,
+                  rows.values + i * width);
+      rows.found[i] = 1;
+    }
+  }
+  RecoveryIndex index{&Pool(), [this](const ExactRows& rows) { Fill(rows); }};
+  // The same rows, scanned on the calling thread.
+  RecoveryIndex serial{nullptr, [this](const ExactRows& rows) { Fill(rows); }};
   std::string scope;
   std::vector<std::vector<float>> planted;  // Keys of the blocks queries aim at.
 };
@@ -85,6 +108,15 @@ Corpus& CorpusOf(size_t rows) {
   s->set_dim(kDim);
   s->mutable_values()->Resize(kKvHeads * kDim, 0.0f);
   std::uniform_int_distribution<size_t> pick(0, rows - 1);
+  const char* outlier_env = std::getenv("EVOKE_BENCH_OUTLIERS");
+  const float outlier = outlier_env != nullptr ? std::strtof(outlier_env, nullptr) : 0.0f;
+  std::vector<uint32_t> outliers;
+  for (uint32_t h = 0; outlier > 0 && h < kKvHeads; ++h) {
+    for (int j = 0; j < 2; ++j) outliers.push_back(h * kDim + rng() % kDim);
+  }
+  const size_t width = static_cast<size_t>(kKvHeads) * kDim;
+  c->values.resize(rows * width);
+  c->row_of.reserve(rows);
   std::vector<size_t> aims;
   for (int i = 0; i < kRecallQueries; ++i) aims.push_back(pick(rng));
   std::sort(aims.begin(), aims.end());
@@ -92,6 +124,9 @@ Corpus& CorpusOf(size_t rows) {
   for (size_t row = 0; row < rows; ++row) {
     float* v = s->mutable_values()->mutable_data();
     for (uint32_t i = 0; i < kKvHeads * kDim; ++i) v[i] = 0.5f * shared[i] + normal(rng);
+    for (uint32_t o : outliers) v[o] = outlier * (1 + 0.1f * normal(rng));
+    std::copy_n(v, width, c->values.data() + row * width);
+    c->row_of[SessionBlockId("bench", "corpus", row)] = static_cast<uint32_t>(row);
     while (next_aim < aims.size() && aims[next_aim] == row) {
       c->planted.emplace_back(v, v + kKvHeads * kDim);
       ++next_aim;
@@ -126,21 +161,28 @@ RecoveryQuery MakeQuery(const Corpus& c, const std::vector<float>& q) {
   return query;
 }
 
-double Recall(const Corpus& c) {
+// Recall@8 of Search against SearchExact, and the share of queries whose
+// answers are identical (ids in order and scores).
+std::pair<double, double> Recall(const Corpus& c) {
   std::mt19937 rng(7);
-  size_t found = 0, total = 0;
+  size_t found = 0, total = 0, same = 0;
   for (const std::vector<float>& keys : c.planted) {
     const std::vector<float> q = QueryFor(keys, rng);
     const RecoveryQuery query = MakeQuery(c, q);
     auto exact = c.index.SearchExact(query);
     auto approx = c.index.Search(query, nullptr);
-    if (!exact.ok() || !approx.ok()) return -1;
-    for (const RecoveryHit& e : *exact) {
+    if (!exact.ok() || !approx.ok()) return {-1, -1};
+    bool equal = exact->size() == approx->size();
+    for (size_t i = 0; i < exact->size(); ++i) {
       ++total;
-      for (const RecoveryHit& a : *approx) found += a.id == e.id;
+      for (const RecoveryHit& a : *approx) found += a.id == (*exact)[i].id;
+      equal = equal && i < approx->size() && (*approx)[i].id == (*exact)[i].id &&
+              (*approx)[i].score == (*exact)[i].score;
     }
+    same += equal;
   }
-  return total == 0 ? 0 : static_cast<double>(found) / total;
+  return {total == 0 ? 0 : static_cast<double>(found) / total,
+          c.planted.empty() ? 0 : static_cast<double>(same) / c.planted.size()};
 }
 
 enum class Mode { kParallel, kSerial, kScalar };
@@ -153,12 +195,14 @@ void SearchLoop(benchmark::State& state) {
   for (const std::vector<float>& keys : c.planted) queries.push_back(QueryFor(keys, rng));
   std::vector<double> ms;
   size_t i = 0;
+  uint64_t rescored = 0, rescored_sum = 0;
   for (auto _ : state) {
     const RecoveryQuery query = MakeQuery(c, queries[i++ % queries.size()]);
     const auto t0 = std::chrono::steady_clock::now();
     auto hits = kMode == Mode::kScalar   ? c.index.SearchExact(query)
-                : kMode == Mode::kSerial ? c.serial.Search(query, nullptr)
-                                         : c.index.Search(query, nullptr);
+                : kMode == Mode::kSerial ? c.serial.Search(query, nullptr, &rescored)
+                                         : c.index.Search(query, nullptr, &rescored);
+    rescored_sum += rescored;
     const auto t1 = std::chrono::steady_clock::now();
     if (!hits.ok() || hits->size() != kTopK) {
       state.SkipWithError("search failed or returned fewer than k hits");
@@ -174,9 +218,14 @@ void SearchLoop(benchmark::State& state) {
   state.counters["rows_per_s"] =
       benchmark::Counter(static_cast<double>(state.range(0)) * state.iterations(),
                          benchmark::Counter::kIsRate);
+  state.counters["rescored"] = static_cast<double>(rescored_sum) / ms.size();
   if (kMode == Mode::kParallel) {
-    state.counters["recall_at_8"] = Recall(c);
+    const auto [recall, same] = Recall(c);
+    state.counters["recall_at_8"] = recall;
+    state.counters["exact_queries"] = same;
     state.counters["scan_threads"] = ScanThreads() + 1;
+    state.counters["bytes_per_row"] =
+        static_cast<double>(c.index.memory_bytes()) / static_cast<double>(state.range(0));
   }
 }
 
