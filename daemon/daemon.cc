@@ -419,7 +419,10 @@ absl::Status Daemon::Shutdown() {
   impl_->leases.reset();        // Unmaps regions.
   impl_->copiers.reset();
   impl_->registration.reset();  // cudaHostUnregister before tier 1 goes.
-  impl_->tiers.reset();         // Closes RocksDB, unmaps tier 1.
+  // Tier 2 is closed (TierManager::Shutdown). The index and tier 1 go with
+  // the Daemon: evoked's main exits without destroying it, since tearing
+  // down a million-entry index and unmapping tier 1 took longer than the
+  // whole flush (5.2 s of 19.7 s for 1M small blocks).
   unlink(impl_->socket_path.c_str());
   if (s.ok()) {
     EVOKE_LOG_INFO("shut down: flushed ",

@@ -57,6 +57,23 @@ constexpr char kInstanceKey[] = "evoke.instance";
 // Compaction and migration move payloads in batches of about this many bytes.
 constexpr uint64_t kMoveBatchBytes = 16ull << 20;
 
+// StoreKey writes an id's key (BlockId::ToBytes) without allocating.
+void StoreKey(const BlockId& id, char* out) {
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<char>(id.hi() >> (56 - 8 * i));
+    out[8 + i] = static_cast<char>(id.lo() >> (56 - 8 * i));
+  }
+}
+
+char* PutVarint(char* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = static_cast<char>(v);
+  return p;
+}
+
 PayloadLocation FromProto(const storage::PayloadLocation& p) {
   return PayloadLocation{p.segment(), p.offset(), p.length(), p.seq()};
 }
@@ -293,7 +310,11 @@ class RocksSpillStore final : public SpillStore {
         listener_(std::make_shared<ListenerState>()),
         config_(opts, listener_) {}
 
-  ~RocksSpillStore() override {
+  ~RocksSpillStore() override { Close().IgnoreError(); }
+
+  // Close stops the maintenance thread, seals the active segments (sealed
+  // segments open from their footers, without a scan) and closes RocksDB.
+  absl::Status Close() override {
     {
       absl::MutexLock lock(&state_mu_);
       stop_thread_ = true;
@@ -301,15 +322,19 @@ class RocksSpillStore final : public SpillStore {
     if (thread_.joinable()) thread_.join();
     absl::MutexLock w(&write_mu_);
     absl::WriterMutexLock d(&db_mu_);
-    if (log_ != nullptr && !read_only_unlocked()) {
-      // Sealed segments open from their footers, without a scan.
+    absl::Status status;
+    if (log_ != nullptr && db_.db != nullptr && !read_only_unlocked()) {
       for (SegmentStream stream : {SegmentStream::kHot, SegmentStream::kCompaction}) {
         const absl::Status s = log_->Seal(stream);
-        if (!s.ok()) EVOKE_LOG_WARNING("spill store: sealing a segment at close failed: ", s.ToString());
+        if (!s.ok()) {
+          EVOKE_LOG_WARNING("spill store: sealing a segment at close failed: ", s.ToString());
+          status.Update(s);
+        }
       }
     }
     db_.Close();
     ReleaseOwnLock();
+    return status;
   }
 
   // OpenFirst opens the database through the recovery ladder and starts
@@ -341,9 +366,13 @@ class RocksSpillStore final : public SpillStore {
     absl::ReaderMutexLock d(&db_mu_);
     EVOKE_RETURN_IF_ERROR(CheckOpen());
     EVOKE_RETURN_IF_ERROR(CheckLog());
+    // Earlier copies become garbage: look them up, except for ids the
+    // engine knows are new to the tier (a flush of new blocks skips the
+    // lookups entirely).
     std::vector<BlockId> ids;
-    ids.reserve(writes.size());
-    for (const SpillWrite& w : writes) ids.push_back(w.id);
+    for (const SpillWrite& w : writes) {
+      if (!w.fresh) ids.push_back(w.id);
+    }
     const std::vector<std::optional<PayloadLocation>> old = Locations(ids);
 
     std::vector<SegmentAppend> appends;
@@ -359,28 +388,37 @@ class RocksSpillStore final : public SpillStore {
       EVOKE_FAILPOINT("segment.synced");
     }
 
+    // Records are inserted in key order: RocksDB's memtable skip list
+    // inserts ascending keys from the last insert's position (several
+    // times faster than random order for a large batch). A stable sort
+    // keeps the last write of an id that repeats last, so it wins.
+    std::vector<uint32_t> order(writes.size());
+    std::vector<const PayloadLocation*> where(writes.size(), nullptr);
+    for (size_t i = 0, next = 0; i < writes.size(); ++i) {
+      order[i] = static_cast<uint32_t>(i);
+      if (!writes[i].payload.empty()) where[i] = &placed[next++];
+    }
+    // Keys are the ids in big-endian bytes: (hi, lo) order is key order.
+    const auto before = [](const BlockId& a, const BlockId& b) {
+      return a.hi() != b.hi() ? a.hi() < b.hi() : a.lo() < b.lo();
+    };
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return before(writes[a].id, writes[b].id);
+    });
     rocksdb::WriteBatch batch;
     std::string value;
-    // Of ids written twice in one batch the last write wins.
-    absl::flat_hash_map<BlockId, size_t> last;
-    for (size_t i = 0; i < writes.size(); ++i) last[writes[i].id] = i;
     std::vector<PayloadLocation> live;
-    size_t next = 0;
-    for (size_t i = 0; i < writes.size(); ++i) {
+    for (size_t k = 0; k < order.size(); ++k) {
+      const uint32_t i = order[k];
       const SpillWrite& w = writes[i];
-      storage::SpillRecord record = *w.record;
-      record.set_payload_present(!w.payload.empty());
-      record.clear_location();
-      if (!w.payload.empty()) {
-        ToProto(placed[next], record.mutable_location());
-        if (last[w.id] == i) live.push_back(placed[next]);
-        ++next;
-      }
-      value.clear();
-      record.SerializeToString(&value);
-      const std::string key = w.id.ToBytes();
-      EVOKE_ROCKS_CHECK(batch.Put(meta(), key, value), "batch");
-      if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
+      const bool superseded = k + 1 < order.size() && writes[order[k + 1]].id == w.id;
+      if (where[i] != nullptr && !superseded) live.push_back(*where[i]);
+      EncodeRecord(*w.record, where[i], &value);
+      char key[16];
+      StoreKey(w.id, key);
+      const rocksdb::Slice key_slice(key, sizeof(key));
+      EVOKE_ROCKS_CHECK(batch.Put(meta(), key_slice, value), "batch");
+      if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key_slice), "batch");
     }
     EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, sync, "write"));
     for (const auto& l : old) {
@@ -521,6 +559,17 @@ class RocksSpillStore final : public SpillStore {
     return total;
   }
 
+  // Sync: the segments are synced by every append; only the WAL is left.
+  absl::Status Sync() override {
+    absl::MutexLock w(&write_mu_);
+    EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
+    absl::ReaderMutexLock d(&db_mu_);
+    EVOKE_RETURN_IF_ERROR(CheckOpen());
+    const rocksdb::Status s = db_.db->SyncWAL();
+    if (!s.ok()) Stop(s, "sync");
+    return ToAbsl(s, "sync");
+  }
+
   absl::Status Persist() override {
     absl::MutexLock w(&write_mu_);
     EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
@@ -581,6 +630,36 @@ class RocksSpillStore final : public SpillStore {
   }
 
   // ------------------------------------------------------------ writes
+
+  // EncodeRecord serializes `record` with payload_present and location set
+  // from `where` (null: a breadcrumb) without copying it: protobuf parsing
+  // lets a later occurrence of a scalar field replace an earlier one, so the
+  // two fields are appended after the engine's record (which never carries a
+  // location; one that does is copied and cleared first).
+  static void EncodeRecord(const storage::SpillRecord& record, const PayloadLocation* where,
+                           std::string* out) {
+    out->clear();
+    if (record.has_location()) {
+      storage::SpillRecord copy = record;
+      copy.clear_location();
+      copy.SerializeToString(out);
+    } else {
+      record.SerializeToString(out);
+    }
+    out->push_back(static_cast<char>((2 << 3) | 0));  // payload_present, varint.
+    out->push_back(where != nullptr ? 1 : 0);
+    if (where == nullptr) return;
+    char loc[4 * 11];
+    char* p = loc;
+    for (const auto& [field, v] : {std::pair<int, uint64_t>{1, where->segment},
+                                   {2, where->offset}, {3, where->length}, {4, where->seq}}) {
+      *p++ = static_cast<char>(field << 3);
+      p = PutVarint(p, v);
+    }
+    out->push_back(static_cast<char>((4 << 3) | 2));  // location, length-delimited.
+    out->push_back(static_cast<char>(p - loc));  // < 128 bytes: one varint byte.
+    out->append(loc, static_cast<size_t>(p - loc));
+  }
 
   // CommitLocked applies `batch` (records only: payloads are already in
   // their segments). The caller checked that the store is writable.

@@ -77,6 +77,7 @@ absl::Status Spiller::WriteBack(const std::vector<IndexEntry*>& entries, bool sy
   while (begin < entries.size()) {
     std::vector<storage::SpillRecord> records;
     std::vector<IndexEntry*> batch;
+    std::vector<bool> fresh;
     uint64_t batch_bytes = 0;
     {
       absl::MutexLock lock(&core_->mu);
@@ -92,7 +93,11 @@ absl::Status Spiller::WriteBack(const std::vector<IndexEntry*>& entries, bool sy
       }
       begin = end;
       records.reserve(batch.size());
-      for (IndexEntry* e : batch) records.push_back(EngineCore::RecordOf(*e));
+      fresh.reserve(batch.size());
+      for (IndexEntry* e : batch) {
+        records.push_back(EngineCore::RecordOf(*e));
+        fresh.push_back(!e->record_on_disk);
+      }
     }
     if (batch.empty()) continue;
     std::vector<TierWrite> writes;
@@ -101,7 +106,8 @@ absl::Status Spiller::WriteBack(const std::vector<IndexEntry*>& entries, bool sy
       IndexEntry* e = batch[i];
       writes.push_back(TierWrite{
           e->id, &records[i],
-          absl::string_view(reinterpret_cast<const char*>(e->ram.data()), e->payload_bytes)});
+          absl::string_view(reinterpret_cast<const char*>(e->ram.data()), e->payload_bytes),
+          fresh[i]});
     }
     EVOKE_FAILPOINT("spill.before_put");
     absl::Status s = core_->disk->Put(writes, sync);
@@ -278,7 +284,7 @@ bool Spiller::Round() {
   return s.ok() && freed > 0;
 }
 
-absl::StatusOr<FlushResult> Spiller::Flush(bool evict) {
+absl::StatusOr<FlushResult> Spiller::Flush(bool evict, bool compact) {
   FlushResult out;
   absl::MutexLock disk(&core_->disk_mu);
   std::vector<IndexEntry*> dirty;
@@ -304,7 +310,7 @@ absl::StatusOr<FlushResult> Spiller::Flush(bool evict) {
     out.blocks_evicted = clean.size();
   }
   EnforceBudget();
-  s = core_->disk->Persist();
+  s = compact ? core_->disk->Persist() : core_->disk->Sync();
   if (s.ok()) EVOKE_FAILPOINT("flush.after_persist");
   if (!s.ok()) return s;
   return out;

@@ -63,7 +63,9 @@ class Spiller {
   // Flush writes every dirty block to tier 2 (coldest first, so that the
   // disk LRU keeps access order) and makes it durable; with `evict`, clean
   // unpinned blocks then leave tier 1. Errors: the tier's.
-  absl::StatusOr<FlushResult> Flush(bool evict);
+  // With `compact` false, tier 2 is only made durable (Tier::Sync), not
+  // compacted: the shutdown's flush leaves that to the next start.
+  absl::StatusOr<FlushResult> Flush(bool evict, bool compact = true);
 
   // WaitForIdle blocks until tier 1 is under its high watermark and nothing
   // is queued, or `timeout` passes (false). For tests and the demo.

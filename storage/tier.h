@@ -33,6 +33,10 @@ struct TierWrite {
   BlockId id;
   const storage::SpillRecord* record = nullptr;
   absl::string_view payload;  // Empty: write a breadcrumb record.
+  // The engine knows the tier holds no record of this id (it never wrote
+  // one, or deleted it): the tier may skip looking for an earlier copy to
+  // count as garbage. A wrong `true` costs space accounting, never data.
+  bool fresh = false;
 };
 
 // Tier is what the TierManager needs from a store below tier 1: write-back
@@ -99,6 +103,15 @@ class Tier {
 
   // Persist makes everything written so far durable and compact. Blocks.
   virtual absl::Status Persist() = 0;
+
+  // Sync makes everything written so far durable, and no more (a store may
+  // leave compacting it to its next open). Blocks. Default: Persist.
+  virtual absl::Status Sync() { return Persist(); }
+
+  // Close makes the tier durable and releases its files (the process is
+  // about to exit); every later call fails UNAVAILABLE. Destroying a tier
+  // closes it too. Default: nothing to release.
+  virtual absl::Status Close() { return absl::OkStatus(); }
 };
 
 }  // namespace evoke

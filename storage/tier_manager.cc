@@ -929,7 +929,14 @@ absl::StatusOr<FlushResult> TierManagerImpl::Flush(bool evict) { return spiller_
 absl::Status TierManagerImpl::Shutdown() {
   if (shut_down_.exchange(true)) return absl::UnavailableError("already shut down");
   spiller_.Stop();
-  return spiller_.Flush(/*evict=*/false).status();
+  // Durable, not compacted: RocksDB replays its WAL at the next start
+  // instead of flushing memtables now (a shutdown has a deadline, a start
+  // does not). Then tier 2 is closed: the process may exit without tearing
+  // the index and tier 1 down.
+  absl::Status s = spiller_.Flush(/*evict=*/false, /*compact=*/false).status();
+  absl::MutexLock disk(&core_.disk_mu);
+  const absl::Status closed = core_.disk->Close();
+  return s.ok() ? closed : s;
 }
 
 }  // namespace evoke

@@ -291,9 +291,11 @@ class TierManager {
   // Errors: UNAVAILABLE, RESOURCE_EXHAUSTED (disk full).
   virtual absl::StatusOr<FlushResult> Flush(bool evict) = 0;
 
-  // Shutdown stops the spiller and flushes tier 1 to disk (pinned blocks
-  // included), so that a restart loses nothing. Later calls fail with
-  // UNAVAILABLE. Returns the flush's error, if any.
+  // Shutdown stops the spiller, flushes tier 1 to disk (pinned blocks
+  // included) so that a restart loses nothing, and closes tier 2 (calls
+  // that need it fail UNAVAILABLE from then on; the process may exit
+  // without destroying the TierManager). Later calls fail with UNAVAILABLE.
+  // Returns the flush's error, if any.
   virtual absl::Status Shutdown() = 0;
 
   // WaitForSpillerIdle blocks until tier 1 is under its high watermark and the
