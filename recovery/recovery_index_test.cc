@@ -648,9 +648,13 @@ TEST(RecoveryExactTest, NearTiesAndDuplicatesAcrossTheKBoundary) {
       BlockId last_dup;
       bool seen_dup = false;
       for (size_t i = 0; i < hits.size(); ++i) {
-        if (i > 0) ASSERT_GE(hits[i - 1].score, hits[i].score) << i;
+        if (i > 0) {
+          ASSERT_GE(hits[i - 1].score, hits[i].score) << i;
+        }
         if (dups.contains(hits[i].id)) {
-          if (seen_dup) ASSERT_LT(last_dup, hits[i].id) << i;
+          if (seen_dup) {
+            ASSERT_LT(last_dup, hits[i].id) << i;
+          }
           last_dup = hits[i].id;
           seen_dup = true;
         }
