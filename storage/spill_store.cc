@@ -1316,23 +1316,25 @@ class RocksSpillStore final : public SpillStore {
     const int64_t now_ms = absl::ToUnixMillis(absl::Now());
     std::optional<SegmentInfo> victim;
     double best = 0;
-    for (const SegmentInfo& s : log->Segments()) {
-      if (s.active || uncompactable_.contains(s.id)) continue;
-      if (s.live_bytes == 0) {
-        absl::MutexLock wl(&write_mu_);
-        // Re-checked under the write lock: a Put that appended here has
-        // committed its records (and counted them live) before releasing it.
-        for (const SegmentInfo& again : log->Segments()) {
-          if (again.id != s.id || again.active || again.live_bytes != 0) continue;
-          const absl::Status r = log->RemoveSegment(s.id);
-          if (!r.ok()) {
-            EVOKE_LOG_WARNING("spill store: removing segment ", s.id, " failed: ", r.ToString());
-          } else {
-            removed_segments_.fetch_add(1);
-          }
+    std::vector<SegmentInfo> segments;
+    {
+      // Under the write lock: a Put counts the records it appended as live
+      // only after committing them, and holds the lock from its append to
+      // then; outside it, a segment it just filled would look like garbage.
+      absl::MutexLock wl(&write_mu_);
+      segments = log->Segments();
+      for (const SegmentInfo& s : segments) {
+        if (s.active || s.live_bytes != 0) continue;
+        const absl::Status r = log->RemoveSegment(s.id);
+        if (!r.ok()) {
+          EVOKE_LOG_WARNING("spill store: removing segment ", s.id, " failed: ", r.ToString());
+        } else {
+          removed_segments_.fetch_add(1);
         }
-        continue;
       }
+    }
+    for (const SegmentInfo& s : segments) {
+      if (s.active || s.live_bytes == 0 || uncompactable_.contains(s.id)) continue;
       const uint64_t used = s.valid_end > 4096 ? s.valid_end - 4096 : 0;
       if (used == 0 || s.live_bytes * 2 > used) continue;
       const double u = static_cast<double>(s.live_bytes) / static_cast<double>(used);

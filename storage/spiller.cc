@@ -75,7 +75,17 @@ absl::Status Spiller::WriteBack(const std::vector<IndexEntry*>& entries, bool sy
   // each one's tier-1 bytes in place while the tier copies them.
   size_t begin = 0;
   while (begin < entries.size()) {
+    // The records alias each entry's meta instead of copying it (a copy per
+    // block was a fifth of a shutdown flush of small blocks): an entry
+    // cannot leave the index while disk_mu is held, and a kDirty entry's
+    // meta never changes. The aliases are dropped before the records go.
     std::vector<storage::SpillRecord> records;
+    struct Unalias {
+      std::vector<storage::SpillRecord>* records;
+      ~Unalias() {
+        for (storage::SpillRecord& r : *records) r.unsafe_arena_release_meta();
+      }
+    } unalias{&records};
     std::vector<IndexEntry*> batch;
     std::vector<bool> fresh;
     uint64_t batch_bytes = 0;
@@ -95,7 +105,9 @@ absl::Status Spiller::WriteBack(const std::vector<IndexEntry*>& entries, bool sy
       records.reserve(batch.size());
       fresh.reserve(batch.size());
       for (IndexEntry* e : batch) {
-        records.push_back(EngineCore::RecordOf(*e));
+        storage::SpillRecord& r = records.emplace_back();
+        r.unsafe_arena_set_allocated_meta(&e->meta);
+        r.set_last_access_unix_ms(e->last_access_ms);
         fresh.push_back(!e->record_on_disk);
       }
     }
