@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -174,6 +175,16 @@ class SpillStoreDiskFullTest : public ::testing::Test {
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? std::move(store).value() : nullptr;
   }
+  // Every id reads back as `payload`.
+  static void ExpectPayloads(SpillStore* store, std::initializer_list<BlockId> ids,
+                             const std::string& payload) {
+    for (const BlockId& id : ids) {
+      ASSERT_OK(store->Read(id, [&](const storage::SpillRecord&, absl::string_view p) {
+        EXPECT_EQ(p, payload);
+        return absl::OkStatus();
+      }));
+    }
+  }
   static storage::SpillRecord Rec(uint64_t checksum, uint64_t bytes) {
     storage::SpillRecord r;
     r.mutable_meta()->set_checksum(checksum);
@@ -207,12 +218,7 @@ TEST_F(SpillStoreDiskFullTest, FailedSegmentAppendCommitsNothing) {
   store.reset();
   store = Open();
   ASSERT_NE(store, nullptr);
-  for (uint64_t n : {1, 2}) {
-    ASSERT_OK(store->Read(BlockId(1, n), [&](const storage::SpillRecord&, absl::string_view p) {
-      EXPECT_EQ(p, payload);
-      return absl::OkStatus();
-    }));
-  }
+  ExpectPayloads(store.get(), {BlockId(1, 1), BlockId(1, 2)}, payload);
 }
 
 // Before: the failed WAL append left RocksDB's WAL writer in error, and the
@@ -267,12 +273,7 @@ TEST_F(SpillStoreDiskFullTest, FailedWritesStopWritesUntilSpaceReturns) {
   store.reset();
   store = Open();
   ASSERT_NE(store, nullptr);
-  for (uint64_t n : {1, 2}) {
-    ASSERT_OK(store->Read(BlockId(1, n), [&](const storage::SpillRecord&, absl::string_view p) {
-      EXPECT_EQ(p, payload);
-      return absl::OkStatus();
-    }));
-  }
+  ExpectPayloads(store.get(), {BlockId(1, 1), BlockId(1, 2)}, payload);
 }
 
 // A flush that fails (the memtable cannot become an SST) stops writes the
