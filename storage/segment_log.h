@@ -13,7 +13,9 @@
 // XXH3 block checksum as the engine computed it, the seq of its batch, and
 // XXH3-64 of the header's first 56 bytes), then the payload. A batch ends
 // with a skip record that pads it to the I/O alignment, so a page that was
-// synced is never written again. Closing a segment appends a seal record.
+// synced is never written again. Closing a segment appends a seal record,
+// and a copy of it into the file's last block (a footer that names where the
+// seal is), so that Open finds a sealed segment's end without a scan.
 //
 // Crash consistency: Append returns after the batch is written and
 // fdatasync'd; bytes past the last synced batch (a torn tail) are found at
@@ -117,7 +119,10 @@ struct SegmentLogOptions {
   // Where unreadable segments are moved ("<dir>/../quarantine-<time>" when
   // empty).
   std::string quarantine_dir;
-  // Preallocated size of a segment; a multiple of 1 MiB, at least 4 MiB.
+  // Largest preallocated size of a segment; a multiple of 1 MiB, at least
+  // 4 MiB. A stream's first segment is 8 MiB (or this, if smaller), each new
+  // one twice the last up to this, and never more than a sixteenth of the
+  // filesystem: a small cache keeps small files.
   uint64_t segment_bytes = 256ull << 20;
   // The data dir's instance id; a segment that names another is refused.
   std::array<uint8_t, 16> instance{};
