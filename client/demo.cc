@@ -71,7 +71,7 @@ void PrintTiers(const v1::StatResponse& s) {
               static_cast<unsigned long long>(s.pinned().blocks()),
               FormatByteSize(s.pinned().used_bytes()).c_str(),
               FormatByteSize(s.pinned().capacity_bytes()).c_str());
-  std::printf("  tier 2 (RocksDB):     %llu blocks, %s of payload (budget %s)\n",
+  std::printf("  tier 2 (disk):        %llu blocks, %s of payload (budget %s)\n",
               static_cast<unsigned long long>(s.spill().blocks()),
               FormatByteSize(s.spill().payload_bytes()).c_str(),
               FormatByteSize(s.spill().capacity_bytes()).c_str());

@@ -236,7 +236,7 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                  "against the working directory")
       ->capture_default_str();
   app.add_option("--data-dir", o->data_dir,
-                 "Directory of the spill store (RocksDB); one evoked per directory")
+                 "Directory of tier 2 (RocksDB records, segment files); one evoked per directory")
       ->capture_default_str();
   AddSize(app, "pinned-bytes", &o->pinned_bytes,
           "Size of tier 1, the pinned host-memory arena");
