@@ -1157,6 +1157,9 @@ class RocksSpillStore final : public SpillStore {
         batch.Delete(payload(), m.key).PermitUncheckedError();
         continue;
       }
+      // A migrated payload's checksum is its record's (compaction's comes
+      // from the segment and must agree with it).
+      if (!m.from.has_value()) m.checksum = r.meta().checksum();
       if (!m.checksum_ok || r.meta().checksum() != m.checksum ||
           r.meta().payload_bytes() != m.payload.size()) {
         r.set_payload_present(false);
@@ -1255,15 +1258,7 @@ class RocksSpillStore final : public SpillStore {
         if (!id.ok()) continue;
         m.id = *id;
         m.payload = it->value().ToString();
-        storage::SpillRecord r;
-        m.checksum = 0;
-        {
-          absl::ReaderMutexLock d(&db_mu_);
-          std::string v;
-          if (db_.db->Get(rocksdb::ReadOptions(), meta(), m.key, &v).ok() && r.ParseFromString(v)) {
-            m.checksum = r.meta().checksum();
-          }
-        }
+        // The checksum comes from the record, which MoveBatch reads anyway.
         batch_bytes += m.payload.size();
         items.push_back(std::move(m));
         if (batch_bytes >= kMoveBatchBytes || items.size() >= 4096) {
