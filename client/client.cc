@@ -696,8 +696,14 @@ absl::StatusOr<v1::RecoverResponse> Client::Recover(const v1::RecoverRequest& re
 }
 
 absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids) {
+  return Lookup(ids, "");
+}
+
+absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids,
+                                                     absl::string_view ns) {
   v1::LookupRequest request;
   for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_namespace_(std::string(ns));
   grpc::ClientContext context;
   impl_->Prepare(&context);
   v1::LookupResponse response;

@@ -220,6 +220,24 @@ void PrintStat(const v1::StatResponse& s) {
             << " compacted_records=" << d.compacted_records()
             << " removed_segments=" << d.removed_segments() << "\n";
   for (const std::string& step : d.recovery()) std::cout << "  recovered at start: " << step << "\n";
+  if (s.has_remote() && s.remote().enabled()) {
+    const v1::RemoteStat& r = s.remote();
+    std::cout << "remote: " << r.store() << " " << r.state()
+              << (r.last_error().empty() ? "" : " (last error: " + r.last_error() + ")") << "\n"
+              << "  pool: " << r.pool_objects() << " objects, "
+              << FormatByteSize(r.pool_used_bytes()) << "\n"
+              << "  written=" << r.objects_written() << " (" << FormatByteSize(r.bytes_written())
+              << ") dedups=" << r.dedups() << " fetches=" << r.fetches() << " ("
+              << FormatByteSize(r.fetched_bytes()) << ") misses=" << r.misses()
+              << " probes=" << r.probes() << "\n"
+              << "  write-behind: queue=" << r.queue_blocks() << " ("
+              << FormatByteSize(r.queue_bytes()) << ") inflight=" << r.inflight()
+              << " dropped=" << r.dropped_blocks() << "\n"
+              << "  errors=" << r.errors() << " timeouts=" << r.timeouts()
+              << " checksum_failures=" << r.checksum_failures()
+              << " breaker_opens=" << r.breaker_opens() << " unavailable=" << r.unavailable()
+              << "\n";
+  }
   PrintNamespaces(s);
 }
 

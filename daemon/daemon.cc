@@ -39,7 +39,11 @@
 #include "storage/pinned_arena.h"
 #include "storage/spill_store.h"
 #include "recovery/recovery_index.h"
+#include "storage/remote_tier.h"
 #include "storage/tier_manager.h"
+#ifdef EVOKE_HAVE_RADOS
+#include "storage/rados_store.h"
+#endif
 
 #ifndef EVOKE_VERSION
 #define EVOKE_VERSION "dev"
@@ -101,6 +105,43 @@ absl::Status PrepareSocketPath(const std::string& path) {
   return absl::OkStatus();
 }
 
+// OpenRemoteTier connects tier 3. With --remote-required a failure stops
+// the start; otherwise evoked runs without it and keeps retrying.
+absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonOptions& options) {
+#ifdef EVOKE_HAVE_RADOS
+  RadosOptions rados;
+  rados.conf_path = options.remote_conf;
+  rados.pool = options.remote_pool;
+  rados.user = options.remote_user;
+  rados.keyring = options.remote_keyring;
+  rados.op_timeout = absl::Milliseconds(options.remote_op_timeout_ms);
+  rados.inflight = static_cast<int>(options.remote_inflight);
+  RemoteTierOptions tier;
+  tier.retry = absl::Milliseconds(options.remote_retry_ms);
+  tier.retry_max = absl::Milliseconds(options.remote_retry_max_ms);
+  tier.budget_bytes = options.remote_bytes;
+  auto remote = std::make_unique<RemoteTier>(NewRadosObjectStore(rados), tier);
+  const absl::Status s = remote->Start();
+  if (!s.ok()) {
+    if (options.remote_required) {
+      return absl::Status(s.code(), absl::StrCat("remote tier (--remote-required): ",
+                                                 s.message()));
+    }
+    EVOKE_LOG_WARNING("remote tier not available, serving from the local tiers and "
+                      "retrying in the background: ", s.message());
+  } else {
+    EVOKE_LOG_INFO("remote tier: rados pool ", options.remote_pool, " (", options.remote_conf,
+                   ")");
+  }
+  return remote;
+#else
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--remote-conf ", options.remote_conf,
+      ": this evoked was built without Ceph RADOS support (EVOKE_WITH_RADOS=OFF; "
+      "install librados-dev and libradospp-dev and rebuild)"));
+#endif
+}
+
 }  // namespace
 
 class Daemon::Impl {
@@ -115,6 +156,7 @@ class Daemon::Impl {
   std::unique_ptr<CopyPool> scan_pool;      // Outlives the RecoveryIndex.
   std::unique_ptr<RecoveryIndex> recovery;  // Outlives the TierManager.
   std::unique_ptr<RecoveryFeed> recovery_feed;
+  std::unique_ptr<RemoteTier> remote;  // Tier 3; outlives the TierManager.
   std::unique_ptr<TierManager> tiers;
   std::unique_ptr<HostRegistration> registration;  // Of tier 1, with CUDA.
   std::unique_ptr<LeaseManager> leases;
@@ -158,6 +200,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     EVOKE_ASSIGN_OR_RETURN(
         tcp_credentials,
         TcpServerCredentials(options.tls_cert, options.tls_key, impl->policy.get()));
+  }
+
+  if (!options.remote_conf.empty()) {
+    EVOKE_ASSIGN_OR_RETURN(impl->remote, OpenRemoteTier(options));
   }
 
   SpillStoreOptions spill_options;
@@ -236,6 +282,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   tier_options.spill_batch_bytes = options.spill_batch_bytes;
   tier_options.max_wait_for_room = absl::Milliseconds(options.save_wait_ms);
   tier_options.copy_threads = static_cast<int>(options.copy_threads);
+  tier_options.remote = impl->remote.get();
+  tier_options.remote_sessions = options.remote_sessions;
+  tier_options.remote_queue_bytes = options.remote_queue_bytes;
+  tier_options.remote_batch_blocks = static_cast<int>(options.remote_inflight);
   EVOKE_ASSIGN_OR_RETURN(
       impl->tiers, TierManager::Open(tier_options, std::move(arena), std::move(spill)));
 

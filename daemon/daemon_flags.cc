@@ -313,6 +313,39 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   AddSize(app, "metadata-bytes", &o->metadata_bytes,
           "Budget of block metadata in memory (tokens, positions, summaries), "
           "all namespaces together");
+  app.add_option("--remote-conf", o->remote_conf,
+                 "ceph.conf of a Ceph cluster whose RADOS pool is tier 3, shared by "
+                 "several hosts (default: none)");
+  app.add_option("--remote-pool", o->remote_pool,
+                 "RADOS pool of tier 3 (each evoke namespace is a RADOS namespace in it)")
+      ->capture_default_str();
+  app.add_option("--remote-user", o->remote_user, "Ceph user of tier 3")
+      ->capture_default_str();
+  app.add_option("--remote-keyring", o->remote_keyring,
+                 "Keyring of --remote-user (default: what --remote-conf says)");
+  app.add_option("--remote-op-timeout-ms", o->remote_op_timeout_ms,
+                 "Deadline of every tier-3 operation, connect included")
+      ->capture_default_str();
+  app.add_option("--remote-required", o->remote_required,
+                 "Exit at start when tier 3 cannot be reached (else: start without it "
+                 "and keep retrying)")
+      ->capture_default_str();
+  app.add_option("--remote-sessions", o->remote_sessions,
+                 "Write session blocks to tier 3 too (prefix blocks always go)")
+      ->capture_default_str();
+  AddSize(app, "remote-queue-bytes", &o->remote_queue_bytes,
+          "Bound of the tier-3 write-behind queue (the oldest are dropped past it)");
+  app.add_option("--remote-inflight", o->remote_inflight,
+                 "Tier-3 operations in flight (and blocks per write-behind batch)")
+      ->capture_default_str();
+  app.add_option("--remote-retry-ms", o->remote_retry_ms,
+                 "First wait of tier 3's circuit breaker after a failure (doubles)")
+      ->capture_default_str();
+  app.add_option("--remote-retry-max-ms", o->remote_retry_max_ms,
+                 "Longest wait of tier 3's circuit breaker")
+      ->capture_default_str();
+  AddSize(app, "remote-bytes", &o->remote_bytes,
+          "Write-behind pauses while the pool holds more than this (0 = no limit)");
 
   try {
     app.parse(argc, argv);
@@ -390,7 +423,19 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "max-mapped-bytes-per-uid = ", size(o.max_mapped_bytes_per_uid), "\n",
       "fd-connection-deadline-ms = ", o.fd_connection_deadline_ms, "\n",
       "lease-idle-ms = ", o.lease_idle_ms, "\n",
-      "metadata-bytes = ", size(o.metadata_bytes), "\n");
+      "metadata-bytes = ", size(o.metadata_bytes), "\n",
+      "remote-conf = ", str(o.remote_conf), "\n",
+      "remote-pool = ", str(o.remote_pool), "\n",
+      "remote-user = ", str(o.remote_user), "\n",
+      "remote-keyring = ", str(o.remote_keyring), "\n",
+      "remote-op-timeout-ms = ", o.remote_op_timeout_ms, "\n",
+      "remote-required = ", o.remote_required ? "true" : "false", "\n",
+      "remote-sessions = ", o.remote_sessions ? "true" : "false", "\n",
+      "remote-queue-bytes = ", size(o.remote_queue_bytes), "\n",
+      "remote-inflight = ", o.remote_inflight, "\n",
+      "remote-retry-ms = ", o.remote_retry_ms, "\n",
+      "remote-retry-max-ms = ", o.remote_retry_max_ms, "\n",
+      "remote-bytes = ", size(o.remote_bytes), "\n");
 }
 
 }  // namespace evoke

@@ -149,6 +149,19 @@ absl::Status DaemonOptions::Validate() const {
     return Invalid("metadata-bytes", absl::StrCat(FormatByteSize(metadata_bytes),
                                                   " is below the minimum of 1 MiB"));
   }
+  if (remote_op_timeout_ms == 0) return Invalid("remote-op-timeout-ms", "must be > 0");
+  if (remote_inflight == 0 || remote_inflight > 1024) {
+    return Invalid("remote-inflight", absl::StrCat(remote_inflight, " is not in 1..1024"));
+  }
+  if (remote_retry_ms == 0) return Invalid("remote-retry-ms", "must be > 0");
+  if (remote_retry_max_ms < remote_retry_ms) {
+    return Invalid("remote-retry-max-ms", absl::StrCat(remote_retry_max_ms,
+                                                       " is below --remote-retry-ms ",
+                                                       remote_retry_ms));
+  }
+  if (!remote_conf.empty() && remote_pool.empty()) {
+    return Invalid("remote-pool", "must not be empty with --remote-conf");
+  }
   LogLevel level;
   if (!ParseLogLevel(log_level, &level)) {
     return Invalid("log-level", absl::StrCat("'", log_level,

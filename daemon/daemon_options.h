@@ -163,6 +163,42 @@ struct DaemonOptions {
   // Default: 1 GiB.
   uint64_t metadata_bytes = 1ull << 30;
 
+  // Tier 3, a Ceph RADOS pool that several evoked hosts share
+  // (docs/REMOTE.md). Empty remote_conf means none.
+  // ceph.conf of the cluster (monitors, auth). Default: "" (no tier 3).
+  std::string remote_conf;
+  // Pool of the blocks; each evoke namespace is a RADOS namespace in it.
+  // Default: "evoke".
+  std::string remote_pool = "evoke";
+  // Ceph user and keyring (empty: what remote_conf says).
+  // Defaults: "client.admin", "".
+  std::string remote_user = "client.admin";
+  std::string remote_keyring;
+  // Deadline of every remote operation (connect included). Default: 5000 ms.
+  uint32_t remote_op_timeout_ms = 5000;
+  // true: a remote tier that cannot be reached at start (bad conf path,
+  // unreachable monitors, unknown pool) stops evoked with the reason.
+  // false: evoked starts without it, serves from its local tiers, reports
+  // the reason in Stat and keeps retrying. Default: false.
+  bool remote_required = false;
+  // Write session blocks to tier 3 too (to move a session to another
+  // host); prefix blocks always go. Default: false.
+  bool remote_sessions = false;
+  // Bound of the write-behind queue; past it the oldest are dropped
+  // (counted). Default: 256 MiB.
+  uint64_t remote_queue_bytes = 256ull << 20;
+  // Remote operations in flight (and blocks per write-behind batch).
+  // Default: 16.
+  uint32_t remote_inflight = 16;
+  // The circuit breaker: after a failure tier 3 is left alone for
+  // remote_retry_ms, doubling on each failed retry up to
+  // remote_retry_max_ms. Defaults: 1000 and 30000.
+  uint32_t remote_retry_ms = 1000;
+  uint32_t remote_retry_max_ms = 30000;
+  // Write-behind pauses while the pool holds more than this (0: no limit
+  // but the pool's own quota). Default: 0.
+  uint64_t remote_bytes = 0;
+
   // Validate checks every field and returns INVALID_ARGUMENT naming the
   // flag, e.g. "--low-watermark: 0.99 must be below --high-watermark 0.95".
   absl::Status Validate() const;

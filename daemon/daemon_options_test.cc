@@ -248,7 +248,11 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "max-region-bytes", "cuda-register-chunk-bytes", "summary-layer",
                           "log-level", "policy", "tcp-listen", "tls-cert", "tls-key",
                           "max-mapped-bytes", "max-mappings", "max-mapped-bytes-per-uid",
-                          "fd-connection-deadline-ms", "lease-idle-ms", "metadata-bytes"}) {
+                          "fd-connection-deadline-ms", "lease-idle-ms", "metadata-bytes",
+                          "remote-conf", "remote-pool", "remote-user", "remote-keyring",
+                          "remote-op-timeout-ms", "remote-required", "remote-sessions",
+                          "remote-queue-bytes", "remote-inflight", "remote-retry-ms",
+                          "remote-retry-max-ms", "remote-bytes"}) {
     EXPECT_THAT(out, HasSubstr(std::string("\n") + key + " = ")) << key;
   }
 }
@@ -288,6 +292,18 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.fd_connection_deadline_ms, b.fd_connection_deadline_ms);
   EXPECT_EQ(a.lease_idle_ms, b.lease_idle_ms);
   EXPECT_EQ(a.metadata_bytes, b.metadata_bytes);
+  EXPECT_EQ(a.remote_conf, b.remote_conf);
+  EXPECT_EQ(a.remote_pool, b.remote_pool);
+  EXPECT_EQ(a.remote_user, b.remote_user);
+  EXPECT_EQ(a.remote_keyring, b.remote_keyring);
+  EXPECT_EQ(a.remote_op_timeout_ms, b.remote_op_timeout_ms);
+  EXPECT_EQ(a.remote_required, b.remote_required);
+  EXPECT_EQ(a.remote_sessions, b.remote_sessions);
+  EXPECT_EQ(a.remote_queue_bytes, b.remote_queue_bytes);
+  EXPECT_EQ(a.remote_inflight, b.remote_inflight);
+  EXPECT_EQ(a.remote_retry_ms, b.remote_retry_ms);
+  EXPECT_EQ(a.remote_retry_max_ms, b.remote_retry_max_ms);
+  EXPECT_EQ(a.remote_bytes, b.remote_bytes);
 }
 
 // RoundTrip prints `o` as a config file and reads it back.

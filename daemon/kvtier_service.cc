@@ -574,15 +574,24 @@ grpc::ServerUnaryReactor* KvTierService::Lookup(grpc::CallbackServerContext* con
                                                 const v1::LookupRequest* request,
                                                 v1::LookupResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishInline(context, [&]() -> absl::Status {
+  auto lookup = [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, false));
-    const std::vector<BlockLocation> found = tiers_->Lookup(ids, caller.get());
+    // A namespace the caller may not use gets this host's answer only, the
+    // same as for a namespace the remote tier does not hold.
+    const std::vector<BlockLocation> found =
+        request->namespace_().empty()
+            ? tiers_->Lookup(ids, caller.get())
+            : tiers_->LookupFleet(ids, request->namespace_(), caller.get());
     response->set_n_present(found.size());
     for (BlockLocation where : found) response->add_tiers(ToProto(where));
     return absl::OkStatus();
-  });
+  };
+  // A local lookup never blocks (memory only): it runs on the reactor; a
+  // fleet-wide one waits for the network and goes to the executor.
+  if (request->namespace_().empty()) return FinishInline(context, lookup);
+  return FinishOnExecutor(executor_, context, lookup);
 }
 
 grpc::ServerUnaryReactor* KvTierService::Delete(grpc::CallbackServerContext* context,

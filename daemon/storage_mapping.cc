@@ -16,6 +16,8 @@ v1::Tier ToProto(BlockLocation location) {
       return v1::TIER_SPILL;
     case BlockLocation::kBreadcrumb:
       return v1::TIER_BREADCRUMB;
+    case BlockLocation::kRemote:
+      return v1::TIER_REMOTE;
   }
   return v1::TIER_UNSPECIFIED;
 }
@@ -28,6 +30,8 @@ std::optional<BlockLocation> LocationFromProto(v1::Tier tier) {
       return BlockLocation::kDisk;
     case v1::TIER_BREADCRUMB:
       return BlockLocation::kBreadcrumb;
+    case v1::TIER_REMOTE:
+      return BlockLocation::kRemote;
     default:
       return std::nullopt;
   }
@@ -110,6 +114,33 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   d->set_removed_segments(h.removed_segments);
   d->set_direct_io(h.direct_io);
   for (const std::string& step : h.recovery) d->add_recovery(step);
+  if (in.remote) {
+    const RemoteStats& r = *in.remote;
+    v1::RemoteStat* m = out->mutable_remote();
+    m->set_enabled(true);
+    m->set_connected(r.connected);
+    m->set_state(r.state);
+    m->set_last_error(r.last_error);
+    m->set_store(r.store);
+    m->set_objects_written(r.objects_written);
+    m->set_bytes_written(r.bytes_written);
+    m->set_dedups(r.dedups);
+    m->set_fetches(r.fetches);
+    m->set_fetched_bytes(r.fetched_bytes);
+    m->set_misses(r.misses);
+    m->set_checksum_failures(r.checksum_failures);
+    m->set_errors(r.errors);
+    m->set_timeouts(r.timeouts);
+    m->set_breaker_opens(r.breaker_opens);
+    m->set_probes(r.probes);
+    m->set_unavailable(r.unavailable);
+    m->set_pool_used_bytes(r.pool_used_bytes);
+    m->set_pool_objects(r.pool_objects);
+    m->set_queue_blocks(r.queue_blocks);
+    m->set_queue_bytes(r.queue_bytes);
+    m->set_dropped_blocks(r.dropped_blocks);
+    m->set_inflight(r.inflight);
+  }
 }
 
 void ToProto(absl::string_view ns, const NamespaceUsage& usage, const NamespaceQuota& quota,

@@ -421,6 +421,10 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
       if (items[i].pin) core_.index.AddPin(e, owner);
       core_.index.CommitWrite(e, std::move(p.ram), now_ms);
       if (observer() != nullptr) observer()->Added(e->id, e->meta);
+      if (uploader_ != nullptr && !items[i].from_remote &&
+          (items[i].meta->kind() != v1::BLOCK_KIND_SESSION || core_.options.remote_sessions)) {
+        uploader_->Enqueue(*e);
+      }
       ++core_.counters.saves;
       r.checksum = p.checksum;
       r.location = BlockLocation::kHost;
@@ -544,6 +548,134 @@ absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
                                    std::vector<LoadedInfo>* infos,
                                    const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
+  // Blocks only tier 3 may hold are fetched into tier 1 first; the Load
+  // then serves them like any other tier-1 block.
+  const std::vector<size_t> remote = RemoteMisses(ids, fingerprint, scope);
+  if (!remote.empty()) EVOKE_RETURN_IF_ERROR(FetchRemote(ids, remote, fingerprint));
+  EVOKE_RETURN_IF_ERROR(LoadLocal(ids, fingerprint, sink, metas, infos, scope));
+  for (size_t i : remote) (*infos)[i].served_from = BlockLocation::kRemote;
+  return absl::OkStatus();
+}
+
+std::vector<size_t> TierManagerImpl::RemoteMisses(absl::Span<const BlockId> ids,
+                                                  const v1::LayoutFingerprint& fingerprint,
+                                                  const NamespaceScope* scope) {
+  std::vector<size_t> out;
+  const absl::string_view ns = fingerprint.namespace_();
+  if (core_.options.remote == nullptr ||
+      (scope != nullptr && !scope->SeesAll() && !scope->Sees(ns))) {
+    return out;
+  }
+  absl::MutexLock lock(&core_.mu);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const IndexEntry* e = FindFor(ids[i], scope);
+    if (e == nullptr || !e->bytes_available()) out.push_back(i);
+  }
+  return out;
+}
+
+absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
+                                          absl::Span<const size_t> which,
+                                          const v1::LayoutFingerprint& fingerprint) {
+  RemoteTier* remote = core_.options.remote;
+  const std::string& ns = fingerprint.namespace_();
+  std::vector<BlockId> want;
+  want.reserve(which.size());
+  for (size_t i : which) want.push_back(ids[i]);
+  std::vector<storage::SpillRecord> records;
+  std::vector<std::string> payloads;
+  const std::vector<absl::Status> got = remote->Fetch(ns, want, &records, &payloads);
+  const FingerprintDigest expected = DigestFingerprint(fingerprint);
+  std::vector<SaveItem> items;
+  std::vector<absl::string_view> views;
+  for (size_t k = 0; k < which.size(); ++k) {
+    const size_t i = which[k];
+    const absl::Status& s = got[k];
+    switch (s.code()) {
+      case absl::StatusCode::kOk:
+        break;
+      case absl::StatusCode::kNotFound: {
+        absl::MutexLock lock(&core_.mu);
+        ++core_.counters.misses;
+        // The same answer as for a block no tier holds.
+        return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
+                         absl::StrCat(Name(ids[i]), " not found"));
+      }
+      case absl::StatusCode::kUnavailable:
+        return ItemError(absl::StatusCode::kUnavailable, i, ItemPart::kId,
+                         absl::StrCat(Name(ids[i]), " is not on this host, and the remote "
+                                      "tier that may hold it cannot be reached: ", s.message()));
+      case absl::StatusCode::kDataLoss: {
+        DropRemoteCopy(ns, ids[i], s);
+        absl::MutexLock lock(&core_.mu);
+        ++core_.counters.checksum_failures;
+        return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
+                         absl::StrCat(Name(ids[i]), ": its remote copy was refused: ",
+                                      s.message()));
+      }
+      default:
+        return WithItem(s, i, ItemPart::kId);
+    }
+    const v1::BlockMeta& meta = records[k].meta();
+    absl::Status valid = ValidateRecord(ids[i], meta);
+    if (valid.ok() && meta.fingerprint().namespace_() != ns) {
+      valid = absl::DataLossError("its record names another namespace");
+    }
+    if (!valid.ok()) {
+      remote->CountChecksumFailure();
+      DropRemoteCopy(ns, ids[i], valid);
+      absl::MutexLock lock(&core_.mu);
+      ++core_.counters.checksum_failures;
+      return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
+                       absl::StrCat(Name(ids[i]), ": its remote record was refused: ",
+                                    valid.message()));
+    }
+    if (DigestFingerprint(meta.fingerprint()) != expected) {
+      return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kFingerprint,
+                       absl::StrCat(Name(ids[i]), " was saved with another layout: ",
+                                    FingerprintMismatch(meta.fingerprint(), fingerprint)));
+    }
+    items.push_back(SaveItem{&meta, payloads[k].size(), /*pin=*/false, /*from_remote=*/true});
+    views.push_back(payloads[k]);
+  }
+  // Save hashes its own tier-1 copy against the record's checksum: a remote
+  // payload that does not match is refused there (DATA_LOSS), never served.
+  HostSaveSource source(std::move(views));
+  absl::StatusOr<std::vector<SavedBlock>> saved =
+      Save(items, source, /*durable=*/false, absl::InfiniteFuture(), /*owner=*/0);
+  if (saved.ok()) return absl::OkStatus();
+  absl::Status s = saved.status();
+  const std::optional<ItemRef> item = ErrorItem(s);
+  const size_t i = item && item->index < which.size() ? which[item->index] : which[0];
+  if (s.code() == absl::StatusCode::kDataLoss) {
+    remote->CountChecksumFailure();
+    DropRemoteCopy(ns, ids[i], s);
+    absl::MutexLock lock(&core_.mu);
+    ++core_.counters.checksum_failures;
+    return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
+                     absl::StrCat(Name(ids[i]), ": its remote copy fails its checksum and was "
+                                  "refused: ", s.message()));
+  }
+  return WithItem(s, i, ItemPart::kId);
+}
+
+void TierManagerImpl::DropRemoteCopy(absl::string_view ns, const BlockId& id,
+                                     const absl::Status& why) {
+  // The one remote object is the only copy tier 3 has, and exclusive writes
+  // would never replace it: remove it, so the next host that computes the
+  // block writes a good one.
+  const BlockId ids[] = {id};
+  const absl::Status removed = core_.options.remote->Remove(ns, ids);
+  EVOKE_LOG_ERROR("remote copy of ", Name(id), " in namespace '", ns,
+                  "' refused: ", why.message(),
+                  removed.ok() ? "; removed" : "; could not remove it: ", removed.message());
+}
+
+absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
+                                        const v1::LayoutFingerprint& fingerprint,
+                                        LoadSink& sink, std::vector<v1::BlockMeta>* metas,
+                                        std::vector<LoadedInfo>* infos,
+                                        const NamespaceScope* scope) {
   const FingerprintDigest expected = DigestFingerprint(fingerprint);
   const size_t n = ids.size();
   struct Plan {
@@ -712,6 +844,35 @@ std::vector<BlockLocation> TierManagerImpl::Lookup(absl::Span<const BlockId> ids
     found.push_back(e->location());
   }
   return found;
+}
+
+std::vector<BlockLocation> TierManagerImpl::LookupFleet(absl::Span<const BlockId> ids,
+                                                        absl::string_view ns,
+                                                        const NamespaceScope* scope) {
+  std::vector<BlockLocation> found = Lookup(ids, scope);
+  RemoteTier* remote = core_.options.remote;
+  if (remote == nullptr || found.size() == ids.size() || !CheckOpen().ok() ||
+      (scope != nullptr && !scope->SeesAll() && !scope->Sees(ns))) {
+    return found;
+  }
+  // The run goes on where this host's ends (a breadcrumb or a block it
+  // never saw), with what tier 3 holds.
+  absl::StatusOr<size_t> more = remote->ProbeRun(ns, ids.subspan(found.size()));
+  if (more.ok()) found.insert(found.end(), *more, BlockLocation::kRemote);
+  return found;
+}
+
+TierStats TierManagerImpl::Stats() {
+  TierStats out = core_.Stats();
+  if (core_.options.remote != nullptr) {
+    RemoteStats r = core_.options.remote->Stats();  // Its own lock, outside mu.
+    if (uploader_ != nullptr) {
+      absl::MutexLock lock(&core_.mu);
+      uploader_->Fill(&r);
+    }
+    out.remote = std::move(r);
+  }
+  return out;
 }
 
 absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids,
@@ -928,6 +1089,7 @@ absl::StatusOr<FlushResult> TierManagerImpl::Flush(bool evict) { return spiller_
 
 absl::Status TierManagerImpl::Shutdown() {
   if (shut_down_.exchange(true)) return absl::UnavailableError("already shut down");
+  if (uploader_ != nullptr) uploader_->Stop();
   spiller_.Stop();
   // Durable, not compacted: RocksDB replays its WAL at the next start
   // instead of flushing memtables now (a shutdown has a deadline, a start

@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "evoke/v1/block.pb.h"
 #include "storage/pinned_arena.h"
+#include "storage/remote_tier.h"
 #include "storage/tier.h"
 #include "storage/tier_types.h"
 
@@ -80,6 +81,18 @@ struct TierManagerOptions {
   std::function<NamespaceQuota(absl::string_view ns)> quota;
   // Where timestamps come from (last access, uptime). Null: the wall clock.
   const Clock* clock = nullptr;
+  // Tier 3 (may be null): an object store that several hosts share. New
+  // prefix blocks (and session blocks with remote_sessions) are written to
+  // it behind the Save (write-behind: queued, batched, never on the Save's
+  // acknowledgement path); a Load of a block this host does not hold looks
+  // there. Must outlive the TierManager.
+  RemoteTier* remote = nullptr;
+  bool remote_sessions = false;
+  // Bound of the write-behind queue; past it the oldest queued blocks are
+  // dropped (counted). Default: 256 MiB.
+  uint64_t remote_queue_bytes = 256ull << 20;
+  // Blocks written to tier 3 per batch (all in flight at once). Default: 16.
+  int remote_batch_blocks = 16;
 };
 
 // One block to store. `meta` must have passed ValidateBlockForSave with a
@@ -88,6 +101,8 @@ struct SaveItem {
   const v1::BlockMeta* meta = nullptr;
   uint64_t size = 0;
   bool pin = false;
+  // Fetched from tier 3: not written back to it.
+  bool from_remote = false;
 };
 
 // Where a Save's payloads come from.
@@ -224,10 +239,13 @@ class TierManager {
   // payload_bytes and checksum) in `metas`. All-or-nothing: on error,
   // nothing useful reached the sink. A spilled block is promoted to tier 1
   // when there is room under the high watermark.
+  // With a tier 3, blocks this host does not hold (or holds as
+  // breadcrumbs) are fetched from it in the namespace of `fingerprint`,
+  // verified, stored in tier 1 like a Save, and served (kRemote).
   // Errors (naming the item): NOT_FOUND (absent or breadcrumb),
   // FAILED_PRECONDITION (stored fingerprint differs from `fingerprint`),
-  // DATA_LOSS (no copy passed verification), UNAVAILABLE (disk), or the
-  // sink's error.
+  // DATA_LOSS (no copy passed verification), UNAVAILABLE (disk, or a block
+  // only tier 3 could have while it is unreachable), or the sink's error.
   virtual absl::Status Load(absl::Span<const BlockId> ids,
                             const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
                             std::vector<v1::BlockMeta>* metas,
@@ -238,6 +256,19 @@ class TierManager {
   // held is. Never fails.
   virtual std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids,
                                             const NamespaceScope* scope = nullptr) = 0;
+
+  // LookupFleet is Lookup, then (with a tier 3, and `ns` in scope) the run
+  // goes on with the ids tier 3 holds in namespace `ns` (kRemote), checked
+  // in batches. Blocks for I/O; never fails (a tier 3 that cannot answer
+  // ends the run and is counted).
+  virtual std::vector<BlockLocation> LookupFleet(absl::Span<const BlockId> ids,
+                                                 absl::string_view ns,
+                                                 const NamespaceScope* scope = nullptr) = 0;
+
+  // WaitForRemoteIdle blocks until the write-behind queue is empty and no
+  // write is in flight, or `timeout` passes (false). For tests, benchmarks
+  // and the demo.
+  virtual bool WaitForRemoteIdle(absl::Duration timeout) = 0;
 
   // Delete removes `ids` (unique) from every tier, all-or-nothing.
   // Errors: NOT_FOUND (then nothing is deleted), UNAVAILABLE (disk).

@@ -11,6 +11,7 @@
 
 #include "storage/engine_core.h"
 #include "storage/spiller.h"
+#include "storage/uploader.h"
 #include "storage/tier_manager.h"
 
 namespace evoke {
@@ -33,13 +34,21 @@ class TierManagerImpl final : public TierManager {
  public:
   TierManagerImpl(const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
                   std::unique_ptr<Tier> disk)
-      : core_(options, std::move(arena), std::move(disk)), spiller_(&core_) {}
-  ~TierManagerImpl() override { spiller_.Stop(); }
+      : core_(options, std::move(arena), std::move(disk)), spiller_(&core_) {
+    if (options.remote != nullptr) uploader_ = std::make_unique<Uploader>(&core_, options.remote);
+  }
+  ~TierManagerImpl() override {
+    if (uploader_ != nullptr) uploader_->Stop();
+    spiller_.Stop();
+  }
 
   absl::Status Rebuild();
   // ValidateRecord checks a record read at start as a Save would check it.
   absl::Status ValidateRecord(const BlockId& id, const v1::BlockMeta& meta) const;
-  void Start() { spiller_.Start(); }
+  void Start() {
+    spiller_.Start();
+    if (uploader_ != nullptr) uploader_->Start();
+  }
 
   absl::StatusOr<std::vector<SavedBlock>> Save(absl::Span<const SaveItem> items,
                                                SaveSource& source, bool durable,
@@ -49,6 +58,11 @@ class TierManagerImpl final : public TierManager {
                     std::vector<LoadedInfo>* infos, const NamespaceScope* scope) override;
   std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids,
                                     const NamespaceScope* scope) override;
+  std::vector<BlockLocation> LookupFleet(absl::Span<const BlockId> ids, absl::string_view ns,
+                                         const NamespaceScope* scope) override;
+  bool WaitForRemoteIdle(absl::Duration timeout) override {
+    return uploader_ == nullptr || uploader_->WaitForIdle(timeout);
+  }
   absl::Status Delete(absl::Span<const BlockId> ids, const NamespaceScope* scope) override;
   absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
                                        absl::string_view session_id) override;
@@ -60,7 +74,7 @@ class TierManagerImpl final : public TierManager {
   absl::StatusOr<BlockInfo> Describe(const BlockId& id, const NamespaceScope* scope) override;
   std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after, size_t limit,
                               bool* more) override;
-  TierStats Stats() override { return core_.Stats(); }
+  TierStats Stats() override;
   NamespaceUsage Usage(absl::string_view ns) override {
     absl::MutexLock lock(&core_.mu);
     return core_.index.Usage(ns);
@@ -106,6 +120,23 @@ class TierManagerImpl final : public TierManager {
                           std::vector<SavedBlock>* results, std::vector<size_t>* pin_later);
   absl::Status WriteDurably(std::vector<SavePlan>& plans, std::vector<SavedBlock>* results);
 
+  // Tier 3. RemoteMisses returns the indexes of `ids` this host holds no
+  // bytes of, when tier 3 may have them (the fingerprint's namespace is in
+  // scope); empty without a tier 3.
+  std::vector<size_t> RemoteMisses(absl::Span<const BlockId> ids,
+                                   const v1::LayoutFingerprint& fingerprint,
+                                   const NamespaceScope* scope);
+  // FetchRemote fetches `which` of `ids` from tier 3, verifies each (record
+  // as at start, fingerprint, checksum) and stores it in tier 1 as a Save
+  // would. Errors name the item (its index in `ids`).
+  absl::Status FetchRemote(absl::Span<const BlockId> ids, absl::Span<const size_t> which,
+                           const v1::LayoutFingerprint& fingerprint);
+  // DropRemoteCopy removes a tier-3 object that failed verification.
+  void DropRemoteCopy(absl::string_view ns, const BlockId& id, const absl::Status& why);
+  absl::Status LoadLocal(absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
+                         LoadSink& sink, std::vector<v1::BlockMeta>* metas,
+                         std::vector<LoadedInfo>* infos, const NamespaceScope* scope);
+
   // RemoveBlocks deletes those of `ids` that still exist from every tier and
   // returns how many.
   absl::StatusOr<uint32_t> RemoveBlocks(absl::Span<const BlockId> ids)
@@ -137,6 +168,7 @@ class TierManagerImpl final : public TierManager {
 
   EngineCore core_;
   Spiller spiller_;
+  std::unique_ptr<Uploader> uploader_;  // With a tier 3.
   std::atomic<bool> shut_down_{false};
 };
 

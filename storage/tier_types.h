@@ -26,6 +26,7 @@ enum class BlockLocation : uint8_t {
   kHost = 1,        // Tier 1 (maybe with a tier-2 copy too).
   kDisk = 2,        // Tier 2 only.
   kBreadcrumb = 3,  // No bytes: metadata only.
+  kRemote = 4,      // Only in tier 3, the object store shared by several hosts.
 };
 
 // NamespaceScope: the namespaces one caller may see. Storage treats the
@@ -128,6 +129,34 @@ struct StorageCounters {
            spill_errors = 0, invalid_records = 0;
 };
 
+// What Stat shows of the remote tier. The write-behind queue's fields are
+// filled by the engine.
+struct RemoteStats {
+  bool connected = false;
+  std::string state;  // "closed", "open", "half-open" or "disconnected".
+  std::string last_error;
+  std::string store;  // e.g. "rados pool evoke".
+  uint64_t objects_written = 0;
+  uint64_t bytes_written = 0;
+  uint64_t dedups = 0;  // Exclusive writes that found the object (another host wrote it).
+  uint64_t fetches = 0;
+  uint64_t fetched_bytes = 0;
+  uint64_t misses = 0;
+  uint64_t checksum_failures = 0;  // Objects refused: bad checksum or record.
+  uint64_t errors = 0;             // Failed operations (timeouts included).
+  uint64_t timeouts = 0;
+  uint64_t breaker_opens = 0;
+  uint64_t probes = 0;       // Ids probed by fleet-wide lookups.
+  uint64_t unavailable = 0;  // Calls refused because the tier was down.
+  uint64_t pool_used_bytes = 0;
+  uint64_t pool_objects = 0;
+  // Write-behind (the engine's uploader).
+  uint64_t queue_blocks = 0;
+  uint64_t queue_bytes = 0;
+  uint64_t dropped_blocks = 0;
+  uint64_t inflight = 0;
+};
+
 struct TierStats {
   TierOccupancy host;  // Tier 1.
   TierOccupancy disk;  // Tier 2 (capacity: the spill budget).
@@ -147,6 +176,8 @@ struct TierStats {
   // The namespaces that hold blocks (at most 4096 of them, in no
   // particular order), with their usage.
   std::vector<std::pair<std::string, NamespaceUsage>> namespaces;
+  // Tier 3, when configured.
+  std::optional<RemoteStats> remote;
 };
 
 struct FlushResult {

@@ -254,6 +254,12 @@ class Client {
 
   // Lookup returns the tiers of the longest present prefix of `ids`.
   absl::StatusOr<std::vector<v1::Tier>> Lookup(absl::Span<const BlockId> ids);
+  // Lookup with a namespace is fleet-wide: past what this host holds, the
+  // run goes on with the blocks evoked's remote tier holds in `ns`
+  // (TIER_REMOTE; a Load fetches them). Without a remote tier it is the
+  // local Lookup.
+  absl::StatusOr<std::vector<v1::Tier>> Lookup(absl::Span<const BlockId> ids,
+                                               absl::string_view ns);
 
   absl::Status Delete(absl::Span<const BlockId> ids);
   absl::StatusOr<uint32_t> DropSession(absl::string_view ns,
