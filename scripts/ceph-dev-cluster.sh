@@ -172,6 +172,9 @@ public addr = 127.0.0.1
 cluster addr = 127.0.0.1
 ms bind port min = $MSMIN
 ms bind port max = $MSMAX
+# A taken port fails fast (default: 3 tries 5 s apart), so start tries others.
+ms bind retry count = 1
+ms bind retry delay = 1
 auth cluster required = none
 auth service required = none
 auth client required = none
