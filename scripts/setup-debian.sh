@@ -14,6 +14,10 @@ PACKAGES=(
   redis-server libhiredis-dev procps curl
   libpagmo-dev nlohmann-json3-dev
   clang-14 libclang-rt-14-dev
+  # The remote tier (issue #14): librados to build it, and a throwaway Ceph
+  # cluster on loopback for its tests (scripts/ceph-dev-cluster.sh). ~52 s
+  # more on a fresh Debian 12 with --no-install-recommends.
+  ceph-mon ceph-osd ceph-mgr ceph-common librados-dev libradospp-dev
 )
 
 missing=()
