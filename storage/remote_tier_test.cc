@@ -1,0 +1,596 @@
+// Tier 3 without a cluster: RemoteTier (layout, breaker, counters) and the
+// engine's write-behind, fetch and fleet-wide lookup over an in-memory
+// ObjectStore shared by two TierManagers ("two hosts"). The same paths run
+// against a real Ceph cluster in tests/remote_tier_e2e_test.cc.
+#include "storage/remote_tier.h"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/checksum.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/tier_manager.h"
+#include "testing/blocks.h"
+#include "testing/fake_clock.h"
+#include "testing/memory_tier.h"
+#include "testing/status_matchers.h"
+
+namespace evoke {
+namespace {
+
+using ::evoke::testing::IsOkAndHolds;
+using ::evoke::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kKiB = 1024;
+
+// An ObjectStore in memory, for this module's tests only: it can be taken
+// down (every call fails UNAVAILABLE or times out), and counts calls.
+class MemoryObjectStore final : public ObjectStore {
+ public:
+  struct Object {
+    std::string data, record;
+  };
+  enum class Mode { kUp, kDown, kSlow };
+
+  std::string Describe() const override { return "memory store"; }
+  absl::Status Connect() override {
+    absl::MutexLock lock(&mu_);
+    if (refuse_connect) return absl::UnavailableError("injected: monitors unreachable");
+    connected_ = true;
+    return absl::OkStatus();
+  }
+  bool connected() const override {
+    absl::MutexLock lock(&mu_);
+    return connected_;
+  }
+
+  std::vector<absl::Status> Write(absl::Span<const ObjectWrite> writes) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<absl::Status> out;
+    for (const ObjectWrite& w : writes) {
+      ++write_ops;
+      if (absl::Status s = Outage(); !s.ok()) {
+        out.push_back(s);
+        continue;
+      }
+      auto [it, fresh] = objects_.try_emplace(Key(w.key));
+      if (!fresh && w.exclusive) {
+        out.push_back(absl::AlreadyExistsError("exists"));
+        continue;
+      }
+      payload_bytes_sent += w.data.size();
+      it->second = Object{std::string(w.data), std::string(w.record)};
+      out.push_back(absl::OkStatus());
+    }
+    return out;
+  }
+  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<ObjectRead> out;
+    for (const ObjectKey& k : keys) {
+      ++read_ops;
+      ObjectRead r;
+      if (r.status = Outage(); r.status.ok()) {
+        auto it = objects_.find(Key(k));
+        if (it == objects_.end()) {
+          r.status = absl::NotFoundError("no such object");
+        } else {
+          r.data = it->second.data;
+          r.record = it->second.record;
+        }
+      }
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+  std::vector<absl::Status> Exists(absl::Span<const ObjectKey> keys) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<absl::Status> out;
+    for (const ObjectKey& k : keys) {
+      ++exists_ops;
+      absl::Status s = Outage();
+      if (s.ok() && !objects_.contains(Key(k))) s = absl::NotFoundError("no such object");
+      out.push_back(s);
+    }
+    return out;
+  }
+  std::vector<absl::Status> Remove(absl::Span<const ObjectKey> keys) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<absl::Status> out;
+    for (const ObjectKey& k : keys) {
+      absl::Status s = Outage();
+      if (s.ok()) objects_.erase(Key(k));
+      out.push_back(s);
+    }
+    return out;
+  }
+  absl::StatusOr<ObjectStoreUsage> Usage() override {
+    absl::MutexLock lock(&mu_);
+    ObjectStoreUsage u;
+    for (const auto& [k, o] : objects_) {
+      ++u.objects;
+      u.bytes += o.data.size();
+    }
+    return u;
+  }
+
+  void SetMode(Mode m) {
+    absl::MutexLock lock(&mu_);
+    mode_ = m;
+  }
+  bool Has(const std::string& ns, const BlockId& id) {
+    absl::MutexLock lock(&mu_);
+    return objects_.contains(ns + "/" + RemoteTier::ObjectName(id));
+  }
+  void FlipByte(const std::string& ns, const BlockId& id) {
+    absl::MutexLock lock(&mu_);
+    objects_.at(ns + "/" + RemoteTier::ObjectName(id)).data[7] ^= 0x40;
+  }
+  void SetRecord(const std::string& ns, const BlockId& id, std::string record) {
+    absl::MutexLock lock(&mu_);
+    objects_.at(ns + "/" + RemoteTier::ObjectName(id)).record = std::move(record);
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu_);
+    return objects_.size();
+  }
+
+  // Counters (read under no lock by tests once the store is quiet).
+  uint64_t write_ops = 0, read_ops = 0, exists_ops = 0, payload_bytes_sent = 0;
+  std::atomic<bool> refuse_connect{false};
+
+ private:
+  static std::string Key(const ObjectKey& k) { return k.ns + "/" + k.name; }
+  absl::Status Outage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (mode_) {
+      case Mode::kDown: return absl::UnavailableError("injected: connection refused");
+      case Mode::kSlow: return absl::DeadlineExceededError("injected: timed out");
+      default: return absl::OkStatus();
+    }
+  }
+
+  mutable absl::Mutex mu_;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  Mode mode_ ABSL_GUARDED_BY(mu_) = Mode::kUp;
+  std::map<std::string, Object> objects_ ABSL_GUARDED_BY(mu_);
+};
+
+// A store shared by several RemoteTiers (one per "host").
+class SharedStore final : public ObjectStore {
+ public:
+  explicit SharedStore(MemoryObjectStore* s) : s_(s) {}
+  std::string Describe() const override { return s_->Describe(); }
+  absl::Status Connect() override { return s_->Connect(); }
+  bool connected() const override { return s_->connected(); }
+  std::vector<absl::Status> Write(absl::Span<const ObjectWrite> w) override {
+    return s_->Write(w);
+  }
+  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> k) override { return s_->Read(k); }
+  std::vector<absl::Status> Exists(absl::Span<const ObjectKey> k) override {
+    return s_->Exists(k);
+  }
+  std::vector<absl::Status> Remove(absl::Span<const ObjectKey> k) override {
+    return s_->Remove(k);
+  }
+  absl::StatusOr<ObjectStoreUsage> Usage() override { return s_->Usage(); }
+
+ private:
+  MemoryObjectStore* s_;
+};
+
+storage::SpillRecord RecordFor(const BlockId& id, uint64_t bytes) {
+  storage::SpillRecord r;
+  r.mutable_meta()->set_id(id.ToBytes());
+  r.mutable_meta()->set_payload_bytes(bytes);
+  return r;
+}
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RemoteTierOptions options;
+    options.retry = absl::Seconds(1);
+    options.retry_max = absl::Seconds(4);
+    options.clock = &clock_;
+    tier_ = std::make_unique<RemoteTier>(std::make_unique<SharedStore>(&store_), options);
+    ASSERT_OK(tier_->Start());
+  }
+  void TearDown() override { tier_->Stop(); }
+
+  evoke::testing::FakeClock clock_;
+  MemoryObjectStore store_;
+  std::unique_ptr<RemoteTier> tier_;
+};
+
+TEST_F(RemoteTierTest, WritesFetchesAndDedupsWithoutResendingPayloads) {
+  const BlockId id = BlockId::FromHex("00112233445566778899aabbccddeeff").value();
+  const std::string payload = evoke::testing::Payload(1, 64 * kKiB);
+  const storage::SpillRecord record = RecordFor(id, payload.size());
+  const RemoteTier::Block block{id, "ns", &record, payload, /*exclusive=*/true};
+  ASSERT_OK(tier_->Write({&block, 1})[0]);
+  EXPECT_EQ(store_.payload_bytes_sent, payload.size());
+  // A second host writing the same content-addressed block: found by the
+  // existence check, so its payload is not sent again.
+  ASSERT_OK(tier_->Write({&block, 1})[0]);
+  EXPECT_EQ(store_.payload_bytes_sent, payload.size());
+  EXPECT_EQ(store_.write_ops, 1u);
+
+  std::vector<storage::SpillRecord> records;
+  std::vector<std::string> payloads;
+  ASSERT_OK(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0]);
+  EXPECT_EQ(payloads[0], payload);
+  EXPECT_EQ(records[0].meta().id(), id.ToBytes());
+  // Namespaces are separate: the same id elsewhere is absent.
+  EXPECT_THAT(tier_->Fetch("other", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kNotFound));
+  const RemoteStats s = tier_->Stats();
+  EXPECT_EQ(s.objects_written, 1u);
+  EXPECT_EQ(s.dedups, 1u);
+  EXPECT_EQ(s.fetches, 1u);
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(s.state, "closed");
+}
+
+TEST_F(RemoteTierTest, RefusesRecordsThatDoNotParseOrNameAnotherBlock) {
+  const BlockId id = BlockId::FromHex("00112233445566778899aabbccddeeff").value();
+  const BlockId other = BlockId::FromHex("ffeeddccbbaa99887766554433221100").value();
+  const std::string payload = evoke::testing::Payload(2, 4 * kKiB);
+  const storage::SpillRecord record = RecordFor(id, payload.size());
+  const RemoteTier::Block block{id, "ns", &record, payload, true};
+  ASSERT_OK(tier_->Write({&block, 1})[0]);
+  std::vector<storage::SpillRecord> records;
+  std::vector<std::string> payloads;
+
+  store_.SetRecord("ns", id, "garbage");
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
+  store_.SetRecord("ns", id, RemoteTier::EncodeRecord(RecordFor(other, payload.size())));
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("another block")));
+  store_.SetRecord("ns", id, RemoteTier::EncodeRecord(RecordFor(id, payload.size() + 1)));
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bytes")));
+  EXPECT_TRUE(payloads[0].empty());
+  EXPECT_EQ(tier_->Stats().checksum_failures, 3u);
+}
+
+TEST_F(RemoteTierTest, ATimeoutOpensTheBreakerAndOneProbeClosesIt) {
+  const BlockId id = BlockId::FromHex("00112233445566778899aabbccddeeff").value();
+  std::vector<storage::SpillRecord> records;
+  std::vector<std::string> payloads;
+  store_.SetMode(MemoryObjectStore::Mode::kSlow);
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("timed out")));
+  EXPECT_EQ(store_.read_ops, 1u);
+  // Open: the next calls fail at once without reaching the store.
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("retrying in")));
+  }
+  EXPECT_EQ(store_.read_ops, 1u);
+  EXPECT_EQ(tier_->Stats().state, "open");
+  EXPECT_EQ(tier_->Stats().breaker_opens, 1u);
+  // After the retry interval one probe goes through; it fails: open again,
+  // for twice as long.
+  clock_.Advance(absl::Milliseconds(1001));
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(store_.read_ops, 2u);
+  clock_.Advance(absl::Milliseconds(1500));
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("retrying in")));
+  EXPECT_EQ(store_.read_ops, 2u);
+  // Back: the probe after 2 s succeeds (a miss is an answer) and closes it.
+  store_.SetMode(MemoryObjectStore::Mode::kUp);
+  clock_.Advance(absl::Milliseconds(600));
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(tier_->Stats().state, "closed");
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(store_.read_ops, 4u);
+}
+
+TEST_F(RemoteTierTest, RefusedConnectionsOpenTheBreakerAfterThreeFailures) {
+  const BlockId id = BlockId::FromHex("00112233445566778899aabbccddeeff").value();
+  store_.SetMode(MemoryObjectStore::Mode::kDown);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THAT(tier_->ProbeRun("ns", {&id, 1}), StatusIs(absl::StatusCode::kUnavailable));
+  }
+  EXPECT_EQ(store_.exists_ops, 3u);
+  EXPECT_THAT(tier_->ProbeRun("ns", {&id, 1}), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(store_.exists_ops, 3u);  // Open.
+}
+
+TEST(RemoteTierStartTest, StartsDisconnectedAndReconnectsInTheBackground) {
+  MemoryObjectStore store;
+  store.refuse_connect = true;
+  RemoteTierOptions options;
+  options.retry = absl::Milliseconds(10);
+  RemoteTier tier(std::make_unique<SharedStore>(&store), options);
+  EXPECT_THAT(tier.Start(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(tier.Stats().state, "disconnected");
+  EXPECT_THAT(tier.Stats().last_error, HasSubstr("monitors unreachable"));
+  const BlockId id = BlockId::FromHex("00112233445566778899aabbccddeeff").value();
+  EXPECT_THAT(tier.ProbeRun("ns", {&id, 1}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not connected")));
+  EXPECT_EQ(store.exists_ops, 0u);
+  store.refuse_connect = false;
+  EXPECT_TRUE(evoke::testing::WaitUntil([&] { return tier.Stats().connected; }));
+  EXPECT_THAT(tier.ProbeRun("ns", {&id, 1}), IsOkAndHolds(0u));
+}
+
+TEST_F(RemoteTierTest, ProbeRunStopsAtTheFirstAbsentBlock) {
+  std::vector<BlockId> ids;
+  std::vector<std::string> payloads;
+  std::vector<storage::SpillRecord> records;
+  for (int i = 0; i < 70; ++i) {
+    ids.push_back(BlockId(0x100 + i, 7));
+    payloads.push_back(evoke::testing::Payload(i, 512));
+  }
+  for (int i = 0; i < 70; ++i) records.push_back(RecordFor(ids[i], 512));
+  std::vector<RemoteTier::Block> blocks;
+  for (int i = 0; i < 70; ++i) {
+    if (i == 65) continue;  // A hole past two windows of 32.
+    blocks.push_back({ids[i], "ns", &records[i], payloads[i], true});
+  }
+  for (const absl::Status& s : tier_->Write(blocks)) ASSERT_OK(s);
+  EXPECT_THAT(tier_->ProbeRun("ns", ids, 32), IsOkAndHolds(65u));
+  EXPECT_THAT(tier_->ProbeRun("other", ids, 32), IsOkAndHolds(0u));
+}
+
+// ------------------------------------------------------ through the engine
+
+// A namespace scope that sees one namespace.
+class OneNamespace final : public NamespaceScope {
+ public:
+  explicit OneNamespace(std::string ns) : ns_(std::move(ns)) {}
+  bool SeesAll() const override { return false; }
+  bool Sees(absl::string_view ns) const override { return ns == ns_; }
+
+ private:
+  std::string ns_;
+};
+
+// One "host": a TierManager (tier 1 in memory, tier 2 a MemoryTier) with a
+// RemoteTier over the shared store.
+struct Host {
+  std::unique_ptr<RemoteTier> remote;
+  std::unique_ptr<TierManager> tiers;
+};
+
+class RemoteEngineTest : public ::testing::Test {
+ protected:
+  Host Open(uint64_t queue_bytes = 256ull << 20, bool sessions = false) {
+    Host h;
+    RemoteTierOptions ro;
+    ro.retry = absl::Milliseconds(20);
+    ro.retry_max = absl::Milliseconds(40);
+    h.remote = std::make_unique<RemoteTier>(std::make_unique<SharedStore>(&store_), ro);
+    EXPECT_OK(h.remote->Start());
+    PinnedArenaOptions arena_options;
+    arena_options.capacity_bytes = 16ull << 20;
+    arena_options.lock_memory = false;
+    auto arena = PinnedArena::Create(arena_options);
+    EXPECT_OK(arena);
+    TierManagerOptions options;
+    options.remote = h.remote.get();
+    options.remote_queue_bytes = queue_bytes;
+    options.remote_sessions = sessions;
+    options.remote_batch_blocks = 4;
+    auto tm = TierManager::Open(options, std::move(arena).value(),
+                                std::make_unique<evoke::testing::MemoryTier>());
+    EXPECT_OK(tm);
+    h.tiers = std::move(tm).value();
+    return h;
+  }
+
+  // A chain of `n` prefix blocks of 16 tokens in namespace "ns".
+  void MakeChain(int n) {
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 16 * n; ++i) tokens.push_back(1000 + i);
+    metas_ = evoke::testing::PrefixChainMetas(fp_, tokens, 16);
+    ASSERT_EQ(metas_.size(), static_cast<size_t>(n));
+    ids_.clear();
+    payloads_.clear();
+    for (size_t i = 0; i < metas_.size(); ++i) {
+      ids_.push_back(evoke::testing::IdOf(metas_[i]));
+      payloads_.push_back(evoke::testing::Payload(i + 1, 32 * kKiB));
+    }
+  }
+  absl::Status SaveChain(Host& h) {
+    std::vector<SaveItem> items;
+    std::vector<absl::string_view> views;
+    for (size_t i = 0; i < metas_.size(); ++i) {
+      items.push_back(SaveItem{&metas_[i], payloads_[i].size()});
+      views.push_back(payloads_[i]);
+    }
+    HostSaveSource source(views);
+    return h.tiers->Save(items, source, false, absl::InfiniteFuture()).status();
+  }
+  absl::Status Load(Host& h, absl::Span<const BlockId> ids, std::vector<std::string>* out,
+                    std::vector<LoadedInfo>* infos, const NamespaceScope* scope = nullptr) {
+    StringLoadSink sink;
+    std::vector<v1::BlockMeta> metas;
+    absl::Status s = h.tiers->Load(ids, fp_, sink, &metas, infos, scope);
+    *out = sink.payloads();
+    return s;
+  }
+
+  MemoryObjectStore store_;
+  const v1::LayoutFingerprint fp_ = evoke::testing::OpaqueFingerprint("ns");
+  std::vector<v1::BlockMeta> metas_;
+  std::vector<BlockId> ids_;
+  std::vector<std::string> payloads_;
+};
+
+TEST_F(RemoteEngineTest, APrefixSavedOnOneHostIsFoundAndLoadedOnAnother) {
+  Host a = Open();
+  Host b = Open();
+  MakeChain(8);
+  ASSERT_OK(SaveChain(a));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  EXPECT_EQ(store_.size(), 8u);
+  TierStats sa = a.tiers->Stats();
+  ASSERT_TRUE(sa.remote.has_value());
+  EXPECT_EQ(sa.remote->objects_written, 8u);
+  EXPECT_EQ(sa.remote->queue_blocks, 0u);
+
+  // B has never seen the chain: the local lookup finds nothing, the
+  // fleet-wide one all of it.
+  EXPECT_TRUE(b.tiers->Lookup(ids_).empty());
+  EXPECT_EQ(b.tiers->LookupFleet(ids_, "ns"),
+            std::vector<BlockLocation>(8, BlockLocation::kRemote));
+  std::vector<std::string> got;
+  std::vector<LoadedInfo> infos;
+  ASSERT_OK(Load(b, ids_, &got, &infos));
+  EXPECT_EQ(got, payloads_);
+  for (const LoadedInfo& info : infos) EXPECT_EQ(info.served_from, BlockLocation::kRemote);
+  // Promoted: the second Load is local, and the blocks are never written
+  // back to the store they came from.
+  ASSERT_OK(Load(b, ids_, &got, &infos));
+  for (const LoadedInfo& info : infos) EXPECT_EQ(info.served_from, BlockLocation::kHost);
+  ASSERT_TRUE(b.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  const uint64_t writes = store_.write_ops;
+  EXPECT_EQ(b.tiers->Stats().remote->objects_written, 0u);
+  // B computes the same prefix itself: a local dedup, nothing remote.
+  ASSERT_OK(SaveChain(b));
+  ASSERT_TRUE(b.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  EXPECT_EQ(store_.write_ops, writes);
+  EXPECT_EQ(b.tiers->Stats().remote->fetches, 8u);
+
+  // A third host saving the same chain before ever loading it: the blocks
+  // are new to it, but the store has them: nothing is sent.
+  Host c = Open();
+  const uint64_t sent = store_.payload_bytes_sent;
+  ASSERT_OK(SaveChain(c));
+  ASSERT_TRUE(c.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  EXPECT_EQ(store_.payload_bytes_sent, sent);
+  EXPECT_EQ(c.tiers->Stats().remote->dedups, 8u);
+}
+
+TEST_F(RemoteEngineTest, SessionBlocksStayLocalUnlessConfigured) {
+  for (bool sessions : {false, true}) {
+    SCOPED_TRACE(sessions);
+    Host a = Open(256ull << 20, sessions);
+    const v1::BlockMeta meta =
+        evoke::testing::SessionMeta(fp_, sessions ? "s1" : "s0", 0, 16, 0, 1, 0);
+    const std::string payload = evoke::testing::Payload(9, 16 * kKiB);
+    const SaveItem item{&meta, payload.size()};
+    HostSaveSource source({payload});
+    const size_t before = store_.size();
+    ASSERT_OK(a.tiers->Save({&item, 1}, source, false, absl::InfiniteFuture()).status());
+    ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+    EXPECT_EQ(store_.size(), before + (sessions ? 1 : 0));
+  }
+}
+
+TEST_F(RemoteEngineTest, ACorruptRemoteCopyIsRefusedCountedRemovedAndNeverServed) {
+  Host a = Open();
+  Host b = Open();
+  MakeChain(3);
+  ASSERT_OK(SaveChain(a));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  store_.FlipByte("ns", ids_[1]);
+  std::vector<std::string> got;
+  std::vector<LoadedInfo> infos;
+  const absl::Status s = Load(b, ids_, &got, &infos);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("remote copy")));
+  EXPECT_EQ(ErrorItem(s)->index, 1u);
+  for (const std::string& p : got) EXPECT_NE(p, payloads_[1]);
+  const TierStats sb = b.tiers->Stats();
+  EXPECT_EQ(sb.remote->checksum_failures, 1u);
+  EXPECT_EQ(sb.counters.checksum_failures, 1u);
+  // The bad object is gone (exclusive writes could never replace it), and
+  // nothing of the failed fetch is in B's index.
+  EXPECT_FALSE(store_.Has("ns", ids_[1]));
+  EXPECT_TRUE(store_.Has("ns", ids_[0]));
+  EXPECT_TRUE(b.tiers->Lookup(ids_).empty());
+  // A holds a good copy; its next write of the block (here: a new save on a
+  // host that lost it) puts a good one back.
+  Host c = Open();
+  ASSERT_OK(SaveChain(c));
+  ASSERT_TRUE(c.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  ASSERT_OK(Load(b, ids_, &got, &infos));
+  EXPECT_EQ(got, payloads_);
+}
+
+TEST_F(RemoteEngineTest, AnUnreachableTierMakesRemoteOnlyBlocksUnavailableNotNotFound) {
+  Host a = Open();
+  Host b = Open();
+  MakeChain(2);
+  ASSERT_OK(SaveChain(a));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  // B holds a block of its own.
+  const v1::BlockMeta local = evoke::testing::SessionMeta(fp_, "local", 0, 16, 0, 1, 0);
+  const std::string local_payload = evoke::testing::Payload(77, 8 * kKiB);
+  const SaveItem item{&local, local_payload.size()};
+  HostSaveSource source({local_payload});
+  ASSERT_OK(b.tiers->Save({&item, 1}, source, false, absl::InfiniteFuture()).status());
+
+  store_.SetMode(MemoryObjectStore::Mode::kSlow);
+  std::vector<std::string> got;
+  std::vector<LoadedInfo> infos;
+  EXPECT_THAT(Load(b, {&ids_[0], 1}, &got, &infos),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot be reached")));
+  const uint64_t reads = store_.read_ops;
+  // The breaker is open: no further call waits on the store...
+  EXPECT_THAT(Load(b, {&ids_[0], 1}, &got, &infos), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(store_.read_ops, reads);
+  // ...and what B holds is served as ever.
+  const BlockId local_id = evoke::testing::IdOf(local);
+  ASSERT_OK(Load(b, {&local_id, 1}, &got, &infos));
+  EXPECT_EQ(got[0], local_payload);
+  // A fleet-wide lookup answers with what B holds.
+  EXPECT_TRUE(b.tiers->LookupFleet(ids_, "ns").empty());
+
+  store_.SetMode(MemoryObjectStore::Mode::kUp);
+  EXPECT_TRUE(evoke::testing::WaitUntil([&] { return Load(b, ids_, &got, &infos).ok(); }));
+  EXPECT_EQ(got, payloads_);
+}
+
+TEST_F(RemoteEngineTest, ANamespaceOutOfScopeIsNeverAskedFor) {
+  Host a = Open();
+  Host b = Open();
+  MakeChain(2);
+  ASSERT_OK(SaveChain(a));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  const OneNamespace other("other");
+  const uint64_t reads = store_.read_ops, exists = store_.exists_ops;
+  std::vector<std::string> got;
+  std::vector<LoadedInfo> infos;
+  // The same answer as for an absent block, and not one call to the store.
+  EXPECT_THAT(Load(b, ids_, &got, &infos, &other),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
+  EXPECT_TRUE(b.tiers->LookupFleet(ids_, "ns", &other).empty());
+  EXPECT_EQ(store_.read_ops, reads);
+  EXPECT_EQ(store_.exists_ops, exists);
+  const OneNamespace ns("ns");
+  ASSERT_OK(Load(b, ids_, &got, &infos, &ns));
+}
+
+TEST_F(RemoteEngineTest, AFullQueueDropsTheNewestBlocksAndKeepsTheChainHeads) {
+  store_.SetMode(MemoryObjectStore::Mode::kDown);
+  Host a = Open(/*queue_bytes=*/4 * 32 * kKiB);
+  MakeChain(10);
+  ASSERT_OK(SaveChain(a));  // Never waits on the store.
+  EXPECT_TRUE(evoke::testing::WaitUntil([&] {
+    const RemoteStats r = *a.tiers->Stats().remote;
+    return r.dropped_blocks == 6 && r.queue_blocks == 4;
+  }));
+  store_.SetMode(MemoryObjectStore::Mode::kUp);
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(store_.Has("ns", ids_[i]), i < 4) << i;
+  Host b = Open();
+  EXPECT_EQ(b.tiers->LookupFleet(ids_, "ns").size(), 4u);
+}
+
+}  // namespace
+}  // namespace evoke
