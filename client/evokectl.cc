@@ -225,14 +225,16 @@ void PrintStat(const v1::StatResponse& s) {
     std::cout << "remote: " << r.store() << " " << r.state()
               << (r.last_error().empty() ? "" : " (last error: " + r.last_error() + ")") << "\n"
               << "  pool: " << r.pool_objects() << " objects, "
-              << FormatByteSize(r.pool_used_bytes()) << "\n"
+              << FormatByteSize(r.pool_used_bytes()) << ", expired="
+              << r.expired_objects() << "\n"
               << "  written=" << r.objects_written() << " (" << FormatByteSize(r.bytes_written())
               << ") dedups=" << r.dedups() << " fetches=" << r.fetches() << " ("
               << FormatByteSize(r.fetched_bytes()) << ") misses=" << r.misses()
               << " probes=" << r.probes() << "\n"
               << "  write-behind: queue=" << r.queue_blocks() << " ("
               << FormatByteSize(r.queue_bytes()) << ") inflight=" << r.inflight()
-              << " dropped=" << r.dropped_blocks() << "\n"
+              << " dropped=" << r.dropped_blocks() << " removals=" << r.removals_queued()
+              << " removals_dropped=" << r.removals_dropped() << "\n"
               << "  errors=" << r.errors() << " timeouts=" << r.timeouts()
               << " checksum_failures=" << r.checksum_failures()
               << " breaker_opens=" << r.breaker_opens() << " unavailable=" << r.unavailable()

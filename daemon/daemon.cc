@@ -120,6 +120,11 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonOptions& 
   tier.retry = absl::Milliseconds(options.remote_retry_ms);
   tier.retry_max = absl::Milliseconds(options.remote_retry_max_ms);
   tier.budget_bytes = options.remote_bytes;
+  if (options.remote_expiry_s > 0) {
+    tier.expire_after = absl::Seconds(static_cast<int64_t>(
+        std::min<uint64_t>(options.remote_expiry_s, uint64_t{1} << 40)));
+    tier.sweep_every = std::clamp(tier.expire_after / 4, absl::Seconds(1), absl::Hours(1));
+  }
   auto remote = std::make_unique<RemoteTier>(NewRadosObjectStore(rados), tier);
   const absl::Status s = remote->Start();
   if (!s.ok()) {

@@ -253,11 +253,13 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
           "Largest gRPC message received or sent");
   app.add_option("--worker-threads", o->worker_threads,
                  "Threads for RPCs that copy bytes or touch disk (0 = auto)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--copy-threads", o->copy_threads,
                  "Extra threads that copy and checksum payloads over 2 MiB (and as many "
                  "that scan large recovery tables)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--lock-memory", o->lock_memory,
                  "mlock tier 1 (best effort; Stat reports the outcome)")
       ->capture_default_str();
@@ -268,17 +270,21 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
           "Payload bytes written to disk per spill batch");
   app.add_option("--save-wait-ms", o->save_wait_ms,
                  "How long a Save may wait for tier 1 to make room")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--shutdown-grace-ms", o->shutdown_grace_ms,
                  "How long SIGTERM waits for in-flight RPCs")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--fd-socket", o->fd_socket,
                  "Unix socket for shared-memory registration (default: SOCKET.fd)");
   app.add_option("--max-leases", o->max_leases, "Open leases at once")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-regions-per-lease", o->max_regions_per_lease,
                  "Regions one lease may register")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   AddSize(app, "max-region-bytes", &o->max_region_bytes, "Largest registered region");
   AddSize(app, "cuda-register-chunk-bytes", &o->cuda_register_chunk_bytes,
           "Chunk size of tier 1's background CUDA registration (0 = off)");
@@ -301,15 +307,18 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--max-mappings", o->max_mappings,
                  "Client shared-memory mappings at once (keep well under "
                  "vm.max_map_count)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   AddSize(app, "max-mapped-bytes-per-uid", &o->max_mapped_bytes_per_uid,
           "Client shared memory mapped at once by one uid (0 = --max-mapped-bytes)");
   app.add_option("--fd-connection-deadline-ms", o->fd_connection_deadline_ms,
                  "Total time one fd-socket connection has, however slowly it sends")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--lease-idle-ms", o->lease_idle_ms,
                  "Close a lease with no RPC for this long (0 = never)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   AddSize(app, "metadata-bytes", &o->metadata_bytes,
           "Budget of block metadata in memory (tokens, positions, summaries), "
           "all namespaces together");
@@ -325,27 +334,35 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                  "Keyring of --remote-user (default: what --remote-conf says)");
   app.add_option("--remote-op-timeout-ms", o->remote_op_timeout_ms,
                  "Deadline of every tier-3 operation, connect included")
-      ->capture_default_str();
-  app.add_option("--remote-required", o->remote_required,
-                 "Exit at start when tier 3 cannot be reached (else: start without it "
-                 "and keep retrying)")
-      ->capture_default_str();
-  app.add_option("--remote-sessions", o->remote_sessions,
-                 "Write session blocks to tier 3 too (prefix blocks always go)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  // Bare switches (--remote-required, or --remote-required=false), unlike the
+  // older boolean options that take a value.
+  app.add_flag("--remote-required", o->remote_required,
+               "Exit at start when tier 3 cannot be reached (else: start without it "
+               "and keep retrying)");
+  app.add_flag("--remote-sessions", o->remote_sessions,
+               "Write session blocks to tier 3 too (prefix blocks always go)");
   AddSize(app, "remote-queue-bytes", &o->remote_queue_bytes,
-          "Bound of the tier-3 write-behind queue (the oldest are dropped past it)");
+          "Bound of the tier-3 write-behind queue (the newest are dropped past it)");
   app.add_option("--remote-inflight", o->remote_inflight,
                  "Tier-3 operations in flight (and blocks per write-behind batch)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--remote-retry-ms", o->remote_retry_ms,
                  "First wait of tier 3's circuit breaker after a failure (doubles)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--remote-retry-max-ms", o->remote_retry_max_ms,
                  "Longest wait of tier 3's circuit breaker")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   AddSize(app, "remote-bytes", &o->remote_bytes,
           "Write-behind pauses while the pool holds more than this (0 = no limit)");
+  app.add_option("--remote-expiry-s", o->remote_expiry_s,
+                 "Remove tier-3 blocks written more than this many seconds ago (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 
   try {
     app.parse(argc, argv);
@@ -435,7 +452,8 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "remote-inflight = ", o.remote_inflight, "\n",
       "remote-retry-ms = ", o.remote_retry_ms, "\n",
       "remote-retry-max-ms = ", o.remote_retry_max_ms, "\n",
-      "remote-bytes = ", size(o.remote_bytes), "\n");
+      "remote-bytes = ", size(o.remote_bytes), "\n",
+      "remote-expiry-s = ", o.remote_expiry_s, "\n");
 }
 
 }  // namespace evoke

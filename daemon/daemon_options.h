@@ -184,8 +184,9 @@ struct DaemonOptions {
   // Write session blocks to tier 3 too (to move a session to another
   // host); prefix blocks always go. Default: false.
   bool remote_sessions = false;
-  // Bound of the write-behind queue; past it the oldest are dropped
-  // (counted). Default: 256 MiB.
+  // Bound of the write-behind queue; past it the newest are dropped
+  // (counted), so the heads of chains already queued still go. Default:
+  // 256 MiB.
   uint64_t remote_queue_bytes = 256ull << 20;
   // Remote operations in flight (and blocks per write-behind batch).
   // Default: 16.
@@ -198,6 +199,10 @@ struct DaemonOptions {
   // Write-behind pauses while the pool holds more than this (0: no limit
   // but the pool's own quota). Default: 0.
   uint64_t remote_bytes = 0;
+  // Blocks written to tier 3 more than this many seconds ago are removed by
+  // a sweep every min(expiry / 4, 1 h), whichever host wrote them (0:
+  // never). Age is since written, not since last read. Default: 0.
+  uint64_t remote_expiry_s = 0;
 
   // Validate checks every field and returns INVALID_ARGUMENT naming the
   // flag, e.g. "--low-watermark: 0.99 must be below --high-watermark 0.95".

@@ -167,12 +167,37 @@ TEST(DaemonFlagsTest, FlagsMapOntoOptions) {
   EXPECT_EQ(o.log_level, "debug");
 }
 
+// The tier-3 switches are bare (--remote-required), or take =true/=false.
+TEST(DaemonFlagsTest, RemoteSwitchesNeedNoValue) {
+  DaemonOptions o;
+  ASSERT_OK(Parse({"--remote-conf", "/etc/ceph/ceph.conf", "--remote-required",
+                   "--remote-sessions", "--remote-expiry-s", "86400"},
+                  &o));
+  EXPECT_TRUE(o.remote_required);
+  EXPECT_TRUE(o.remote_sessions);
+  EXPECT_EQ(o.remote_expiry_s, 86400u);
+  DaemonOptions p;
+  ASSERT_OK(Parse({"--remote-required=false", "--remote-sessions=true"}, &p));
+  EXPECT_FALSE(p.remote_required);
+  EXPECT_TRUE(p.remote_sessions);
+  DaemonOptions q;
+  EXPECT_THAT(Parse({"--remote-expiry-s", "-5"}, &q),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--remote-expiry-s")));
+}
+
 TEST(DaemonFlagsTest, BadValuesAreRejectedWithTheFlagName) {
   DaemonOptions o;
   EXPECT_THAT(Parse({"--pinned-bytes", "lots"}, &o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--pinned-bytes")));
   EXPECT_THAT(Parse({"--no-such-flag"}, &o),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  // CLI11 alone wraps a negative count round to a huge unsigned one.
+  for (const char* flag : {"--worker-threads", "--max-leases", "--lease-idle-ms",
+                           "--remote-inflight", "--remote-expiry-s"}) {
+    DaemonOptions n;
+    EXPECT_THAT(Parse({flag, "-1"}, &n),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(flag)));
+  }
   DaemonOptions p;
   EXPECT_THAT(Parse({"--low-watermark", "0.97"}, &p),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--low-watermark")));
@@ -252,7 +277,7 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "remote-conf", "remote-pool", "remote-user", "remote-keyring",
                           "remote-op-timeout-ms", "remote-required", "remote-sessions",
                           "remote-queue-bytes", "remote-inflight", "remote-retry-ms",
-                          "remote-retry-max-ms", "remote-bytes"}) {
+                          "remote-retry-max-ms", "remote-bytes", "remote-expiry-s"}) {
     EXPECT_THAT(out, HasSubstr(std::string("\n") + key + " = ")) << key;
   }
 }
@@ -304,6 +329,7 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.remote_retry_ms, b.remote_retry_ms);
   EXPECT_EQ(a.remote_retry_max_ms, b.remote_retry_max_ms);
   EXPECT_EQ(a.remote_bytes, b.remote_bytes);
+  EXPECT_EQ(a.remote_expiry_s, b.remote_expiry_s);
 }
 
 // RoundTrip prints `o` as a config file and reads it back.
@@ -402,6 +428,21 @@ TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
     o.fd_connection_deadline_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
     o.lease_idle_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
     o.metadata_bytes = size(1u << 20);
+    if (pick(0, 1)) {
+      o.remote_conf = path_text(80);
+      o.remote_pool = "p" + text(20);
+      o.remote_user = text(20);
+      o.remote_keyring = pick(0, 1) ? "" : path_text(80);
+    }
+    o.remote_op_timeout_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.remote_required = pick(0, 1);
+    o.remote_sessions = pick(0, 1);
+    o.remote_queue_bytes = size(0);
+    o.remote_inflight = static_cast<uint32_t>(pick(1, 1024));
+    o.remote_retry_ms = static_cast<uint32_t>(pick(1, 1u << 20));
+    o.remote_retry_max_ms = static_cast<uint32_t>(pick(o.remote_retry_ms, UINT32_MAX));
+    o.remote_bytes = size(0);
+    o.remote_expiry_s = pick(0, 1) ? 0 : pick(1, UINT64_MAX);
     ExpectRoundTrip(o, path);
     if (HasFailure()) break;
   }

@@ -140,6 +140,9 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
     m->set_queue_bytes(r.queue_bytes);
     m->set_dropped_blocks(r.dropped_blocks);
     m->set_inflight(r.inflight);
+    m->set_expired_objects(r.expired_objects);
+    m->set_removals_queued(r.removals_queued);
+    m->set_removals_dropped(r.removals_dropped);
   }
 }
 

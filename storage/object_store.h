@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace evoke {
@@ -39,6 +40,12 @@ struct ObjectRead {
   absl::Status status;  // OK, NOT_FOUND, or the error.
   std::string data;
   std::string record;
+};
+
+// One object found by List, with the time it was last written.
+struct ListedObject {
+  ObjectKey key;
+  absl::Time mtime;
 };
 
 // Occupancy of the store (the pool), refreshed now and then.
@@ -74,6 +81,12 @@ class ObjectStore {
   // Remove deletes objects; absent ones are OK.
   virtual std::vector<absl::Status> Remove(absl::Span<const ObjectKey> keys) = 0;
   virtual absl::StatusOr<ObjectStoreUsage> Usage() = 0;
+  // List pages through the objects of every namespace: up to `max` from
+  // `cursor` ("" = the start), with their write times. `*next` is the
+  // cursor of the next page, "" after the last. Objects written or removed
+  // meanwhile may or may not be listed.
+  virtual absl::StatusOr<std::vector<ListedObject>> List(const std::string& cursor, size_t max,
+                                                         std::string* next) = 0;
 };
 
 }  // namespace evoke

@@ -86,6 +86,12 @@ class RadosObjectStore final : public ObjectStore {
     }
     if (!options_.keyring.empty()) rados->conf_set("keyring", options_.keyring.c_str());
     rv = rados->connect();
+    if (rv == -EACCES || rv == -EPERM) {
+      rados->shutdown();
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the cluster of --remote-conf ", options_.conf_path, " refused --remote-user ",
+          options_.user, " (check --remote-keyring and its caps): ", std::strerror(-rv)));
+    }
     if (rv < 0) {
       rados->shutdown();
       return absl::UnavailableError(absl::StrCat(
@@ -182,6 +188,48 @@ class RadosObjectStore final : public ObjectStore {
     auto it = stats.find(options_.pool);
     if (it == stats.end()) return absl::NotFoundError("pool stats: pool missing");
     return ObjectStoreUsage{it->second.num_bytes, it->second.num_objects};
+  }
+
+  absl::StatusOr<std::vector<ListedObject>> List(const std::string& cursor, size_t max,
+                                                 std::string* next) override {
+    next->clear();
+    if (!connected()) return absl::UnavailableError("not connected");
+    librados::IoCtx all;
+    {
+      absl::MutexLock lock(&ctx_mu_);
+      all.dup(*base_);
+    }
+    all.set_namespace(librados::all_nspaces);
+    librados::ObjectCursor start = all.object_list_begin();
+    if (!cursor.empty() && !start.from_str(cursor)) {
+      return absl::InvalidArgumentError(absl::StrCat("list cursor '", cursor, "' does not parse"));
+    }
+    std::vector<librados::ObjectItem> items;
+    librados::ObjectCursor after;
+    const int rv = all.object_list(start, all.object_list_end(), max, {}, &items, &after);
+    if (rv < 0) return FromErrno(rv, absl::StrCat("listing pool ", options_.pool));
+    if (!all.object_list_is_end(after)) *next = after.to_str();
+    // Write times, many stats in flight. An object removed since it was
+    // listed is left out.
+    std::vector<ListedObject> out(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      out[i].key = ObjectKey{std::move(items[i].nspace), std::move(items[i].oid)};
+    }
+    std::vector<absl::Status> stats = Run(
+        out.size(),
+        [&](size_t i, Op& op, librados::IoCtx& io) {
+          return io.aio_stat(out[i].key.name, op.completion, &op.size, &op.mtime);
+        },
+        [&](size_t i) -> const ObjectKey& { return out[i].key; },
+        [&](size_t i, Op& op) { out[i].mtime = absl::FromTimeT(op.mtime); });
+    std::vector<ListedObject> listed;
+    listed.reserve(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (stats[i].code() == absl::StatusCode::kNotFound) continue;
+      if (!stats[i].ok()) return stats[i];
+      listed.push_back(std::move(out[i]));
+    }
+    return listed;
   }
 
  private:

@@ -62,13 +62,28 @@ void RemoteTier::Stop() {
 }
 
 void RemoteTier::Loop() {
+  const bool expires = options_.expire_after > absl::ZeroDuration();
   absl::Time next_usage = clock_->Now() + options_.usage_refresh;
+  absl::Time next_sweep = clock_->Now() + options_.sweep_every;
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     stop_cv_.WaitWithTimeout(&mu_, std::min(options_.retry, options_.usage_refresh));
     if (stop_) break;
     const bool connected = store_->connected();
-    const bool due = clock_->Now() >= next_usage && breaker_ == Breaker::kClosed;
+    const absl::Time now = clock_->Now();
+    if (connected && expires && now >= next_sweep && breaker_ == Breaker::kClosed) {
+      next_sweep = now + options_.sweep_every;
+      mu_.Unlock();
+      absl::StatusOr<uint64_t> n = Expire(now - options_.expire_after);
+      if (!n.ok()) EVOKE_LOG_WARNING("remote tier expiry sweep stopped: ", n.status().ToString());
+      if (n.ok() && *n > 0) {
+        EVOKE_LOG_INFO("remote tier expiry: removed ", *n, " blocks written before ",
+                       absl::FormatTime(now - options_.expire_after));
+      }
+      mu_.Lock();
+      continue;
+    }
+    const bool due = now >= next_usage && breaker_ == Breaker::kClosed;
     if (connected && !due) continue;
     mu_.Unlock();
     if (!connected) {
@@ -277,6 +292,8 @@ std::vector<absl::Status> RemoteTier::Fetch(absl::string_view ns, absl::Span<con
       continue;
     }
     if (!r.status.ok()) {
+      // DATA_LOSS: an object without a record.
+      if (r.status.code() == absl::StatusCode::kDataLoss) ++counters_.checksum_failures;
       out[i] = r.status;
       continue;
     }
@@ -350,6 +367,46 @@ absl::Status RemoteTier::Remove(absl::string_view ns, absl::Span<const BlockId> 
     if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> RemoteTier::Expire(absl::Time before) {
+  constexpr size_t kPage = 1024;
+  uint64_t removed = 0;
+  std::string cursor;
+  do {
+    if (absl::Status admitted = Admit(); !admitted.ok()) return admitted;
+    std::string next;
+    absl::StatusOr<std::vector<ListedObject>> page = store_->List(cursor, kPage, &next);
+    if (!page.ok()) {
+      Record({&page.status(), 1});
+      return page.status();
+    }
+    std::vector<ObjectKey> old;
+    for (ListedObject& o : *page) {
+      // Only blocks: "b." and 32 hex digits; anything else in the pool is
+      // not ours to remove.
+      const absl::string_view name = o.key.name;
+      if (o.mtime >= before || !absl::StartsWith(name, "b.") ||
+          !BlockId::FromHex(name.substr(2)).ok()) {
+        continue;
+      }
+      old.push_back(std::move(o.key));
+    }
+    if (!old.empty()) {
+      const std::vector<absl::Status> got = store_->Remove(old);
+      Record(got);
+      uint64_t n = 0;
+      for (const absl::Status& s : got) n += s.ok() ? 1 : 0;
+      removed += n;
+      absl::MutexLock lock(&mu_);
+      counters_.expired_objects += n;
+    } else {
+      const absl::Status ok;
+      Record({&ok, 1});
+    }
+    cursor = std::move(next);
+  } while (!cursor.empty());
+  return removed;
 }
 
 bool RemoteTier::Ready(absl::Duration* wait) const {

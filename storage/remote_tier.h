@@ -39,6 +39,12 @@ struct RemoteTierOptions {
   // Write-behind pauses while the pool holds more than this (0: no limit;
   // the pool's own quota still applies).
   uint64_t budget_bytes = 0;
+  // Blocks written longer ago than this are removed by a sweep every
+  // `sweep_every` (zero: never). Age is since the object was written (RADOS
+  // keeps no read time), so a block in use expires too; the next host that
+  // saves it writes it again.
+  absl::Duration expire_after = absl::ZeroDuration();
+  absl::Duration sweep_every = absl::Hours(1);
   const Clock* clock = nullptr;  // Null: the wall clock.
 };
 
@@ -100,6 +106,11 @@ class RemoteTier {
 
   // Remove deletes blocks of namespace `ns` (absent ones are OK).
   absl::Status Remove(absl::string_view ns, absl::Span<const BlockId> ids);
+
+  // Expire removes, in every namespace, the blocks written before `before`
+  // and returns how many it removed. Objects not named like blocks are
+  // left alone. The background thread calls it when expire_after is set.
+  absl::StatusOr<uint64_t> Expire(absl::Time before);
 
   // Admit says whether a call may reach the store now: UNAVAILABLE with the
   // reason while disconnected or while the breaker is open. In half-open,

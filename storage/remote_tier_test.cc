@@ -36,6 +36,7 @@ class MemoryObjectStore final : public ObjectStore {
  public:
   struct Object {
     std::string data, record;
+    absl::Time mtime;
   };
   enum class Mode { kUp, kDown, kSlow };
 
@@ -66,7 +67,7 @@ class MemoryObjectStore final : public ObjectStore {
         continue;
       }
       payload_bytes_sent += w.data.size();
-      it->second = Object{std::string(w.data), std::string(w.record)};
+      it->second = Object{std::string(w.data), std::string(w.record), clock ? clock->Now() : absl::Now()};
       out.push_back(absl::OkStatus());
     }
     return out;
@@ -111,6 +112,23 @@ class MemoryObjectStore final : public ObjectStore {
     }
     return out;
   }
+  absl::StatusOr<std::vector<ListedObject>> List(const std::string& cursor, size_t max,
+                                                 std::string* next) override {
+    absl::MutexLock lock(&mu_);
+    next->clear();
+    if (absl::Status s = Outage(); !s.ok()) return s;
+    std::vector<ListedObject> out;
+    for (auto it = objects_.upper_bound(cursor); it != objects_.end(); ++it) {
+      if (out.size() == max) {
+        *next = out.back().key.ns + "/" + out.back().key.name;
+        break;
+      }
+      const size_t slash = it->first.find('/');
+      out.push_back(ListedObject{ObjectKey{it->first.substr(0, slash), it->first.substr(slash + 1)},
+                                 it->second.mtime});
+    }
+    return out;
+  }
   absl::StatusOr<ObjectStoreUsage> Usage() override {
     absl::MutexLock lock(&mu_);
     ObjectStoreUsage u;
@@ -145,6 +163,17 @@ class MemoryObjectStore final : public ObjectStore {
   // Counters (read under no lock by tests once the store is quiet).
   uint64_t write_ops = 0, read_ops = 0, exists_ops = 0, payload_bytes_sent = 0;
   std::atomic<bool> refuse_connect{false};
+  const Clock* clock = nullptr;  // Write times (null: the wall clock).
+
+  // Put stores an object that is not a block (someone else's, in the pool).
+  void Put(const std::string& ns, const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    objects_[ns + "/" + name] = Object{"x", "", absl::UnixEpoch()};
+  }
+  bool HasObject(const std::string& ns, const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    return objects_.contains(ns + "/" + name);
+  }
 
  private:
   static std::string Key(const ObjectKey& k) { return k.ns + "/" + k.name; }
@@ -180,6 +209,10 @@ class SharedStore final : public ObjectStore {
     return s_->Remove(k);
   }
   absl::StatusOr<ObjectStoreUsage> Usage() override { return s_->Usage(); }
+  absl::StatusOr<std::vector<ListedObject>> List(const std::string& cursor, size_t max,
+                                                 std::string* next) override {
+    return s_->List(cursor, max, next);
+  }
 
  private:
   MemoryObjectStore* s_;
@@ -199,6 +232,7 @@ class RemoteTierTest : public ::testing::Test {
     options.retry = absl::Seconds(1);
     options.retry_max = absl::Seconds(4);
     options.clock = &clock_;
+    store_.clock = &clock_;
     tier_ = std::make_unique<RemoteTier>(std::make_unique<SharedStore>(&store_), options);
     ASSERT_OK(tier_->Start());
   }
@@ -325,6 +359,70 @@ TEST(RemoteTierStartTest, StartsDisconnectedAndReconnectsInTheBackground) {
   store.refuse_connect = false;
   EXPECT_TRUE(evoke::testing::WaitUntil([&] { return tier.Stats().connected; }));
   EXPECT_THAT(tier.ProbeRun("ns", {&id, 1}), IsOkAndHolds(0u));
+}
+
+// Expiry: blocks written before the cut-off go, in every namespace and over
+// several pages of the listing; younger blocks and objects that are not
+// blocks stay.
+TEST_F(RemoteTierTest, ExpiryRemovesOnlyBlocksWrittenBeforeTheCutOff) {
+  const std::string payload = evoke::testing::Payload(3, 64);
+  auto write = [&](const std::string& ns, const BlockId& id) {
+    const storage::SpillRecord record = RecordFor(id, payload.size());
+    const RemoteTier::Block block{id, ns, &record, payload, true};
+    ASSERT_OK(tier_->Write({&block, 1})[0]);
+  };
+  constexpr int kOld = 1100;  // More than one page of 1024.
+  for (int i = 0; i < kOld; ++i) write(i % 2 ? "a" : "b", BlockId(0x200 + i, 1));
+  store_.Put("a", "b.not-hex");
+  store_.Put("a", "someone-elses-object");
+  const absl::Time cut = clock_.Now() + absl::Minutes(30);
+  clock_.Advance(absl::Hours(1));
+  for (int i = 0; i < 5; ++i) write("a", BlockId(0x900 + i, 1));
+
+  EXPECT_THAT(tier_->Expire(cut), IsOkAndHolds(static_cast<uint64_t>(kOld)));
+  EXPECT_EQ(store_.size(), 5u + 2u);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(store_.Has("a", BlockId(0x900 + i, 1)));
+  EXPECT_TRUE(store_.HasObject("a", "b.not-hex"));
+  EXPECT_TRUE(store_.HasObject("a", "someone-elses-object"));
+  EXPECT_EQ(tier_->Stats().expired_objects, static_cast<uint64_t>(kOld));
+  // Nothing more is old enough.
+  EXPECT_THAT(tier_->Expire(cut), IsOkAndHolds(0u));
+  // A store that is down: the sweep stops with UNAVAILABLE, removes nothing.
+  store_.SetMode(MemoryObjectStore::Mode::kDown);
+  EXPECT_THAT(tier_->Expire(clock_.Now() + absl::Hours(1)),
+              StatusIs(absl::StatusCode::kUnavailable));
+  store_.SetMode(MemoryObjectStore::Mode::kUp);
+  EXPECT_EQ(store_.size(), 7u);
+}
+
+TEST(RemoteTierExpiryTest, TheBackgroundSweepExpiresOldBlocks) {
+  evoke::testing::FakeClock clock;
+  MemoryObjectStore store;
+  store.clock = &clock;
+  RemoteTierOptions options;
+  options.clock = &clock;
+  options.retry = absl::Milliseconds(10);
+  options.expire_after = absl::Hours(2);
+  options.sweep_every = absl::Minutes(30);
+  RemoteTier tier(std::make_unique<SharedStore>(&store), options);
+  ASSERT_OK(tier.Start());
+  const std::string payload = evoke::testing::Payload(4, 64);
+  const BlockId old_id(0x1, 1), young_id(0x2, 1);
+  const storage::SpillRecord old_record = RecordFor(old_id, payload.size());
+  const storage::SpillRecord young_record = RecordFor(young_id, payload.size());
+  const RemoteTier::Block old_block{old_id, "ns", &old_record, payload, true};
+  ASSERT_OK(tier.Write({&old_block, 1})[0]);
+  clock.Advance(absl::Hours(1) + absl::Minutes(45));
+  const RemoteTier::Block young_block{young_id, "ns", &young_record, payload, true};
+  ASSERT_OK(tier.Write({&young_block, 1})[0]);
+  // 1 h 45 min: no sweep has found anything old enough yet.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_TRUE(store.Has("ns", old_id));
+  clock.Advance(absl::Minutes(30));  // The old block is 2 h 15 min old.
+  EXPECT_TRUE(evoke::testing::WaitUntil([&] { return !store.Has("ns", old_id); }));
+  EXPECT_TRUE(store.Has("ns", young_id));
+  EXPECT_EQ(tier.Stats().expired_objects, 1u);
+  tier.Stop();
 }
 
 TEST_F(RemoteTierTest, ProbeRunStopsAtTheFirstAbsentBlock) {
@@ -490,6 +588,54 @@ TEST_F(RemoteEngineTest, SessionBlocksStayLocalUnlessConfigured) {
     ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
     EXPECT_EQ(store_.size(), before + (sessions ? 1 : 0));
   }
+}
+
+// With --remote-sessions, dropping a session (or deleting its blocks)
+// removes their remote copies; prefix blocks are shared by content and stay.
+// A store that is down holds the removals until it is back.
+TEST_F(RemoteEngineTest, DeletingASessionRemovesItsRemoteCopiesButNotSharedPrefixes) {
+  Host a = Open(256ull << 20, /*sessions=*/true);
+  MakeChain(2);
+  ASSERT_OK(SaveChain(a));
+  std::vector<v1::BlockMeta> metas;
+  std::vector<std::string> payloads;
+  for (int i = 0; i < 3; ++i) {
+    metas.push_back(evoke::testing::SessionMeta(fp_, "s1", i, 16, 0, 1, 16 * i));
+    payloads.push_back(evoke::testing::Payload(20 + i, 8 * kKiB));
+  }
+  metas.push_back(evoke::testing::SessionMeta(fp_, "s2", 0, 16, 0, 1, 0));
+  payloads.push_back(evoke::testing::Payload(30, 8 * kKiB));
+  std::vector<SaveItem> items;
+  std::vector<absl::string_view> views;
+  for (size_t i = 0; i < metas.size(); ++i) {
+    items.push_back(SaveItem{&metas[i], payloads[i].size()});
+    views.push_back(payloads[i]);
+  }
+  HostSaveSource source(views);
+  ASSERT_OK(a.tiers->Save(items, source, false, absl::InfiniteFuture()).status());
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  ASSERT_EQ(store_.size(), 2u + 4u);
+
+  store_.SetMode(MemoryObjectStore::Mode::kDown);
+  EXPECT_THAT(a.tiers->DropSession("ns", "s1"), IsOkAndHolds(3u));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(store_.size(), 6u);  // Down: nothing removed yet, nothing lost.
+  EXPECT_EQ(a.tiers->Stats().remote->removals_queued, 3u);
+  store_.SetMode(MemoryObjectStore::Mode::kUp);
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(store_.Has("ns", evoke::testing::IdOf(metas[i])));
+  EXPECT_TRUE(store_.Has("ns", evoke::testing::IdOf(metas[3])));
+  for (const BlockId& id : ids_) EXPECT_TRUE(store_.Has("ns", id));
+  // Deleting a prefix block by id leaves its shared copy alone.
+  ASSERT_OK(a.tiers->Delete({&ids_[0], 1}, nullptr));
+  ASSERT_OK(a.tiers->Delete({&ids_.back(), 1}, nullptr));
+  const BlockId s2 = evoke::testing::IdOf(metas[3]);
+  ASSERT_OK(a.tiers->Delete({&s2, 1}, nullptr));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  for (const BlockId& id : ids_) EXPECT_TRUE(store_.Has("ns", id));
+  EXPECT_FALSE(store_.Has("ns", s2));
+  EXPECT_EQ(store_.size(), 2u);
+  EXPECT_EQ(a.tiers->Stats().remote->removals_dropped, 0u);
 }
 
 TEST_F(RemoteEngineTest, ACorruptRemoteCopyIsRefusedCountedRemovedAndNeverServed) {

@@ -934,6 +934,12 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
     IndexEntry* e = core_.index.FindVisible(id);
     if (e == nullptr) continue;
     if (observer() != nullptr) observer()->Removed(e->id, e->meta);
+    // A deleted session block's remote copy goes too; prefix blocks are
+    // shared by content and stay (expiry removes them).
+    if (uploader_ != nullptr && core_.options.remote_sessions &&
+        e->meta.kind() == v1::BLOCK_KIND_SESSION) {
+      uploader_->EnqueueRemoval(e->meta.fingerprint().namespace_(), e->id);
+    }
     core_.index.Remove(e);
     ++core_.counters.deletes;
     ++n;

@@ -88,8 +88,8 @@ struct TierManagerOptions {
   // there. Must outlive the TierManager.
   RemoteTier* remote = nullptr;
   bool remote_sessions = false;
-  // Bound of the write-behind queue; past it the oldest queued blocks are
-  // dropped (counted). Default: 256 MiB.
+  // Bound of the write-behind queue; past it the newest blocks are refused
+  // (dropped, counted), so queued chain heads still go. Default: 256 MiB.
   uint64_t remote_queue_bytes = 256ull << 20;
   // Blocks written to tier 3 per batch (all in flight at once). Default: 16.
   int remote_batch_blocks = 16;

@@ -150,11 +150,16 @@ struct RemoteStats {
   uint64_t unavailable = 0;  // Calls refused because the tier was down.
   uint64_t pool_used_bytes = 0;
   uint64_t pool_objects = 0;
+  uint64_t expired_objects = 0;  // Removed by the expiry sweep.
   // Write-behind (the engine's uploader).
   uint64_t queue_blocks = 0;
   uint64_t queue_bytes = 0;
   uint64_t dropped_blocks = 0;
   uint64_t inflight = 0;
+  // Remote copies of deleted session blocks waiting to be removed, and
+  // those given up (queue full, or the store refused).
+  uint64_t removals_queued = 0;
+  uint64_t removals_dropped = 0;
 };
 
 struct TierStats {

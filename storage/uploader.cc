@@ -36,6 +36,8 @@ void Uploader::Stop() {
   dropped_ += queue_.size();
   queue_.clear();
   queue_bytes_ = 0;
+  removals_dropped_ += removals_.size();
+  removals_.clear();
   idle_cv_.SignalAll();
 }
 
@@ -53,12 +55,22 @@ void Uploader::Enqueue(const IndexEntry& e) {
   cv_.Signal();
 }
 
+void Uploader::EnqueueRemoval(absl::string_view ns, const BlockId& id) {
+  if (stop_) return;
+  if (removals_.size() >= kMaxRemovals) {
+    ++removals_dropped_;
+    return;
+  }
+  removals_.push_back(Removal{std::string(ns), id});
+  cv_.Signal();
+}
+
 bool Uploader::WaitForIdle(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&core_->mu);
-  while (!queue_.empty() || inflight_ != 0) {
+  while (!queue_.empty() || !removals_.empty() || inflight_ != 0) {
     if (idle_cv_.WaitWithDeadline(&core_->mu, deadline)) {
-      return queue_.empty() && inflight_ == 0;
+      return queue_.empty() && removals_.empty() && inflight_ == 0;
     }
   }
   return true;
@@ -69,26 +81,62 @@ void Uploader::Fill(RemoteStats* stats) {
   stats->queue_bytes = queue_bytes_;
   stats->dropped_blocks = dropped_;
   stats->inflight = inflight_;
+  stats->removals_queued = removals_.size();
+  stats->removals_dropped = removals_dropped_;
 }
 
 void Uploader::Loop() {
   absl::MutexLock lock(&core_->mu);
   while (!stop_) {
-    if (queue_.empty()) {
+    if (queue_.empty() && removals_.empty()) {
       idle_cv_.SignalAll();
       cv_.Wait(&core_->mu);
       continue;
     }
     absl::Duration wait;
-    if (!remote_->Ready(&wait) || remote_->OverBudget()) {
-      // Down, or past budget: keep the queue (it drops its oldest past its
-      // bound) and look again when the breaker may let a probe through.
+    const bool ready = remote_->Ready(&wait);
+    if (!ready || (removals_.empty() && remote_->OverBudget())) {
+      // Down, or past budget: keep the queue (it refuses the newest past
+      // its bound) and look again when the breaker may let a probe through.
+      // Removals go on past the budget: they free space.
       cv_.WaitWithTimeout(&core_->mu, std::clamp(wait, absl::Milliseconds(10),
                                                  absl::Seconds(1)));
       continue;
     }
-    Round();
+    if (!removals_.empty()) {
+      RemoveRound();
+    } else {
+      Round();
+    }
   }
+}
+
+void Uploader::RemoveRound() {
+  // One namespace per round, up to 256 blocks.
+  const std::string ns = removals_.front().ns;
+  std::vector<BlockId> ids;
+  for (auto it = removals_.begin(); it != removals_.end() && ids.size() < 256;) {
+    if (it->ns != ns) {
+      ++it;
+      continue;
+    }
+    ids.push_back(it->id);
+    it = removals_.erase(it);
+  }
+  inflight_ = ids.size();
+  core_->mu.Unlock();
+  const absl::Status s = remote_->Remove(ns, ids);
+  core_->mu.Lock();
+  inflight_ = 0;
+  if (s.ok()) return;
+  if (s.code() == absl::StatusCode::kUnavailable && !stop_ &&
+      removals_.size() + ids.size() <= kMaxRemovals) {
+    for (size_t i = ids.size(); i-- > 0;) removals_.push_front(Removal{ns, ids[i]});
+    return;
+  }
+  EVOKE_LOG_WARNING("remote tier: ", ids.size(), " deleted session blocks of namespace ", ns,
+                    " keep their remote copies (", s.ToString(), "); expiry removes them");
+  removals_dropped_ += ids.size();
 }
 
 void Uploader::Round() {

@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "storage/engine_core.h"
@@ -42,6 +44,13 @@ class Uploader {
 
   // Enqueue queues a committed block for write-behind.
   void Enqueue(const IndexEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // EnqueueRemoval queues the removal of a deleted session block's remote
+  // copy. Removals run on the same thread after any write of that block in
+  // flight, so a copy being written is removed after it lands. Past
+  // kMaxRemovals queued, they are dropped (counted; expiry removes them).
+  void EnqueueRemoval(absl::string_view ns, const BlockId& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  static constexpr size_t kMaxRemovals = 1 << 16;
 
   // WaitForIdle blocks until the queue is empty and nothing is in flight,
   // or `timeout` passes (false).
@@ -59,6 +68,8 @@ class Uploader {
   void Loop();
   // Round writes one batch taken from the queue (mu released inside).
   void Round() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // RemoveRound removes one batch of queued removals (mu released inside).
+  void RemoveRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
   EngineCore* const core_;
   RemoteTier* const remote_;
@@ -69,6 +80,12 @@ class Uploader {
   uint64_t queue_bytes_ ABSL_GUARDED_BY(core_->mu) = 0;
   uint64_t inflight_ ABSL_GUARDED_BY(core_->mu) = 0;
   uint64_t dropped_ ABSL_GUARDED_BY(core_->mu) = 0;
+  struct Removal {
+    std::string ns;
+    BlockId id;
+  };
+  std::deque<Removal> removals_ ABSL_GUARDED_BY(core_->mu);
+  uint64_t removals_dropped_ ABSL_GUARDED_BY(core_->mu) = 0;
   std::thread thread_;
 };
 

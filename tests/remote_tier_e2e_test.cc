@@ -11,9 +11,11 @@
 //   d) the whole cluster frozen: local loads stay fast, a remote-only block is
 //      UNAVAILABLE (not NOT_FOUND), service resumes after the thaw;
 //   e) a remote object's bytes flipped with `rados put`: refused (DATA_LOSS),
-//      counted, never served;
+//      counted, removed from the pool, never served;
 //   f) bad configuration: a clear error at start with --remote-required, a
-//      degraded start (local service, Stat says why) without it.
+//      degraded start (local service, Stat says why) without it;
+//   g) expiry: a host started with --remote-expiry-s removes the blocks
+//      written before the cut-off, whichever host wrote them.
 // Each drill uses its own evoke namespace (= RADOS namespace), so the drills
 // do not see each other's objects. Skips (saying how to run it) only when
 // Ceph is not installed or the cluster does not start; EVOKE_REQUIRE_CEPH=1
@@ -382,8 +384,9 @@ TEST_F(RemoteTierTest, FrozenClusterLeavesLocalServiceAloneAndResumes) {
 }
 
 // e) A stored object's bytes flipped behind evoked's back: B refuses it with
-// DATA_LOSS every time, counts it, and never serves it; the rest of the chain
-// still loads.
+// DATA_LOSS, counts it and removes the object (so no host fetches it again);
+// from then on the block is NOT_FOUND on B, never served; the rest of the
+// chain still loads.
 TEST_F(RemoteTierTest, FlippedRemoteBytesAreRefusedAndCounted) {
   const std::string ns = "drill-e";
   Host a, b;
@@ -400,13 +403,16 @@ TEST_F(RemoteTierTest, FlippedRemoteBytesAreRefusedAndCounted) {
   flipped[flipped.size() / 2] ^= 0x01;
   ASSERT_OK(ceph().RadosPut(ns, object, flipped));
 
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<std::vector<LoadedBlock>> bad =
-        b.client->Load({chain[2].id()}, chain[2].meta.fingerprint());
-    ASSERT_FALSE(bad.ok()) << "served a flipped object (attempt " << attempt << ")";
-    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
-  }
-  EXPECT_GE(Remote(b).checksum_failures(), 1u);
+  absl::StatusOr<std::vector<LoadedBlock>> bad =
+      b.client->Load({chain[2].id()}, chain[2].meta.fingerprint());
+  ASSERT_FALSE(bad.ok()) << "served a flipped object";
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_EQ(Remote(b).checksum_failures(), 1u);
+  EXPECT_EQ(ceph().RadosGet(ns, object).status().code(), absl::StatusCode::kNotFound)
+      << "the corrupt object is still in the pool";
+  bad = b.client->Load({chain[2].id()}, chain[2].meta.fingerprint());
+  ASSERT_FALSE(bad.ok()) << "served a flipped object (second load)";
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound) << bad.status();
   // The intact blocks load; A still serves its own good copy.
   ExpectLoads(b, {chain[0], chain[1], chain[3]}, v1::TIER_REMOTE);
   ExpectLoads(a, chain, v1::TIER_PINNED_HOST);
@@ -481,6 +487,50 @@ TEST_F(RemoteTierTest, BadConfigurationIsAClearErrorOrADegradedStart) {
                 << r.last_error() << "'\n";
     }
   }
+}
+
+// g) Expiry: host C, started with --remote-expiry-s 6, sweeps every 1.5 s
+// and removes the blocks A wrote more than 6 s ago, in every namespace;
+// younger blocks stay. A still serves its own copies.
+TEST_F(RemoteTierTest, ExpiryRemovesBlocksOlderThanTheCutOffFromEveryHost) {
+  Host a, c;
+  StartHost(a);
+  StartHost(c, {"--remote-expiry-s", "6"});
+  const std::vector<TestBlock> old_g = Chain("drill-g", 4, 16);
+  const std::vector<TestBlock> old_h = Chain("drill-h", 4, 16);
+  ASSERT_OK(Save(*a.client, old_g));
+  ASSERT_OK(Save(*a.client, old_h));
+  ASSERT_TRUE(Drained(a, old_g.size() + old_h.size()));
+  absl::SleepFor(absl::Milliseconds(7500));
+  const std::vector<TestBlock> young = Chain("drill-g", 4, 16, 50000);
+  ASSERT_OK(Save(*a.client, young));
+  ASSERT_TRUE(Drained(a, old_g.size() + old_h.size() + young.size()));
+  std::vector<std::string> want;
+  for (const TestBlock& b : young) want.push_back(ObjectName(b.id()));
+  std::sort(want.begin(), want.end());
+  std::vector<std::string> in_g, in_h;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<std::vector<std::string>> g = ceph().RadosList("drill-g");
+        absl::StatusOr<std::vector<std::string>> h = ceph().RadosList("drill-h");
+        if (!g.ok() || !h.ok()) return false;
+        in_g = *g;
+        in_h = *h;
+        std::sort(in_g.begin(), in_g.end());
+        return in_g == want && in_h.empty();
+      },
+      "the sweep removes the old blocks and only those", absl::Seconds(10),
+      absl::Milliseconds(200)))
+      << in_g.size() << " objects in drill-g (want the " << want.size()
+      << " young ones), " << in_h.size() << " in drill-h; " << Remote(c).DebugString();
+  // Other drills' older objects may have gone in the same sweeps.
+  EXPECT_GE(Remote(c).expired_objects(), old_g.size() + old_h.size());
+  ExpectLoads(a, old_g, v1::TIER_PINNED_HOST);
+  Host b;
+  StartHost(b);
+  ExpectLoads(b, young, v1::TIER_REMOTE);
+  EXPECT_EQ(b.client->Load({old_g[0].id()}, old_g[0].meta.fingerprint()).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 // c) An OSD killed -9 while write-behind runs (pool size 3, min_size 2): no
