@@ -27,12 +27,7 @@ using ::evoke::testing::IsOkAndHolds;
 using ::evoke::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ::evoke::testing::ReadFile;
 
 SpawnOptions Shell(const std::string& script) {
   SpawnOptions o;

@@ -98,6 +98,22 @@ signal_all() {
   done < <(daemon_pids)
 }
 
+# wait_stopped: until every daemon is stopped (state T), 10 s at most:
+# SIGSTOP is delivered asynchronously, and a busy machine may take a while
+# to stop every thread, so `freeze` returning means frozen.
+wait_stopped() {
+  local name pid i st
+  while read -r name pid; do
+    ours "$pid" || continue
+    for ((i = 0; i < 200; i++)); do
+      st=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+      [[ $st == T || -z $st ]] && break
+      sleep 0.05
+    done
+    [[ $st == T || -z $st ]] || die "$name (pid $pid) did not stop after SIGSTOP"
+  done < <(daemon_pids)
+}
+
 # wait_gone PID...: until each is gone or a zombie (10 s at most).
 wait_gone() {
   local p i
@@ -361,7 +377,7 @@ case $CMD in
     CONF=$DIR/ceph.conf
     case $CMD in
       stop) kill_all ;;
-      freeze) signal_all STOP ;;
+      freeze) signal_all STOP; wait_stopped ;;
       thaw) signal_all CONT ;;
       kill-osd)
         [[ $# -eq 3 && $3 =~ ^[0-9]+$ ]] || usage

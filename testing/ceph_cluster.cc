@@ -19,16 +19,10 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/subprocess.h"
+#include "testing/temp_dir.h"
 
 namespace evoke::testing {
 namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 bool OnPath(const std::string& program) {
   const char* path = std::getenv("PATH");
@@ -153,8 +147,8 @@ absl::StatusOr<std::string> CephCluster::RunScript(const std::vector<std::string
   return run.out;
 }
 
-std::vector<std::pair<std::string, pid_t>> CephCluster::Daemons() const {
-  std::vector<std::pair<std::string, pid_t>> daemons;
+std::vector<std::pair<std::string, pid_t>> CephCluster::PidFiles() const {
+  std::vector<std::pair<std::string, pid_t>> files;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/pids", ec)) {
     int pid = 0;
@@ -162,7 +156,14 @@ std::vector<std::pair<std::string, pid_t>> CephCluster::Daemons() const {
         pid <= 0) {
       continue;
     }
-    const std::string file = entry.path().filename().string();
+    files.emplace_back(entry.path().filename().string(), pid);
+  }
+  return files;
+}
+
+std::vector<std::pair<std::string, pid_t>> CephCluster::Daemons() const {
+  std::vector<std::pair<std::string, pid_t>> daemons;
+  for (const auto& [file, pid] : PidFiles()) {
     absl::string_view name = file;
     if (!absl::ConsumeSuffix(&name, ".pid")) continue;  // The watchdog.
     daemons.emplace_back(std::string(name), pid);
@@ -171,13 +172,7 @@ std::vector<std::pair<std::string, pid_t>> CephCluster::Daemons() const {
 }
 
 void CephCluster::Reap() {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/pids", ec)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(entry.path().string())), &pid) ||
-        pid <= 0) {
-      continue;
-    }
+  for (const auto& [file, pid] : PidFiles()) {
     int status = 0;
     // Only exited children are reaped; a live one or a stranger's pid
     // (ECHILD) is left alone.

@@ -113,6 +113,8 @@ class CephCluster {
   // children through the subreaper); pids that are not our children are
   // left alone.
   void Reap();
+  // PidFiles: (file name, pid) of every readable file in DIR/pids.
+  std::vector<std::pair<std::string, pid_t>> PidFiles() const;
 
   std::string dir_;
   std::string conf_path_;

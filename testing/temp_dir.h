@@ -23,6 +23,9 @@ class TempDir {
   std::string path_;
 };
 
+// ReadFile returns a file's bytes ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
 }  // namespace evoke::testing
 
 #endif  // EVOKE_TESTING_TEMP_DIR_H_

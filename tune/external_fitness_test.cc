@@ -45,11 +45,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return s;
-}
+using ::evoke::testing::ReadFile;
 
 // GroupGone: whether no process is left in process group `pgid` within 5 s
 // (killed members linger as zombies until their new parent reaps them).

@@ -22,10 +22,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using ::evoke::testing::ReadFile;
 
 bool Exists(const std::string& path) { return std::ifstream(path).good(); }
 

@@ -45,11 +45,6 @@ int FreePort() {
   return port;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 class TcpTest : public ::testing::Test {
  protected:
   // One evoked for the suite: starting it is most of the time.
