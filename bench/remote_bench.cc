@@ -18,7 +18,9 @@
 //            own rate, from the first objects written to the drain (local
 //            Saves, slower than RADOS on a loaded machine, are out of it).
 //            Then host B (fresh, empty tiers) Loads them --load-blocks per
-//            Load, as an engine would, each served from TIER_REMOTE: MB/s.
+//            Load, as an engine would, each served from TIER_REMOTE: MB/s;
+//            then the same Loads again, served from B's tier 1 (reload_MBps:
+//            the local half of the path alone).
 //   reuse:   a 2,048-token Llama-3.1-8B prefix (256 MiB) on host B, either
 //            fetched from RADOS (--source remote: host A wrote it; B has
 //            nothing) or from B's own tier 2 (--source tier2: B saved it,
@@ -288,14 +290,22 @@ int RunThroughput(const std::string& dir, const Cluster& cluster, const std::str
   absl::StatusOr<LoadRun> run = LoadChain(*client, c, per_load, v1::TIER_REMOTE, t0);
   if (!run.ok()) return Fail("load on host B", run.status());
   absl::StatusOr<v1::StatResponse> st = client->Stat();
+  // The same Loads again, now served from B's tier 1 (the fetch promoted
+  // every block): what the local half of the path (evoked -> client over
+  // gRPC) costs alone. fetch - reload ~ RADOS reads + promotion.
+  absl::StatusOr<LoadRun> again =
+      LoadChain(*client, c, per_load, v1::TIER_PINNED_HOST, absl::Now());
+  if (!again.ok()) return Fail("reload on host B", again.status());
   absl::PrintF(
       "RESULT case=fetch block_bytes=%d blocks=%d bytes=%d inflight=%d load_blocks=%d "
-      "load_s=%.3f MBps=%.1f first_load_ms=%.1f fetches=%d wrong=%d not_remote=%d\n",
+      "load_s=%.3f MBps=%.1f first_load_ms=%.1f fetches=%d wrong=%d not_remote=%d "
+      "reload_s=%.3f reload_MBps=%.1f reload_not_tier1=%d\n",
       block_bytes, n, c.bytes(), cluster.inflight, per_load, absl::ToDoubleSeconds(run->all),
       Mbps(c.bytes(), run->all), Ms(run->first), st.ok() ? st->remote().fetches() : 0,
-      run->wrong, run->other_tier);
+      run->wrong, run->other_tier, absl::ToDoubleSeconds(again->all),
+      Mbps(c.bytes(), again->all), again->other_tier);
   std::fflush(stdout);
-  return (run->wrong == 0 && run->other_tier == 0) ? 0 : 1;
+  return (run->wrong == 0 && run->other_tier == 0 && again->wrong == 0) ? 0 : 1;
 }
 
 // ------------------------------------------------------------ reuse

@@ -107,6 +107,11 @@ for b in blocks:
               f[0]["load_blocks"] if f else "?", med([float(r["first_load_ms"]) for r in f], "%.1f"),
               sum(int(r["dropped"]) for r in w), sum(int(r["wrong"]) for r in f),
               sum(int(r["not_remote"]) for r in f)))
+        if f and "reload_MBps" in f[0]:
+            print("    %s inflight %s: the same Loads again from host B's tier 1: %s MB/s "
+                  "(fetch time / reload time: %s)" % (size(b), inflight,
+                  med([float(r["reload_MBps"]) for r in f]),
+                  stats([float(r["load_s"]) / float(r["reload_s"]) for r in f])))
 print()
 print("2. Cross-host prefix reuse: 2,048-token Llama-3.1-8B prefix (256 MiB) on host B, ms from")
 print("   the start of the fleet-wide Lookup (median over runs; min-max)")
