@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -50,7 +51,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
+#include "common/status_macros.h"
 #include "evoke/client.h"
+#include "storage/rados_store.h"
+#include "storage/remote_tier.h"
 #include "testing/blocks.h"
 #include "testing/daemon_process.h"
 
@@ -187,15 +191,28 @@ struct LoadRun {
   uint64_t wrong = 0, other_tier = 0;
 };
 
+// With `region` (at least c.bytes(), pages already touched) the blocks land
+// there through shared memory (LoadInto, the engines' path: the daemon
+// copies each payload once); without it they come inline in gRPC messages.
 absl::StatusOr<LoadRun> LoadChain(Client& client, const Chain& c, size_t per_load,
-                                  v1::Tier want_tier, absl::Time t0) {
+                                  v1::Tier want_tier, absl::Time t0,
+                                  SharedRegion* region = nullptr) {
   LoadRun run;
   std::vector<LoadedBlock> got;
   got.reserve(c.ids.size());
   for (size_t begin = 0; begin < c.ids.size(); begin += per_load) {
     const size_t end = std::min(c.ids.size(), begin + per_load);
-    absl::StatusOr<std::vector<LoadedBlock>> loaded =
-        client.Load(absl::MakeConstSpan(c.ids).subspan(begin, end - begin), c.fp);
+    const absl::Span<const BlockId> ids = absl::MakeConstSpan(c.ids).subspan(begin, end - begin);
+    absl::StatusOr<std::vector<LoadedBlock>> loaded;
+    if (region != nullptr) {
+      std::vector<v1::RegionSlice> dests;
+      for (size_t i = begin; i < end; ++i) {
+        dests.push_back(region->Slice(i * c.block_bytes, c.block_bytes));
+      }
+      loaded = client.LoadInto(ids, c.fp, dests);
+    } else {
+      loaded = client.Load(ids, c.fp);
+    }
     if (!loaded.ok()) return loaded.status();
     if (begin == 0) run.first = absl::Now() - t0;
     for (LoadedBlock& b : *loaded) got.push_back(std::move(b));
@@ -206,15 +223,54 @@ absl::StatusOr<LoadRun> LoadChain(Client& client, const Chain& c, size_t per_loa
   }
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i].served_from != want_tier) ++run.other_tier;
-    if (!c.payloads.empty() && got[i].payload != c.payloads[i]) ++run.wrong;
+    if (c.payloads.empty()) continue;
+    const absl::string_view bytes =
+        region != nullptr
+            ? absl::string_view(reinterpret_cast<const char*>(region->data()) + i * c.block_bytes,
+                                c.block_bytes)
+            : absl::string_view(got[i].payload);
+    if (bytes != c.payloads[i]) ++run.wrong;
   }
   return run;
+}
+
+// ShmRegion opens a lease and a region for LoadChain, its pages touched.
+absl::StatusOr<std::unique_ptr<SharedRegion>> ShmRegion(Client& client, uint64_t bytes) {
+  EVOKE_RETURN_IF_ERROR(client.OpenLease("evoke-remote-bench"));
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = client.CreateSharedRegion(bytes);
+  if (region.ok()) std::memset((*region)->data(), 0, bytes);
+  return region;
+}
+
+// RawFetch reads the chain straight through RemoteTier::Fetch (librados,
+// `inflight` reads in flight, --load-blocks per call), without evoked: the
+// tier-3 half of a fetch alone.
+absl::StatusOr<absl::Duration> RawFetch(const Cluster& cluster, const std::string& ns,
+                                        const Chain& c, size_t per_call) {
+  RadosOptions ro;
+  ro.conf_path = cluster.conf;
+  ro.pool = cluster.pool;
+  ro.inflight = cluster.inflight;
+  RemoteTier tier(NewRadosObjectStore(ro), RemoteTierOptions());
+  EVOKE_RETURN_IF_ERROR(tier.Start());
+  std::vector<storage::SpillRecord> records;
+  std::vector<std::string> payloads;
+  const absl::Time t0 = absl::Now();
+  for (size_t begin = 0; begin < c.ids.size(); begin += per_call) {
+    const size_t end = std::min(c.ids.size(), begin + per_call);
+    for (const absl::Status& s : tier.Fetch(
+             ns, absl::MakeConstSpan(c.ids).subspan(begin, end - begin), &records, &payloads)) {
+      EVOKE_RETURN_IF_ERROR(s);
+    }
+  }
+  return absl::Now() - t0;
 }
 
 // ------------------------------------------------------------ throughput
 
 int RunThroughput(const std::string& dir, const Cluster& cluster, const std::string& ns,
-                  uint64_t block_bytes, uint64_t total_bytes, size_t per_load, bool fetch) {
+                  uint64_t block_bytes, uint64_t total_bytes, size_t per_load, bool fetch,
+                  bool shm) {
   const uint32_t block_tokens = static_cast<uint32_t>(block_bytes / kTokenBytes);
   const uint64_t n = std::max<uint64_t>(1, total_bytes / block_bytes);
   const Chain c = MakeChain(ns, n, block_tokens, /*payloads=*/true);
@@ -286,24 +342,35 @@ int RunThroughput(const std::string& dir, const Cluster& cluster, const std::str
       StartHost(dir + "/b", pinned, &cluster);
   if (!b.ok()) return Fail("start host B", b.status());
   std::unique_ptr<Client> client = (*b)->Connect();
+  std::unique_ptr<SharedRegion> region;
+  if (shm) {
+    absl::StatusOr<std::unique_ptr<SharedRegion>> r = ShmRegion(*client, c.bytes());
+    if (!r.ok()) return Fail("shared region on host B", r.status());
+    region = std::move(r).value();
+  }
   const absl::Time t0 = absl::Now();
-  absl::StatusOr<LoadRun> run = LoadChain(*client, c, per_load, v1::TIER_REMOTE, t0);
+  absl::StatusOr<LoadRun> run =
+      LoadChain(*client, c, per_load, v1::TIER_REMOTE, t0, region.get());
   if (!run.ok()) return Fail("load on host B", run.status());
   absl::StatusOr<v1::StatResponse> st = client->Stat();
   // The same Loads again, now served from B's tier 1 (the fetch promoted
   // every block): what the local half of the path (evoked -> client over
   // gRPC) costs alone. fetch - reload ~ RADOS reads + promotion.
   absl::StatusOr<LoadRun> again =
-      LoadChain(*client, c, per_load, v1::TIER_PINNED_HOST, absl::Now());
+      LoadChain(*client, c, per_load, v1::TIER_PINNED_HOST, absl::Now(), region.get());
   if (!again.ok()) return Fail("reload on host B", again.status());
+  absl::StatusOr<absl::Duration> raw = RawFetch(cluster, ns, c, per_load);
+  if (!raw.ok()) return Fail("raw fetch", raw.status());
   absl::PrintF(
-      "RESULT case=fetch block_bytes=%d blocks=%d bytes=%d inflight=%d load_blocks=%d "
+      "RESULT case=fetch path=%s block_bytes=%d blocks=%d bytes=%d inflight=%d load_blocks=%d "
       "load_s=%.3f MBps=%.1f first_load_ms=%.1f fetches=%d wrong=%d not_remote=%d "
-      "reload_s=%.3f reload_MBps=%.1f reload_not_tier1=%d\n",
-      block_bytes, n, c.bytes(), cluster.inflight, per_load, absl::ToDoubleSeconds(run->all),
+      "reload_s=%.3f reload_MBps=%.1f reload_not_tier1=%d raw_fetch_s=%.3f raw_fetch_MBps=%.1f\n",
+      shm ? "shm" : "inline", block_bytes, n, c.bytes(), cluster.inflight, per_load,
+      absl::ToDoubleSeconds(run->all),
       Mbps(c.bytes(), run->all), Ms(run->first), st.ok() ? st->remote().fetches() : 0,
       run->wrong, run->other_tier, absl::ToDoubleSeconds(again->all),
-      Mbps(c.bytes(), again->all), again->other_tier);
+      Mbps(c.bytes(), again->all), again->other_tier, absl::ToDoubleSeconds(*raw),
+      Mbps(c.bytes(), *raw));
   std::fflush(stdout);
   return (run->wrong == 0 && run->other_tier == 0 && again->wrong == 0) ? 0 : 1;
 }
@@ -321,20 +388,26 @@ absl::Status DropPageCache() {
 
 // The timed part: fleet-wide Lookup of the whole chain, then its Loads.
 int TimeReuse(Client& client, const Chain& c, size_t per_load, const std::string& source,
-              const std::string& ns, uint32_t block_tokens, v1::Tier tier) {
+              const std::string& ns, uint32_t block_tokens, v1::Tier tier, bool shm) {
+  std::unique_ptr<SharedRegion> region;
+  if (shm) {
+    absl::StatusOr<std::unique_ptr<SharedRegion>> r = ShmRegion(client, c.bytes());
+    if (!r.ok()) return Fail("shared region", r.status());
+    region = std::move(r).value();
+  }
   const absl::Time t0 = absl::Now();
   absl::StatusOr<std::vector<v1::Tier>> found = client.Lookup(c.ids, ns);
   const absl::Duration lookup_time = absl::Now() - t0;
   if (!found.ok()) return Fail("lookup", found.status());
-  absl::StatusOr<LoadRun> run = LoadChain(client, c, per_load, tier, t0);
+  absl::StatusOr<LoadRun> run = LoadChain(client, c, per_load, tier, t0, region.get());
   if (!run.ok()) return Fail("load", run.status());
   uint64_t found_in_tier = 0;
   for (v1::Tier t : *found) found_in_tier += t == tier ? 1 : 0;
   absl::PrintF(
-      "RESULT case=reuse source=%s tokens=%d block_tokens=%d blocks=%d bytes=%d load_blocks=%d "
+      "RESULT case=reuse path=%s source=%s tokens=%d block_tokens=%d blocks=%d bytes=%d load_blocks=%d "
       "lookup_ms=%.2f first_ms=%.1f all_ms=%.1f MBps=%.1f lookup_found=%d found_in_tier=%d "
       "wrong=%d other_tier=%d\n",
-      source, c.ids.size() * block_tokens, block_tokens, c.ids.size(), c.bytes(), per_load,
+      shm ? "shm" : "inline", source, c.ids.size() * block_tokens, block_tokens, c.ids.size(), c.bytes(), per_load,
       Ms(lookup_time), Ms(run->first), Ms(run->all), Mbps(c.bytes(), run->all), found->size(),
       found_in_tier, run->wrong, run->other_tier);
   std::fflush(stdout);
@@ -343,7 +416,7 @@ int TimeReuse(Client& client, const Chain& c, size_t per_load, const std::string
 
 int RunReuse(const std::string& dir, const Cluster& cluster, const std::string& ns,
              const std::string& source, uint64_t tokens, uint32_t block_tokens, size_t per_load,
-             bool drop_caches) {
+             bool drop_caches, bool shm) {
   const Chain c = MakeChain(ns, tokens / block_tokens, block_tokens, /*payloads=*/true);
   const uint64_t pinned = c.bytes() + (256ull << 20);
   if (source == "remote") {
@@ -366,7 +439,7 @@ int RunReuse(const std::string& dir, const Cluster& cluster, const std::string& 
     if (!b.ok()) return Fail("start host B", b.status());
     if (drop_caches) DropPageCache().IgnoreError();  // Same conditions as tier2 cold.
     std::unique_ptr<Client> client = (*b)->Connect();
-    return TimeReuse(*client, c, per_load, "remote", ns, block_tokens, v1::TIER_REMOTE);
+    return TimeReuse(*client, c, per_load, "remote", ns, block_tokens, v1::TIER_REMOTE, shm);
   }
   // tier2: B saves the prefix, is stopped (SIGTERM flushes tier 1 to tier
   // 2) and restarted: tier 1 is empty, the prefix is on B's disk only.
@@ -390,7 +463,7 @@ int RunReuse(const std::string& dir, const Cluster& cluster, const std::string& 
   }
   std::unique_ptr<Client> client = (*b)->Connect();
   return TimeReuse(*client, c, per_load, drop_caches ? "tier2_cold" : "tier2_warm", ns,
-                   block_tokens, v1::TIER_SPILL);
+                   block_tokens, v1::TIER_SPILL, shm);
 }
 
 // ------------------------------------------------------------ saves
@@ -486,6 +559,7 @@ int main(int argc, char** argv) {
   std::string block = "1MiB", total = "256MiB";
   size_t per_load = 16;
   bool no_fetch = false;
+  bool shm = false;
   CLI::App* tp = app.add_subcommand("throughput", "Write-behind on host A, fetch on host B");
   common(tp, true);
   tp->add_option("--block-bytes", block, "Payload per block (a multiple of 128 KiB)")
@@ -493,6 +567,7 @@ int main(int argc, char** argv) {
   tp->add_option("--total-bytes", total, "Payload bytes in all")->capture_default_str();
   tp->add_option("--load-blocks", per_load, "Blocks per Load on host B")->capture_default_str();
   tp->add_flag("--no-fetch", no_fetch, "Write-behind only");
+  tp->add_flag("--shm", shm, "Host B loads into shared memory (LoadInto), not inline");
   tp->add_option("--osd-pids", cluster.osd_pids,
                  "Stop these OSDs (SIGSTOP) while host A saves, continue them after: the "
                  "write-behind then starts with every block queued (queued_MBps)");
@@ -510,6 +585,7 @@ int main(int argc, char** argv) {
   reuse->add_option("--block-tokens", block_tokens, "Tokens per block")->capture_default_str();
   reuse->add_option("--load-blocks", per_load, "Blocks per Load")->capture_default_str();
   reuse->add_flag("--drop-caches", drop, "Drop the page cache before the timed part (root)");
+  reuse->add_flag("--shm", shm, "Load into shared memory (LoadInto), not inline");
 
   CLI::App* saves = app.add_subcommand("saves", "Save latency with and without write-behind");
   common(saves, false);
@@ -533,14 +609,14 @@ int main(int argc, char** argv) {
   int rc = 0;
   if (tp->parsed()) {
     rc = evoke::RunThroughput(dir, cluster, ns, block_bytes, SizeOrDie(total, "--total-bytes"),
-                              std::max<size_t>(1, per_load), !no_fetch);
+                              std::max<size_t>(1, per_load), !no_fetch, shm);
   } else if (reuse->parsed()) {
     if (source == "remote" && cluster.conf.empty()) {
       std::fprintf(stderr, "--source remote needs --conf\n");
       return 2;
     }
     rc = evoke::RunReuse(dir, cluster, ns, source, tokens, std::max<uint32_t>(1, block_tokens),
-                         std::max<size_t>(1, per_load), drop);
+                         std::max<size_t>(1, per_load), drop, shm);
   } else {
     if (remote && cluster.conf.empty()) {
       std::fprintf(stderr, "--remote needs --conf\n");

@@ -22,6 +22,8 @@
 #   SAVES=2000           timed Saves of 1 MiB per Save-latency case
 #   MEMSTORE_BYTES       RAM cap of each OSD (default 4 GiB here)
 #   CASES="throughput reuse saves"  which cases run
+#   LOAD_PATH=shm        how host B's Loads return bytes: shm (LoadInto a
+#                        shared region, the engines' path) or inline (gRPC)
 #   QUEUED=1             throughput: the OSDs are stopped (SIGSTOP) while host A
 #                        saves and continued after, so that the write-behind
 #                        starts with the whole set queued (queued_MBps: its own
@@ -173,6 +175,9 @@ RADOS_SECS=${RADOS_SECS:-10}
 REUSE_BLOCK_TOKENS=${REUSE_BLOCK_TOKENS:-"16 256"}
 SAVES=${SAVES:-2000}
 CASES=${CASES:-"throughput reuse saves"}
+LOAD_PATH=${LOAD_PATH:-shm}
+PATHFLAG=()
+[ "$LOAD_PATH" = shm ] && PATHFLAG=(--shm)
 QUEUED=${QUEUED:-1}
 export MEMSTORE_BYTES=${MEMSTORE_BYTES:-4294967296}
 export LC_ALL=C
@@ -209,7 +214,7 @@ bytes_of() { numfmt --from=iec-i "${1%B}"; }
 log "# bench-issue14 $(date -u +%FT%TZ) host=$(hostname) nproc=$(nproc) mem=$(free -g | awk '/Mem:/ {print $2}')GiB"
 log "# git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) bench=$BENCH"
 log "# $(ceph --version 2>/dev/null)"
-log "# CASES=$CASES QUEUED=$QUEUED BLOCKS=$BLOCKS TOTAL=$TOTAL LOAD_BLOCKS=$LOAD_BLOCKS VARIANT_INFLIGHT=$VARIANT_INFLIGHT RADOS_SECS=$RADOS_SECS REUSE_BLOCK_TOKENS=$REUSE_BLOCK_TOKENS SAVES=$SAVES RUNS=$RUNS MEMSTORE_BYTES=$MEMSTORE_BYTES"
+log "# CASES=$CASES LOAD_PATH=$LOAD_PATH QUEUED=$QUEUED BLOCKS=$BLOCKS TOTAL=$TOTAL LOAD_BLOCKS=$LOAD_BLOCKS VARIANT_INFLIGHT=$VARIANT_INFLIGHT RADOS_SECS=$RADOS_SECS REUSE_BLOCK_TOKENS=$REUSE_BLOCK_TOKENS SAVES=$SAVES RUNS=$RUNS MEMSTORE_BYTES=$MEMSTORE_BYTES"
 log "+ scripts/ceph-dev-cluster.sh start $CDIR"
 CONF=$(CEPH_DEV_OWNER_PID=$$ "$ROOT/scripts/ceph-dev-cluster.sh" start "$CDIR" 2>>"$RAW" | tail -1)
 if [ ! -f "$CONF" ]; then
@@ -270,9 +275,9 @@ for r in $(seq 1 "$RUNS"); do
       "${R[@]}" cleanup --run-name "r$r-$b" >> "$RAW" 2>&1
     }
     ours() {
-      evoke "$r" throughput --block-bytes "$b" --total-bytes "$TOTAL" --load-blocks "$LOAD_BLOCKS" --inflight 16 "${OSDS[@]}"
+      evoke "$r" throughput --block-bytes "$b" --total-bytes "$TOTAL" --load-blocks "$LOAD_BLOCKS" --inflight 16 "${OSDS[@]}" "${PATHFLAG[@]}"
       if [ -n "$VARIANT_INFLIGHT" ]; then
-        evoke "$r" throughput --block-bytes "$b" --total-bytes "$TOTAL" --load-blocks "$LOAD_BLOCKS" --inflight "$VARIANT_INFLIGHT" "${OSDS[@]}"
+        evoke "$r" throughput --block-bytes "$b" --total-bytes "$TOTAL" --load-blocks "$LOAD_BLOCKS" --inflight "$VARIANT_INFLIGHT" "${OSDS[@]}" "${PATHFLAG[@]}"
       fi
     }
     if [ $((r % 2)) = 1 ]; then baseline; ours; else ours; baseline; fi
@@ -280,10 +285,10 @@ for r in $(seq 1 "$RUNS"); do
   has reuse && for bt in $REUSE_BLOCK_TOKENS; do
     log "## run $r reuse block_tokens $bt: $(uptime)"
     lb=$(( LOAD_BLOCKS * 16 / bt )); [ "$lb" -ge 1 ] || lb=1   # 256 tokens per Load
-    remote() { evoke "$r" reuse --source remote --block-tokens "$bt" --load-blocks "$lb" --drop-caches; }
+    remote() { evoke "$r" reuse --source remote --block-tokens "$bt" --load-blocks "$lb" --drop-caches "${PATHFLAG[@]}"; }
     tier2() {
-      evoke "$r" reuse --source tier2 --block-tokens "$bt" --load-blocks "$lb" --drop-caches
-      evoke "$r" reuse --source tier2 --block-tokens "$bt" --load-blocks "$lb"
+      evoke "$r" reuse --source tier2 --block-tokens "$bt" --load-blocks "$lb" --drop-caches "${PATHFLAG[@]}"
+      evoke "$r" reuse --source tier2 --block-tokens "$bt" --load-blocks "$lb" "${PATHFLAG[@]}"
     }
     if [ $((r % 2)) = 1 ]; then remote; tier2; else tier2; remote; fi
   done
