@@ -409,8 +409,13 @@ TEST_P(SegmentLogBackendTest, ReadRacingRemoveSegment) {
   std::atomic<int> ok{0}, gone{0}, bad{0};
   std::vector<std::thread> readers;
   for (int t = 0; t < 3; ++t) {
+    // Each reader keeps reading until the segment is removed, then reads
+    // every block at least 7 more times (so reads after the removal are
+    // certain, whatever the scheduling: on a busy machine the readers used
+    // to run out of iterations before the removal).
     readers.emplace_back([&, t] {
-      for (int i = 0; !stop.load() || i < 20; ++i) {
+      for (int i = 0, after = 0; after < 21; ++i) {
+        if (stop.load()) ++after;
         const Stored& s = b[(i + t) % b.size()];
         absl::StatusOr<std::string> got = ReadBack(*log, s.id, s.loc);
         if (got.ok()) {
@@ -420,7 +425,6 @@ TEST_P(SegmentLogBackendTest, ReadRacingRemoveSegment) {
         } else {
           bad.fetch_add(1);
         }
-        if (i > 1000) break;
       }
     });
   }
@@ -428,9 +432,10 @@ TEST_P(SegmentLogBackendTest, ReadRacingRemoveSegment) {
   while (ok.load() < 10 && bad.load() == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::yield();
   }
-  ASSERT_OK(log->RemoveSegment(b[0].loc.segment));
+  const absl::Status removed_first = log->RemoveSegment(b[0].loc.segment);
   stop = true;
   for (std::thread& t : readers) t.join();
+  ASSERT_OK(removed_first);
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(gone.load(), 0);
   // A read that holds the segment while it is removed completes: remove it
