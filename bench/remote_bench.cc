@@ -50,6 +50,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/size_flag.h"
 #include "common/byte_size.h"
 #include "common/status_macros.h"
 #include "evoke/client.h"
@@ -525,14 +526,6 @@ int RunSaves(const std::string& dir, const Cluster* cluster, const std::string& 
   return 0;
 }
 
-uint64_t SizeOrDie(const std::string& text, const char* flag) {
-  absl::StatusOr<uint64_t> v = ParseByteSize(text);
-  if (!v.ok() || *v == 0) {
-    absl::FPrintF(stderr, "%s: bad size %s\n", flag, text);
-    std::exit(2);
-  }
-  return *v;
-}
 
 }  // namespace
 }  // namespace evoke

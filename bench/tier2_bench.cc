@@ -46,6 +46,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/size_flag.h"
 #include "common/byte_size.h"
 #include "common/checksum.h"
 #include "evoke/client.h"
@@ -490,14 +491,6 @@ int RunSigterm(const std::string& dir, uint64_t n, uint64_t payload_bytes,
   return (bad == 0 && from_disk == checked) ? 0 : 1;
 }
 
-uint64_t SizeOrDie(const std::string& text, const char* flag) {
-  absl::StatusOr<uint64_t> v = ParseByteSize(text);
-  if (!v.ok() || *v == 0) {
-    absl::FPrintF(stderr, "%s: bad size %s\n", flag, text.c_str());
-    std::exit(2);
-  }
-  return *v;
-}
 
 }  // namespace
 }  // namespace evoke

@@ -377,10 +377,8 @@ absl::StatusOr<uint64_t> RemoteTier::Expire(absl::Time before) {
     if (absl::Status admitted = Admit(); !admitted.ok()) return admitted;
     std::string next;
     absl::StatusOr<std::vector<ListedObject>> page = store_->List(cursor, kPage, &next);
-    if (!page.ok()) {
-      Record({&page.status(), 1});
-      return page.status();
-    }
+    Record({&page.status(), 1});  // Closes (or reopens) a half-open breaker.
+    if (!page.ok()) return page.status();
     std::vector<ObjectKey> old;
     for (ListedObject& o : *page) {
       // Only blocks: "b." and 32 hex digits; anything else in the pool is
@@ -400,9 +398,6 @@ absl::StatusOr<uint64_t> RemoteTier::Expire(absl::Time before) {
       removed += n;
       absl::MutexLock lock(&mu_);
       counters_.expired_objects += n;
-    } else {
-      const absl::Status ok;
-      Record({&ok, 1});
     }
     cursor = std::move(next);
   } while (!cursor.empty());

@@ -112,16 +112,14 @@ void Uploader::Loop() {
 }
 
 void Uploader::RemoveRound() {
-  // One namespace per round, up to 256 blocks.
+  // The front run of one namespace, up to 256 blocks (a session's blocks
+  // are queued together, so runs are long; popping only at the front keeps
+  // a round O(blocks) however the namespaces interleave).
   const std::string ns = removals_.front().ns;
   std::vector<BlockId> ids;
-  for (auto it = removals_.begin(); it != removals_.end() && ids.size() < 256;) {
-    if (it->ns != ns) {
-      ++it;
-      continue;
-    }
-    ids.push_back(it->id);
-    it = removals_.erase(it);
+  while (!removals_.empty() && ids.size() < 256 && removals_.front().ns == ns) {
+    ids.push_back(removals_.front().id);
+    removals_.pop_front();
   }
   inflight_ = ids.size();
   core_->mu.Unlock();
