@@ -18,6 +18,10 @@ PACKAGES=(
   # cluster on loopback for its tests (scripts/ceph-dev-cluster.sh). ~52 s
   # more on a fresh Debian 12 with --no-install-recommends.
   ceph-mon ceph-osd ceph-mgr ceph-common librados-dev libradospp-dev
+  # Operations surfaces (issue #15): /metrics through prometheus-cpp, checked
+  # with promtool (package prometheus); the Python client on Debian's
+  # interpreter, grpcio, protobuf and numpy; tmux to test `evokectl top`.
+  prometheus-cpp-dev prometheus python3-grpcio python3-protobuf python3-numpy tmux
 )
 
 missing=()
