@@ -1,0 +1,551 @@
+"""evoke.Client: the synchronous client of evoked.
+
+Control calls (Lookup, Recover, Stat, Delete, ...) are gRPC over the
+daemon's Unix socket. Block payloads move through shared memory: the client
+holds a lease, registers one arena region (a sealed memfd) whose numpy
+arrays it hands out, and a command ring beside it; Save and Load of arena
+arrays are ring entries (no RPC per block) and the daemon copies the bytes
+once. Payloads that are not arena arrays go inline in the RPC.
+"""
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from . import _proto
+from ._proto import pb
+from . import errors
+from .errors import EvokeError, FailedPrecondition, InvalidArgument, Unavailable
+from . import ring as _ring
+from .shm import Arena, Region
+
+__all__ = ["Client", "SaveResult", "LoadResult", "Recovered", "channel_options", "target_of"]
+
+_SERVICE = "/" + _proto.SERVICE + "/"
+
+
+def target_of(socket_path):
+    """The gRPC target of a daemon socket: a path becomes unix:<absolute
+    path>; "unix:..." and "host:port" are kept."""
+    if socket_path.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return socket_path
+    if "/" not in socket_path and ":" in socket_path:
+        return socket_path
+    return "unix:" + os.path.abspath(socket_path)
+
+
+def channel_options(max_reconnect_backoff=1.0):
+    """Channel arguments: reconnect within a second of the daemon coming
+    back (gRPC's default backoff grows to minutes, its first retry ~1 s
+    plus jitter), and messages as large as evoked's."""
+    ms = int(max_reconnect_backoff * 1000)
+    return [
+        ("grpc.initial_reconnect_backoff_ms", min(100, ms)),
+        ("grpc.min_reconnect_backoff_ms", min(100, ms)),
+        ("grpc.max_reconnect_backoff_ms", ms),
+        ("grpc.max_receive_message_length", 1 << 30),
+        ("grpc.max_send_message_length", 1 << 30),
+    ]
+
+
+@dataclass
+class SaveResult:
+    id: bytes
+    deduplicated: bool
+    checksum: int
+    tier: int  # pb.TIER_*
+
+
+@dataclass
+class LoadResult:
+    id: bytes
+    tier: int                 # Served from (pb.TIER_*).
+    checksum: int
+    payload_bytes: int
+    meta: Optional[object] = None   # pb.BlockMeta when asked for / inline.
+    data: Optional[np.ndarray] = None  # Inline loads: the bytes (uint8).
+
+
+@dataclass
+class Recovered:
+    id: bytes
+    score: float
+    tier: int
+    bytes_available: bool
+    meta: object
+
+
+_METHODS = {
+    # name: (request, response, streaming response)
+    "Save": ("SaveRequest", "SaveResponse"),
+    "Load": ("LoadRequest", "LoadResponse"),
+    "Lookup": ("LookupRequest", "LookupResponse"),
+    "Delete": ("DeleteRequest", "DeleteResponse"),
+    "DropSession": ("DropSessionRequest", "DropSessionResponse"),
+    "Pin": ("PinRequest", "PinResponse"),
+    "Unpin": ("PinRequest", "PinResponse"),
+    "List": ("ListRequest", "ListResponse"),
+    "Describe": ("DescribeRequest", "BlockInfo"),
+    "Stat": ("StatRequest", "StatResponse"),
+    "Recover": ("RecoverRequest", "RecoverResponse"),
+    "RegisterCudaRegion": ("RegisterCudaRegionRequest", "RegisterRegionResponse"),
+    "UnregisterRegion": ("UnregisterRegionRequest", "UnregisterRegionResponse"),
+    "AttachRing": ("AttachRingRequest", "AttachRingResponse"),
+    "Verify": ("VerifyRequest", "VerifyResponse"),
+    "Flush": ("FlushRequest", "FlushResponse"),
+}
+
+
+def _ids_list(ids):
+    if isinstance(ids, (bytes, bytearray)):
+        return [bytes(ids)]
+    return [bytes(i) for i in ids]
+
+
+class _Lease:
+    """One lease: the OpenLease stream held open by a thread."""
+
+    def __init__(self, call, grant):
+        self.call = call
+        self.id = grant.lease_id
+        self.fd_socket = grant.fd_socket
+        self.max_region_bytes = grant.max_region_bytes
+        self.ended = threading.Event()
+        self.ring = None
+        self.ring_region = None
+        self.ring_error = ""
+
+
+class Client:
+    """A connection to evoked.
+
+    Args:
+      socket_path: the daemon's socket (e.g. /run/evoke/evoked.sock), or any
+        gRPC target.
+      timeout: deadline of each call, in seconds.
+      shm_bytes: size of the shared-memory arena that block_array() and
+        buffer() allocate from (created on first use); 0 turns shared
+        memory off (payloads then go inline).
+      ring_entries: submissions the command ring holds (power of two);
+        0 turns the ring off (shared-memory payloads then go by RPC).
+      max_reconnect_backoff: the longest wait between reconnection
+        attempts after the daemon went away, in seconds.
+      client_name: shown by the daemon for the lease.
+
+    Thread-safe. Close it (or use `with`) to end the lease.
+    """
+
+    def __init__(self, socket_path, timeout=60.0, shm_bytes=64 << 20, ring_entries=256,
+                 max_reconnect_backoff=1.0, client_name=None, channel=None):
+        self.target = target_of(socket_path)
+        self.timeout = timeout
+        self.shm_bytes = shm_bytes
+        self.ring_entries = ring_entries
+        self.client_name = client_name or f"python-pid-{os.getpid()}"
+        self._channel = channel or grpc.insecure_channel(
+            self.target, options=channel_options(max_reconnect_backoff))
+        self._calls = {}
+        for name, (req, resp) in _METHODS.items():
+            self._calls[name] = self._channel.unary_unary(
+                _SERVICE + name,
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=getattr(pb, resp).FromString)
+        self._open_lease = self._channel.unary_stream(
+            _SERVICE + "OpenLease",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.LeaseEvent.FromString)
+        self._lease_lock = threading.Lock()
+        self._lease = None
+        self._region = None   # The arena's region (kept across leases).
+        self._arena = None
+        self._closed = False
+
+    # ------------------------------------------------------------ plumbing
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Ends the lease and closes the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lease_lock:
+            lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.call.cancel()
+            lease.ended.wait(2.0)
+        self._channel.close()
+
+    def _call(self, name, request, timeout=None):
+        try:
+            return self._calls[name](request, timeout=timeout or self.timeout,
+                                     wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    def _deadline(self, timeout=None):
+        return time.monotonic() + (timeout or self.timeout)
+
+    # ------------------------------------------------------ shared memory
+
+    def _lease_thread(self, lease, stream):
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError:
+            pass
+        finally:
+            lease.ended.set()
+            if lease.ring is not None:
+                lease.ring.mark_dead()
+
+    def _ensure_lease(self):
+        """The live lease, with the arena region registered and the ring
+        attached; opens a new one when there is none or the last ended
+        (the daemon restarted: regions are registered again)."""
+        with self._lease_lock:
+            if self._closed:
+                raise FailedPrecondition("client: closed")
+            lease = self._lease
+            if lease is not None and not lease.ended.is_set():
+                return lease
+            stream = self._open_lease(pb.OpenLeaseRequest(client_name=self.client_name),
+                                      timeout=None, wait_for_ready=True)
+            try:
+                event = next(stream)
+            except grpc.RpcError as e:
+                raise errors.from_rpc_error(e) from None
+            except StopIteration:
+                raise Unavailable("lease stream ended before the grant") from None
+            if not event.HasField("grant"):
+                raise Unavailable("lease stream: first message is not a grant")
+            lease = _Lease(stream, event.grant)
+            threading.Thread(target=self._lease_thread, args=(lease, stream),
+                             name="evoke-lease", daemon=True).start()
+            if self.shm_bytes > 0:
+                if self._region is None:
+                    size = self.shm_bytes
+                    if lease.max_region_bytes and size > lease.max_region_bytes:
+                        raise InvalidArgument(
+                            f"shm_bytes: {size} exceeds the daemon's max region "
+                            f"{lease.max_region_bytes}")
+                    self._region = Region(size, "evoke-arena")
+                    self._arena = Arena(self._region)
+                self._region.register(lease.fd_socket, lease.id)
+            if self.ring_entries > 0 and _ring.supported():
+                try:
+                    self._attach_ring(lease)
+                except EvokeError as e:
+                    lease.ring_error = str(e)
+            self._lease = lease
+            return lease
+
+    def _attach_ring(self, lease):
+        total = _ring.geometry(self.ring_entries)[4]
+        region = Region(total, "evoke-ring")
+        try:
+            _ring.Ring.init_header(region, self.ring_entries)
+            region.register(lease.fd_socket, lease.id)
+            self._call("AttachRing", pb.AttachRingRequest(lease_id=lease.id,
+                                                          region_id=region.id))
+            lease.ring = _ring.Ring(region, self.ring_entries)
+            lease.ring_region = region
+        except BaseException:
+            region.close()
+            raise
+
+    def open_lease(self):
+        """Opens the lease now (it is otherwise opened on first use).
+        Returns the lease id."""
+        return self._ensure_lease().id
+
+    @property
+    def has_ring(self):
+        lease = self._lease
+        return lease is not None and lease.ring is not None and lease.ring.alive()
+
+    def buffer(self, nbytes):
+        """A uint8 numpy array of `nbytes` in the shared-memory arena. Saves
+        from it and loads into it are copied once, by the daemon."""
+        self._ensure_lease()
+        if self._arena is None:
+            raise FailedPrecondition("shm_bytes: shared memory is off (0)")
+        arr = self._arena.allocate(nbytes)
+        if arr is None:
+            raise errors.ResourceExhausted(
+                f"arena: no free range of {nbytes} bytes ({self._arena.free_bytes()} free "
+                f"of {self._region.size}); free arrays or raise shm_bytes")
+        return arr
+
+    def block_array(self, fp, n_tokens, n_layers=None):
+        """A canonical block array (layers, 2, n_tokens, n_kv_heads,
+        head_dim) of the fingerprint's dtype in the arena: K at [:, 0], V at
+        [:, 1]. uint16 holds bf16 bits."""
+        from . import layout
+        shape = layout.block_shape(fp, n_tokens, n_layers)
+        dtype = layout.numpy_dtype(fp)
+        return self.buffer(int(np.prod(shape)) * dtype.itemsize).view(dtype).reshape(shape)
+
+    def _slice_of(self, arr):
+        """(region_id, offset, length) of an arena array, or None."""
+        if self._region is None or not isinstance(arr, np.ndarray):
+            return None
+        if not arr.flags.c_contiguous:
+            return None
+        address = arr.__array_interface__["data"][0]
+        if not self._region.contains(address, arr.nbytes):
+            return None
+        return (self._region.id, address - self._region.address, arr.nbytes)
+
+    # ----------------------------------------------------------------- Save
+
+    def save(self, meta, data, pin=False, durable=False):
+        """Stores one block: `meta` (pb.BlockMeta), `data` its payload (an
+        arena array: copied once by the daemon; any other array or bytes:
+        sent inline). Returns a SaveResult."""
+        return self.save_many([(meta, data)], pin=pin, durable=durable)[0]
+
+    def save_many(self, blocks, pin=False, durable=False):
+        """Stores several blocks, [(meta, data), ...], in one ring batch (or
+        one RPC). Returns their SaveResults in order; the first failure
+        raises (blocks before it are stored)."""
+        blocks = list(blocks)
+        if not blocks:
+            return []
+        slices = [self._slice_of(d) for _, d in blocks] if self.shm_bytes else [None] * len(
+            blocks)
+        if all(s is not None for s in slices):
+            return self._with_lease_retry(lambda: self._save_shm(blocks, pin, durable))
+        request = pb.SaveRequest(durable=durable)
+        for (meta, data), s in zip(blocks, slices):
+            b = request.blocks.add(pin=pin)
+            b.meta.CopyFrom(meta)
+            if s is not None:
+                b.region.region_id, b.region.offset, b.region.length = s
+            else:
+                b.inline_bytes = _as_bytes(data)
+        if any(s is not None for s in slices) or pin:
+            request.lease_id = self._ensure_lease().id
+        response = self._call("Save", request)
+        return [SaveResult(r.id, r.deduplicated, r.checksum, r.tier) for r in response.results]
+
+    def _with_lease_retry(self, fn):
+        # A lease that ends under a call (the daemon restarted) fails it with
+        # UNAVAILABLE; Save and Load are idempotent, so one retry on a new
+        # lease is safe.
+        try:
+            return fn()
+        except Unavailable:
+            lease = self._lease
+            if lease is None or not lease.ended.wait(0.5):
+                raise
+            return fn()
+
+    def _save_shm(self, blocks, pin, durable):
+        lease = self._ensure_lease()
+        ring = lease.ring
+        if ring is None or not ring.alive():
+            request = pb.SaveRequest(durable=durable, lease_id=lease.id)
+            for meta, data in blocks:
+                b = request.blocks.add(pin=pin)
+                b.meta.CopyFrom(meta)
+                b.region.region_id, b.region.offset, b.region.length = self._slice_of(data)
+            response = self._call("Save", request)
+            return [SaveResult(r.id, r.deduplicated, r.checksum, r.tier)
+                    for r in response.results]
+        flags = (_ring.SAVE_PIN if pin else 0) | (_ring.SAVE_DURABLE if durable else 0)
+        entries = [(_ring.OP_SAVE, flags, 0, self._slice_of(data), None,
+                    meta.SerializeToString(), (), False) for meta, data in blocks]
+        deadline = self._deadline()
+        tickets = ring.submit(entries, deadline)
+        results = []
+        for (meta, _), t in zip(blocks, tickets):
+            c = ring.wait(t, deadline).raise_for_status()
+            results.append(SaveResult(bytes(meta.id), c.deduplicated, c.checksum, c.tier))
+        return results
+
+    # ----------------------------------------------------------------- Load
+
+    def load_into(self, block_id, fingerprint, out, first_position=None, want_meta=False):
+        """Loads one block into `out`, an arena array of its payload's size.
+        With `first_position`, K is re-anchored so that the block's first
+        token sits there (one RoPE rotation by new - old position; V is
+        returned byte-identical). Returns a LoadResult."""
+        return self.load_many_into([block_id], fingerprint, [out], first_position,
+                                   want_meta)[0]
+
+    def load_many_into(self, ids, fingerprint, outs, first_positions=None, want_meta=False):
+        """Loads blocks ids[i] into outs[i] (arena arrays) in one ring batch.
+        `first_positions`: None, one int for the run (block i at
+        first + sum of the previous blocks' sizes is the caller's job: pass a
+        list), or a list with one int or None per block."""
+        ids = _ids_list(ids)
+        if len(outs) != len(ids):
+            raise InvalidArgument(f"outs: {len(outs)} arrays for {len(ids)} ids")
+        if first_positions is None or isinstance(first_positions, int):
+            first_positions = [first_positions] * len(ids)
+        self._ensure_lease()
+        slices = [self._slice_of(o) for o in outs]
+        for i, s in enumerate(slices):
+            if s is None:
+                raise InvalidArgument(
+                    f"outs[{i}]: not a C-contiguous array of this client's arena "
+                    "(use block_array() / buffer(), or load() for a copy)")
+        return self._with_lease_retry(
+            lambda: self._load_shm(ids, fingerprint, outs, first_positions, want_meta))
+
+    def _load_shm(self, ids, fingerprint, outs, first_positions, want_meta):
+        lease = self._ensure_lease()
+        ring = lease.ring
+        slices = [self._slice_of(o) for o in outs]
+        if ring is None or not ring.alive():
+            request = pb.LoadRequest(ids=ids, lease_id=lease.id)
+            request.fingerprint.CopyFrom(fingerprint)
+            for s in slices:
+                request.destinations.add(region_id=s[0], offset=s[1], length=s[2])
+            if any(p is not None for p in first_positions):
+                for p in first_positions:
+                    r = request.reanchor.add()
+                    if p is not None:
+                        r.first_position = p
+            response = self._call("Load", request)
+            return [LoadResult(bytes(b.meta.id), b.served_from, b.meta.checksum,
+                               b.meta.payload_bytes, b.meta) for b in response.blocks]
+        fp = fingerprint.SerializeToString()
+        entries = []
+        for block_id, s, p in zip(ids, slices, first_positions):
+            flags = (_ring.LOAD_REANCHOR if p is not None else 0) | (
+                _ring.LOAD_WANT_META if want_meta else 0)
+            entries.append((_ring.OP_LOAD, flags, p or 0, s, block_id, fp, (), want_meta))
+        deadline = self._deadline()
+        tickets = ring.submit(entries, deadline)
+        results = []
+        for block_id, t in zip(ids, tickets):
+            c = ring.wait(t, deadline).raise_for_status()
+            meta = pb.BlockMeta.FromString(c.meta) if c.meta is not None else None
+            results.append(LoadResult(block_id, c.tier, c.checksum, c.payload_bytes, meta))
+        return results
+
+    def load(self, ids, fingerprint, first_positions=None):
+        """Loads blocks inline (a copy in the RPC reply): a LoadResult per
+        id with `data` (a uint8 array) and `meta`. For one id pass bytes
+        (and get one LoadResult). `first_positions`: None, or per id the new
+        first position (an int for one id) to re-anchor K to."""
+        single = isinstance(ids, (bytes, bytearray))
+        ids = _ids_list(ids)
+        request = pb.LoadRequest(ids=ids)
+        request.fingerprint.CopyFrom(fingerprint)
+        if first_positions is not None:
+            if isinstance(first_positions, int):
+                first_positions = [first_positions]
+            if len(first_positions) != len(ids):
+                raise InvalidArgument(
+                    f"first_positions: {len(first_positions)} for {len(ids)} ids")
+            for p in first_positions:
+                r = request.reanchor.add()
+                if p is not None:
+                    r.first_position = p
+        response = self._call("Load", request)
+        out = [LoadResult(bytes(b.meta.id), b.served_from, b.meta.checksum,
+                          b.meta.payload_bytes, b.meta,
+                          np.frombuffer(b.inline_bytes, dtype=np.uint8))
+               for b in response.blocks]
+        return out[0] if single else out
+
+    # ------------------------------------------------------------- control
+
+    def lookup(self, ids, namespace=""):
+        """The tiers of the longest run of leading `ids` whose bytes are
+        held (a prefix chain's hit): a list of pb.TIER_* as long as the
+        run."""
+        response = self._call("Lookup", pb.LookupRequest(ids=_ids_list(ids),
+                                                         namespace=namespace))
+        return list(response.tiers[:response.n_present])
+
+    def longest_prefix(self, ids, namespace=""):
+        """How many leading `ids` are held (len(lookup(...)))."""
+        return len(self.lookup(ids, namespace))
+
+    def recover(self, namespace, session_id, queries, layer, k=8, kind=None,
+                min_score=None, aggregation=None, exclude_ids=(), require_bytes=False):
+        """The `k` evicted blocks of a session that matter most to `queries`
+        (n_query_heads x head_dim floats, the engine's current queries of
+        `layer`), best first: a list of Recovered; `.candidates` on the list
+        says how many blocks were scored."""
+        q = np.asarray(queries, dtype=np.float32)
+        if q.ndim != 2:
+            raise InvalidArgument(f"queries: want (n_query_heads, head_dim), got {q.shape}")
+        request = pb.RecoverRequest(
+            kind=pb.SUMMARY_MEAN_KEYS if kind is None else kind, layer=layer,
+            n_query_heads=q.shape[0], k=k, require_bytes=require_bytes,
+            exclude_ids=_ids_list(exclude_ids))
+        request.session.namespace = namespace
+        request.session.session_id = session_id
+        request.queries.extend(q.reshape(-1).tolist())
+        if min_score is not None:
+            request.min_score = min_score
+        if aggregation is not None:
+            request.aggregation = aggregation
+        response = self._call("Recover", request)
+        out = _RecoveredList(Recovered(b.id, b.score, b.tier, b.bytes_available, b.meta)
+                             for b in response.blocks)
+        out.candidates = response.candidates
+        return out
+
+    def stat(self):
+        """The daemon's StatResponse (tiers, counters, leases, ...)."""
+        return self._call("Stat", pb.StatRequest())
+
+    def delete(self, ids):
+        """Deletes blocks from every tier; returns how many were deleted."""
+        return self._call("Delete", pb.DeleteRequest(ids=_ids_list(ids))).n_deleted
+
+    def drop_session(self, namespace, session_id):
+        """Deletes every block of a session; returns how many."""
+        return self._call("DropSession", pb.DropSessionRequest(
+            namespace=namespace, session_id=session_id)).n_deleted
+
+    def describe(self, block_id):
+        """pb.BlockInfo of one block (meta with summaries, tier, pins)."""
+        return self._call("Describe", pb.DescribeRequest(id=bytes(block_id)))
+
+    def list(self, namespace="", session_id="", page_size=0, page_token=""):
+        """One page of pb.BlockInfo (a pb.ListResponse)."""
+        return self._call("List", pb.ListRequest(namespace=namespace, session_id=session_id,
+                                                 page_size=page_size, page_token=page_token))
+
+    def pin(self, ids):
+        self._call("Pin", pb.PinRequest(ids=_ids_list(ids), lease_id=self._ensure_lease().id))
+
+    def unpin(self, ids):
+        self._call("Unpin", pb.PinRequest(ids=_ids_list(ids), lease_id=self._ensure_lease().id))
+
+    def verify(self, ids=()):
+        return self._call("Verify", pb.VerifyRequest(ids=_ids_list(ids)))
+
+    def flush(self, evict=False):
+        return self._call("Flush", pb.FlushRequest(evict=evict))
+
+    def wait_ready(self, timeout=10.0):
+        """Waits until the daemon answers (e.g. after a restart)."""
+        self._call("Stat", pb.StatRequest(), timeout=timeout)
+
+
+class _RecoveredList(list):
+    candidates = 0
+
+
+def _as_bytes(data):
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    arr = np.ascontiguousarray(data)
+    return arr.tobytes()
