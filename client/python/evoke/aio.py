@@ -30,12 +30,13 @@ class AsyncClient:
     running loop; `await client.close()` (or `async with`) ends it."""
 
     def __init__(self, socket_path, timeout=60.0, shm_bytes=64 << 20, ring_entries=256,
-                 max_reconnect_backoff=1.0, client_name=None):
+                 max_reconnect_backoff=1.0, client_name=None, wait_for_ready=False):
         self.timeout = timeout
+        self.wait_for_ready = wait_for_ready
         self.sync = Client(socket_path, timeout=timeout, shm_bytes=shm_bytes,
                            ring_entries=ring_entries,
                            max_reconnect_backoff=max_reconnect_backoff,
-                           client_name=client_name)
+                           client_name=client_name, wait_for_ready=wait_for_ready)
         self._channel = grpc.aio.insecure_channel(target_of(socket_path),
                                                   options=channel_options(max_reconnect_backoff))
         self._calls = {
@@ -68,7 +69,7 @@ class AsyncClient:
     async def _call(self, name, request, timeout=None):
         try:
             return await self._calls[name](request, timeout=timeout or self.timeout,
-                                           wait_for_ready=True)
+                                           wait_for_ready=self.wait_for_ready)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 

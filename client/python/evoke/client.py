@@ -136,12 +136,18 @@ class Client:
       max_reconnect_backoff: the longest wait between reconnection
         attempts after the daemon went away, in seconds.
       client_name: shown by the daemon for the lease.
+      wait_for_ready: False (default): a call made while the daemon is
+        unreachable fails at once with Unavailable, so that an engine can
+        fall back (recompute) instead of stalling; True: it waits for the
+        daemon until its deadline.
 
     Thread-safe. Close it (or use `with`) to end the lease.
     """
 
     def __init__(self, socket_path, timeout=60.0, shm_bytes=64 << 20, ring_entries=256,
-                 max_reconnect_backoff=1.0, client_name=None, channel=None):
+                 max_reconnect_backoff=1.0, client_name=None, channel=None,
+                 wait_for_ready=False):
+        self.wait_for_ready = wait_for_ready
         self.target = target_of(socket_path)
         self.timeout = timeout
         self.shm_bytes = shm_bytes
@@ -185,10 +191,12 @@ class Client:
             lease.ended.wait(2.0)
         self._channel.close()
 
-    def _call(self, name, request, timeout=None):
+    def _call(self, name, request, timeout=None, wait_for_ready=None):
+        if wait_for_ready is None:
+            wait_for_ready = self.wait_for_ready
         try:
             return self._calls[name](request, timeout=timeout or self.timeout,
-                                     wait_for_ready=True)
+                                     wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
@@ -219,7 +227,7 @@ class Client:
             if lease is not None and not lease.ended.is_set():
                 return lease
             stream = self._open_lease(pb.OpenLeaseRequest(client_name=self.client_name),
-                                      timeout=None, wait_for_ready=True)
+                                      timeout=None, wait_for_ready=self.wait_for_ready)
             try:
                 event = next(stream)
             except grpc.RpcError as e:
@@ -537,7 +545,7 @@ class Client:
 
     def wait_ready(self, timeout=10.0):
         """Waits until the daemon answers (e.g. after a restart)."""
-        self._call("Stat", pb.StatRequest(), timeout=timeout)
+        self._call("Stat", pb.StatRequest(), timeout=timeout, wait_for_ready=True)
 
 
 class _RecoveredList(list):
