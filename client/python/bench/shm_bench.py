@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """Python shared-memory save/load against the C++ client, same blocks, same
-evoked, same run.
+evoked, same run (the C++ client's rounds, then Python's, per size).
 
     /usr/bin/python3 client/python/bench/shm_bench.py --build build \
         [--sizes 1MiB,4MiB,16MiB] [--blocks 16] [--rounds 5] [--json FILE]
 
 Starts one evoked (tier 1 large enough that nothing spills), then for each
-block size alternates rounds of the C++ client (evoke-shm-bench-cpp) and of
-evoke.Client: each round saves `blocks` canonical f16 blocks from shared
+block size runs rounds of the C++ client (evoke-shm-bench-cpp, one process)
+then of evoke.Client, each side's first round dropped as warm-up: each round saves `blocks` canonical f16 blocks from shared
 memory through the command ring in one batch, loads them back, and deletes
 them (untimed). Reports median MiB/s per side and the ratio Python / C++
 (goal >= 0.8 at 1 MiB and up).
@@ -68,14 +68,17 @@ def main():
             rng = np.random.default_rng(7)
             for a in src:
                 a.view(np.uint16)[...] = rng.integers(0, 0x3bff, a.shape, dtype=np.uint16)
-            for r in range(args.rounds):
-                out = subprocess.run(
-                    [os.path.join(build, "client", "python", "evoke-shm-bench-cpp"), "--socket",
-                     sock, "--size", str(size), "--blocks", str(args.blocks), "--rounds", "1",
-                     "--tag", f"cpp-{size}-{r}"], check=True, capture_output=True, text=True)
-                row = json.loads(out.stdout.strip().splitlines()[-1])
-                row["round"] = r
-                rows.append(row)
+            # Back to back on the same daemon: the C++ client's rounds (one
+            # process), then Python's. Each side's first round warms its
+            # client, region and the daemon's mapping of it; it is dropped.
+            out = subprocess.run(
+                [os.path.join(build, "client", "python", "evoke-shm-bench-cpp"), "--socket",
+                 sock, "--size", str(size), "--blocks", str(args.blocks), "--rounds",
+                 str(args.rounds + 1), "--tag", f"cpp-{size}"],
+                check=True, capture_output=True, text=True)
+            for line in out.stdout.strip().splitlines()[1:]:
+                rows.append(json.loads(line))
+            for r in range(args.rounds + 1):
                 session = f"py-{size}-{r}"
                 metas = [evoke.session_meta(fp, session, b, n_tokens) for b in range(args.blocks)]
                 t0 = time.perf_counter()
@@ -83,8 +86,10 @@ def main():
                 t1 = time.perf_counter()
                 client.load_many_into([m.id for m in metas], fp, src)
                 t2 = time.perf_counter()
-                rows.append({"lang": "python", "size": size, "blocks": args.blocks, "round": r,
-                             "save_s": t1 - t0, "load_s": t2 - t1, "ring": client.has_ring})
+                if r > 0:
+                    rows.append({"lang": "python", "size": size, "blocks": args.blocks,
+                                 "round": r, "save_s": t1 - t0, "load_s": t2 - t1,
+                                 "ring": client.has_ring})
                 client.delete([m.id for m in metas])
             del src
         client.close()
