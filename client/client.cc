@@ -261,7 +261,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   const int max_backoff_ms =
       static_cast<int>(std::max<int64_t>(100, absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // Not lowered: gRPC uses this as the shortest deadline of one connection
+  // attempt (handshake included), so at 100 ms a daemon slow to send its
+  // first SETTINGS frame (starting up, or on a loaded host) timed every
+  // attempt out and reconnection took seconds. Refused connections (the
+  // daemon is down) fail at once, so the backoff above still governs them.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   const bool tls = !options.tls_root_cert_pem.empty();

@@ -43,10 +43,15 @@ def channel_options(max_reconnect_backoff=1.0):
     """Channel arguments: reconnect within a second of the daemon coming
     back (gRPC's default backoff grows to minutes, its first retry ~1 s
     plus jitter), and messages as large as evoked's."""
-    ms = int(max_reconnect_backoff * 1000)
+    ms = max(100, int(max_reconnect_backoff * 1000))
     return [
-        ("grpc.initial_reconnect_backoff_ms", min(100, ms)),
-        ("grpc.min_reconnect_backoff_ms", min(100, ms)),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        # gRPC takes this as the shortest deadline of one connection attempt
+        # (handshake included): left at its default, since at 100 ms a daemon
+        # slow to send its first SETTINGS frame (starting, or on a loaded
+        # host) timed every attempt out. Refused connections fail at once,
+        # so the two backoffs govern an absent daemon.
+        ("grpc.min_reconnect_backoff_ms", 20000),
         ("grpc.max_reconnect_backoff_ms", ms),
         ("grpc.max_receive_message_length", 1 << 30),
         ("grpc.max_send_message_length", 1 << 30),
