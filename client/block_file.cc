@@ -486,13 +486,13 @@ absl::StatusOr<bool> BlockStreamReader::Next(BlockFile* block) {
   }
   if (kind != kRecordBlock) {
     return Corrupt(absl::StrFormat("has an unknown record kind 0x%02x (damaged)",
-                                   static_cast<uint8_t>(kind)));
+                                   static_cast<unsigned>(static_cast<uint8_t>(kind))));
   }
   const uint64_t length = GetLE(head, 1, 8);
   if (length < 32 || length > kMaxBlockStreamRecordBytes) {
     return Corrupt(absl::StrCat("record length ", length, " is impossible (damaged)"));
   }
-  if (size_.has_value() && offset_ + length + kTrailerBytes > *size_) {
+  if (size_.has_value() && offset_ + length > *size_) {
     return Corrupt(absl::StrCat("is truncated: the record needs ", length,
                                 " bytes, the file ends first"));
   }

@@ -3,6 +3,7 @@
 // divisions, a restarted daemon, a narrow terminal), the exit-code table,
 // progress lines and the block stream format (round trip, truncation and
 // damage detected and located).
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -24,7 +25,6 @@ namespace {
 
 using ::evoke::testing::StatusIs;
 using ::testing::AllOf;
-using ::testing::Contains;
 using ::testing::DoubleNear;
 using ::testing::HasSubstr;
 using ::testing::Not;

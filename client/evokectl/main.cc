@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "client/evokectl/exit_codes.h"
 #include "client/evokectl/progress.h"
 #include "client/evokectl/top.h"
