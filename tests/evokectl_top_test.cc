@@ -98,6 +98,7 @@ class TopTest : public E2eTest {
   void StartTop() {
     const std::string script = dir_.Join("run_top.sh");
     std::ofstream(script) << "#!/bin/sh\n"
+                          << "echo $$ > '" << dir_.Join("shell.pid") << "'\n"
                           << "'" << EvokectlPath() << "' --socket '" << daemon_->socket()
                           << "' top --interval 0.3\n"
                           << "echo \"top-exit=$?\"\n"
@@ -207,9 +208,8 @@ TEST_F(TopTest, SigtermRestoresTheTerminal) {
   ASSERT_NO_FATAL_FAILURE(StartTop());
   WaitForScreen([](const std::string& s) { return absl::StrContains(s, "1 pinned host"); },
                 "top draws its screen");
-  const std::string shell =
-      Tmux({"display-message", "-p", "-t", "top", "#{pane_pid}"}).out;
-  // The pane runs the script's shell; top is its only child.
+  // The script's shell wrote its pid; top is its only child.
+  const std::string shell = ReadFile(dir_.Join("shell.pid"));
   CommandResult r =
       RunCommand({"pgrep", "-P", std::string(absl::StripAsciiWhitespace(shell))});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -33,7 +33,7 @@ const char* ExitCodeTable() {
          "  3  not found: a named block, session or file does not exist\n"
          "  4  unavailable: evoked is not running, unreachable or did not answer in time\n"
          "  5  data loss: verify found corrupt or missing blocks, or a block file or\n"
-         "     stream is damaged or truncated (nothing of it was stored from a file)\n"
+         "     stream is damaged or truncated (from a file, nothing of it is stored)\n"
          "  6  permission denied: the socket, namespace or file is not this user's\n";
 }
 

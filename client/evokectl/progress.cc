@@ -56,7 +56,7 @@ std::string FormatProgress(const std::string& label, uint64_t done, uint64_t tot
   if (total > 0 && done < total && rate > 0) {
     absl::StrAppend(&line, "  ETA ", Eta(static_cast<double>(total - done) / rate));
   } else {
-    absl::StrAppend(&line, "  ", Eta(seconds));
+    absl::StrAppend(&line, "  ", Eta(std::floor(seconds)));  // Time taken so far.
   }
   return line;
 }

@@ -138,7 +138,7 @@ std::vector<std::string> RenderTop(const TopInput& in) {
                                  Uptime(cur->uptime_seconds()), "  ", in.target));
   }
   if (!in.disconnected.empty()) {
-    lines.push_back(absl::StrCat("*** disconnected, retrying: ", in.disconnected, " ***"));
+    lines.push_back(absl::StrCat("*** disconnected, retrying: ", in.disconnected));
   }
   if (cur == nullptr) {
     for (std::string& l : lines) {
