@@ -118,7 +118,9 @@ TEST(RenderTopTest, RatesHitRatesAndLatencyOverTheInterval) {
   cur.mutable_counters()->set_misses(5);        // +0
   // +100 calls over the interval: 50 under 1 ms, 49 in (1, 10 ms], 1 above 100 ms.
   *cur.mutable_rpcs(0) = Rpc("Save", 110, 2, 0.05 + 0.5, {55, 54, 0, 1});
-  *cur.add_rpcs() = Rpc("Load", 0, 0, 0, {0, 0, 0, 0});
+  *cur.add_rpcs() = Rpc("Load", 0, 0, 0, {0, 0, 0, 0});  // Never called: left out.
+  *prev.add_rpcs() = Rpc("Pin", 3, 0, 0.003, {3, 0, 0, 0});
+  *cur.add_rpcs() = Rpc("Pin", 3, 0, 0.003, {3, 0, 0, 0});  // No calls in the interval.
 
   TopInput in;
   in.prev = &prev;
@@ -156,10 +158,23 @@ TEST(RenderTopTest, RatesHitRatesAndLatencyOverTheInterval) {
   EXPECT_THAT(LineStartingWith(lines, "Save"),
               AllOf(HasSubstr("50.0"), HasSubstr("1.0"), HasSubstr("5.00ms"),
                     HasSubstr("1.00ms"), HasSubstr("10.00ms"), HasSubstr("110")));
-  // Load had no calls: no rates divided by zero calls.
-  EXPECT_THAT(LineStartingWith(lines, "Load"), AllOf(HasSubstr("0.0"), HasSubstr("-")));
+  EXPECT_EQ(LineStartingWith(lines, "Load"), "");
+  // Pin had no calls in the interval: zero rates, no mean or percentiles
+  // (no division by zero calls), 3 calls since start.
+  EXPECT_THAT(LineStartingWith(lines, "Pin"),
+              AllOf(HasSubstr("0.0"), HasSubstr("-"), HasSubstr(" 3")));
   EXPECT_THAT(screen, Not(HasSubstr("nan")));
   EXPECT_THAT(screen, Not(HasSubstr("inf")));
+}
+
+TEST(RenderTopTest, RpcsReportedButNoneCalled) {
+  v1::StatResponse cur = BaseStat();
+  *cur.add_rpcs() = Rpc("Save", 0, 0, 0, {0, 0, 0, 0});
+  TopInput in;
+  in.cur = &cur;
+  const std::string screen = Screen(RenderTop(in));
+  EXPECT_THAT(screen, HasSubstr("(no calls yet)"));
+  EXPECT_THAT(screen, Not(HasSubstr("n/a")));
 }
 
 TEST(RenderTopTest, OverflowPercentileShowsAboveTheLastBound) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -599,11 +600,22 @@ int Run(int argc, char** argv) {
     const std::string target = ResolveTarget(socket);
     if (std::error_code ec;
         absl::StartsWith(target, "unix:") && !std::filesystem::exists(target.substr(5), ec)) {
+      if (ec == std::errc::permission_denied) {
+        Check(absl::PermissionDeniedError(absl::StrCat(
+            "cannot reach evoked at ", target,
+            ": permission denied on its directory (is this user in the socket's group?)")));
+      }
       Check(absl::UnavailableError(absl::StrCat(
           "cannot reach evoked at ", target,
-          ec == std::errc::permission_denied
-              ? ": permission denied on its directory (is this user in the socket's group?)"
-              : ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
+          ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
+    }
+    // Connecting to a Unix socket needs write permission on it; gRPC would
+    // report the refusal as UNAVAILABLE after its connect wait.
+    if (absl::StartsWith(target, "unix:") &&
+        ::access(target.substr(5).c_str(), W_OK) != 0 && errno == EACCES) {
+      Check(absl::PermissionDeniedError(absl::StrCat(
+          "cannot reach evoked at ", target,
+          ": permission denied on the socket (is this user in the socket's group?)")));
     }
     ClientOptions options;
     options.target = socket;

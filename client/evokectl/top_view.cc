@@ -209,12 +209,17 @@ std::vector<std::string> RenderTop(const TopInput& in) {
 
   // Per-RPC latency over the interval, from histogram deltas.
   lines.push_back("");
-  const std::vector<RpcDelta> rpcs = RpcDeltas(prev, *cur);
-  if (rpcs.empty()) {
+  std::vector<RpcDelta> rpcs = RpcDeltas(prev, *cur);
+  const bool reported = !rpcs.empty();
+  // Methods never called are left out: a daemon reports every method and
+  // ring opcode, most of them idle.
+  std::erase_if(rpcs, [](const RpcDelta& d) { return d.total_calls == 0; });
+  if (!reported) {
     lines.push_back("RPC LATENCY: n/a (this evoked reports no per-RPC figures)");
   } else {
     lines.push_back(absl::StrFormat("%-16s %9s %9s %9s %9s %9s %10s   (%s)", "RPC", "calls/s",
                                     "errors/s", "mean", "p50", "p99", "calls", window));
+    if (rpcs.empty()) lines.push_back("(no calls yet)");
     for (const RpcDelta& d : rpcs) {
       lines.push_back(absl::StrFormat(
           "%-16s %9s %9s %9s %9s %9s %10d", d.method, Rate(d.calls, seconds),
