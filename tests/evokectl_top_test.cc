@@ -1,4 +1,4 @@
-// `evokectl top` in a real terminal: tmux (a private server on a socket in
+// `evokectl top` (and progress bars) in a real terminal: tmux (a private server on a socket in
 // the test's directory) runs top against a real evoked while this test
 // drives a workload with the C++ client, reads the screen with
 // `capture-pane`, and checks that the figures follow the workload, that the
@@ -209,12 +209,12 @@ TEST_F(TopTest, SigtermRestoresTheTerminal) {
   WaitForScreen([](const std::string& s) { return absl::StrContains(s, "1 pinned host"); },
                 "top draws its screen");
   // The script's shell wrote its pid; top is its only child.
-  const std::string shell = ReadFile(dir_.Join("shell.pid"));
-  CommandResult r =
-      RunCommand({"pgrep", "-P", std::string(absl::StripAsciiWhitespace(shell))});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string shell(absl::StripAsciiWhitespace(ReadFile(dir_.Join("shell.pid"))));
+  const std::string children =
+      ReadFile(absl::StrCat("/proc/", shell, "/task/", shell, "/children"));
   int top_pid = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(r.out), &top_pid)) << r.out;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(children), &top_pid))
+      << "children of " << shell << ": '" << children << "'";
   ASSERT_EQ(::kill(top_pid, SIGTERM), 0);
   const std::string screen = WaitForScreen(
       [](const std::string& s) { return absl::StrContains(s, "top-exit="); },
@@ -223,6 +223,34 @@ TEST_F(TopTest, SigtermRestoresTheTerminal) {
   const std::set<std::string> flags = TerminalFlags();
   EXPECT_TRUE(flags.count("icanon") && flags.count("echo"))
       << "canonical mode and echo restored after SIGTERM";
+}
+
+// Progress bars are drawn when stdout is a terminal without being asked
+// (--progress auto), and end on a complete line.
+TEST_F(TopTest, ProgressBarsOnATerminal) {
+  std::vector<TestBlock> blocks;
+  for (int i = 0; i < 12; ++i) blocks.push_back(SessionBlock("bar", i, 16));
+  ASSERT_OK(SaveBlocks(*client_, blocks));
+  const std::string script = dir_.Join("run_verify.sh");
+  const std::string ctl = "'" + EvokectlPath() + "' --socket '" + daemon_->socket() + "' ";
+  std::ofstream(script) << "#!/bin/sh\n"
+                        << ctl << "verify\n"
+                        << "echo \"verify-exit=$?\"\n"
+                        << ctl << "export --namespace test -o '" << dir_.Join("t.evks") << "'\n"
+                        << "echo \"export-exit=$?\"\n"
+                        << "exec sleep 600\n";
+  ::chmod(script.c_str(), 0755);
+  ASSERT_EQ(
+      Tmux({"new-session", "-d", "-s", "top", "-x", "120", "-y", "40", script}).exit_code, 0);
+  const std::string screen = WaitForScreen(
+      [](const std::string& s) { return absl::StrContains(s, "export-exit="); },
+      "verify and export end");
+  EXPECT_THAT(screen, HasSubstr("verify [##############################] 100% 12/12 blocks"));
+  EXPECT_THAT(screen, HasSubstr("checked 12 blocks, 12 copies: 12 ok"));
+  EXPECT_THAT(screen, HasSubstr("verify-exit=0"));
+  EXPECT_THAT(screen, HasSubstr("export [##############################] 100% 12/12 blocks"));
+  EXPECT_THAT(screen, HasSubstr("exported 12 blocks"));
+  EXPECT_THAT(screen, HasSubstr("export-exit=0"));
 }
 
 }  // namespace
