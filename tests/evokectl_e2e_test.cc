@@ -1,5 +1,6 @@
 // evokectl against a real evoked: every command, text and --json output,
-// exit codes and one-line errors.
+// exit codes (client/evokectl/exit_codes.h) and one-line errors, block
+// streams between two daemons, progress bars, top's plain snapshots.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -58,7 +59,7 @@ TEST_F(EvokectlTest, LsShowAndFilters) {
   }
   EXPECT_EQ(count, 3u);
   r = Ctl({"ls", "--tier", "nowhere"});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // A usage error.
   EXPECT_THAT(r.err, HasSubstr("--tier"));
 
   r = Ctl({"show", blocks_[2].id().ToHex()});
@@ -73,22 +74,24 @@ TEST_F(EvokectlTest, LsShowAndFilters) {
 }
 
 TEST_F(EvokectlTest, ErrorsAreOneLineAndNonZero) {
+  // Exit statuses: 2 usage, 3 not found, 4 unavailable (the table in
+  // client/evokectl/exit_codes.h; before it, every error but usage was 1).
   CommandResult r = Ctl({"show", "nothex"});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("evokectl: INVALID_ARGUMENT: block id 'nothex'"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
   r = Ctl({"show", std::string(32, 'a')});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
   r = Ctl({"no-such-command"});
   EXPECT_EQ(r.exit_code, 2);
   r = RunEvokectl(dir_.Join("nobody.sock"), {"stat", "--timeout", "1"});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 4);
   EXPECT_THAT(r.err, HasSubstr("cannot reach evoked"));
   // Without --timeout too: a path with no socket fails at once, not after
   // the 10 s connect wait (the message says why).
   r = RunEvokectl(dir_.Join("nobody.sock"), {"stat"});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 4);
   EXPECT_THAT(r.err, HasSubstr("no such socket"));
   r = Ctl({"ls", "--limit", "-1"});
   EXPECT_EQ(r.exit_code, 2);
@@ -112,9 +115,9 @@ TEST_F(EvokectlTest, ExportRmImportRoundTrip) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("deleted 1 block"));
   r = Ctl({"show", id});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 3);
   r = Ctl({"rm", id});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
   r = Ctl({"import", file});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -130,7 +133,7 @@ TEST_F(EvokectlTest, ExportRmImportRoundTrip) {
     f.put('\x01');
   }
   r = Ctl({"import", file});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 5);
   EXPECT_THAT(r.err, HasSubstr("DATA_LOSS"));
 }
 
@@ -144,7 +147,7 @@ TEST_F(EvokectlTest, ImportOfAnythingButABlockFileFailsAtOnce) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   r = Ctl({"import", dir_.Join("missing.evk")});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
 }
 
@@ -167,6 +170,167 @@ TEST_F(EvokectlTest, FlushVerifyDropSession) {
   r = Ctl({"ls"});
   EXPECT_THAT(r.out, HasSubstr("2 blocks"));
   EXPECT_THAT(r.out, Not(HasSubstr(blocks_[0].id().ToHex())));
+}
+
+TEST_F(EvokectlTest, HelpListsTheExitStatuses) {
+  CommandResult r = Ctl({"--help"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Exit status:"));
+  EXPECT_THAT(r.out, HasSubstr("5  data loss"));
+  EXPECT_THAT(r.out, HasSubstr("top"));
+}
+
+// A namespace (and a session of it) from this daemon into a second one
+// through one block stream: byte-identical loads, re-import deduplicates,
+// a damaged or truncated stream stores nothing and exits 5.
+TEST_F(EvokectlTest, StreamExportImportBetweenDaemons) {
+  // A block of another namespace, which the export must leave out.
+  const TestBlock elsewhere = SessionBlock("sess", 0, 64, SmallFingerprint("elsewhere"));
+  ASSERT_OK(SaveBlocks(*client_, {elsewhere}));
+  const std::string file = dir_.Join("test.evks");
+  CommandResult r = Ctl({"export", "--namespace", "test", "-o", file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("exported 8 blocks"));
+  EXPECT_EQ(r.err, "");  // Not a terminal: no progress bar.
+  r = Ctl({"export", "--namespace", "test", "--session", "other", "-o", dir_.Join("other.evks"),
+           "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"blocks\":2"));
+
+  TempDir other_dir;
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> b = DaemonProcess::Start(other_dir.path());
+  ASSERT_OK(b);
+  std::unique_ptr<Client> b_client = (*b)->Connect();
+  ASSERT_NE(b_client, nullptr);
+  auto ctl_b = [&](const std::vector<std::string>& args) {
+    return RunEvokectl((*b)->socket(), args);
+  };
+  auto b_blocks = [&] {
+    v1::ListRequest all;
+    all.set_page_size(1000);
+    absl::StatusOr<v1::ListResponse> l = b_client->List(all);
+    EXPECT_OK(l);
+    return l.ok() ? static_cast<size_t>(l->blocks_size()) : 0u;
+  };
+
+  // Damaged copies first: refused with DATA_LOSS naming the record, and
+  // nothing of them stored (a file is checked through before storing).
+  const std::string bytes = ReadFile(file);
+  ASSERT_GT(bytes.size(), 8u * 64 * 2048);
+  const std::string truncated = dir_.Join("truncated.evks");
+  std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() * 2 / 3);
+  r = ctl_b({"import", truncated});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(r.err, HasSubstr("truncated"));
+  EXPECT_THAT(r.err, HasSubstr("record "));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  std::string flipped_bytes = bytes;
+  flipped_bytes[bytes.size() / 2] ^= 0x01;
+  const std::string flipped = dir_.Join("flipped.evks");
+  std::ofstream(flipped, std::ios::binary) << flipped_bytes;
+  r = ctl_b({"import", flipped});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(r.err, HasSubstr("record "));
+  EXPECT_EQ(b_blocks(), 0u) << "nothing of a damaged file is stored";
+
+  // The intact stream: every block, byte-identical.
+  r = ctl_b({"import", file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("imported 8 blocks"));
+  EXPECT_THAT(r.out, HasSubstr("8 new, 0 already stored"));
+  std::vector<BlockId> ids;
+  for (const TestBlock& t : blocks_) ids.push_back(t.id());
+  absl::StatusOr<std::vector<LoadedBlock>> got = b_client->Load(ids, SmallFingerprint());
+  ASSERT_OK(got);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    EXPECT_EQ((*got)[i].payload, blocks_[i].payload) << i;
+    EXPECT_EQ((*got)[i].meta.session_id(), blocks_[i].meta.session_id());
+    EXPECT_EQ((*got)[i].meta.sequence(), blocks_[i].meta.sequence());
+  }
+  EXPECT_THAT(b_client->Describe(elsewhere.id()), StatusIs(absl::StatusCode::kNotFound));
+  // Again: idempotent.
+  r = ctl_b({"import", file, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"blocks\":8"));
+  EXPECT_THAT(r.out, HasSubstr("\"deduplicated\":8"));
+  EXPECT_EQ(b_blocks(), 8u);
+
+  // Through a pipe: export to stdout, import from stdin.
+  ASSERT_OK(b_client->Delete(ids));
+  r = RunCommand({"/bin/sh", "-c",
+                  "'" + EvokectlPath() + "' --socket '" + daemon_->socket() +
+                      "' export --namespace test -o - | '" + EvokectlPath() + "' --socket '" +
+                      (*b)->socket() + "' import -"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("imported 8 blocks"));
+  EXPECT_THAT(r.err, HasSubstr("exported 8 blocks (1 MiB) to stdout"));
+  EXPECT_EQ(b_blocks(), 8u);
+  // A truncated pipe: the intact records are stored, the error says so.
+  ASSERT_OK(b_client->Delete(ids));
+  r = RunCommand({"/bin/sh", "-c",
+                  "head -c " + std::to_string(bytes.size() * 2 / 3) + " '" + file + "' | '" +
+                      EvokectlPath() + "' --socket '" + (*b)->socket() + "' import -"});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("standard input: block stream is truncated"));
+  EXPECT_THAT(r.err, HasSubstr("intact blocks before it were stored"));
+
+  // Usage errors need no daemon and do nothing.
+  EXPECT_EQ(Ctl({"export", "--namespace", "test"}).exit_code, 2);
+  EXPECT_EQ(Ctl({"export"}).exit_code, 2);
+  EXPECT_EQ(Ctl({"export", blocks_[0].id().ToHex(), "--namespace", "test", "-o", file}).exit_code,
+            2);
+  EXPECT_EQ(Ctl({"export", "--session", "sess", blocks_[0].id().ToHex(), file}).exit_code, 2);
+}
+
+TEST_F(EvokectlTest, ProgressBarsOnlyWhenAskedOrOnATerminal) {
+  const std::string file = dir_.Join("p.evks");
+  CommandResult r = Ctl({"--progress", "always", "export", "--namespace", "test", "-o", file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("export ["));
+  EXPECT_THAT(r.err, HasSubstr("100% 8/8 blocks"));
+  r = Ctl({"--progress", "always", "import", file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("import ["));
+  EXPECT_THAT(r.err, HasSubstr("8/8 blocks"));
+  r = Ctl({"--progress", "always", "verify"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("verify ["));
+  EXPECT_THAT(r.out, HasSubstr("checked 8 blocks, 8 copies: 8 ok, 0 corrupt"));
+  r = Ctl({"--progress", "always", "flush"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The bar ends on the count the answer gives (all 8, unless the spiller
+  // wrote some in the background first).
+  const size_t wrote = r.out.find("wrote ");
+  ASSERT_NE(wrote, std::string::npos) << r.out;
+  const std::string n = r.out.substr(wrote + 6, r.out.find(' ', wrote + 6) - wrote - 6);
+  EXPECT_THAT(r.err, HasSubstr("flush " + n + " blocks written"));
+  // Captured output (not a terminal) and --progress never: no bar.
+  r = Ctl({"verify"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  r = Ctl({"--progress", "never", "verify"});
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(Ctl({"--progress", "sometimes", "verify"}).exit_code, 2);
+}
+
+TEST_F(EvokectlTest, TopPrintsPlainSnapshotsWhenNotOnATerminal) {
+  CommandResult r = Ctl({"top", "--iterations", "2", "--interval", "0.2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("\x1b")));
+  size_t frames = 0;
+  for (size_t at = r.out.find("\n1 pinned host"); at != std::string::npos;
+       at = r.out.find("\n1 pinned host", at + 1)) {
+    ++frames;
+  }
+  EXPECT_EQ(frames, 2u) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("totals: saves 8 "));
+  EXPECT_THAT(r.out, HasSubstr("avg since start"));  // The first frame.
+  EXPECT_THAT(r.out, HasSubstr("last 0."));          // The second, over the interval.
+  r = RunEvokectl(dir_.Join("nobody.sock"), {"top", "--iterations", "1"});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_THAT(r.out, HasSubstr("disconnected, retrying"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Block files: a self-describing file holding one block (metadata, payload
 // and checksums), for backing blocks up or moving them between hosts
-// (`evokectl export` / `evokectl import`).
+// (`evokectl export` / `evokectl import`). Block streams (below) carry many
+// blocks, a block file per record, in one file or pipe.
 //
 // Format v1, little endian:
 //   "EVOKEBLK"                 8 bytes magic
@@ -15,6 +16,8 @@
 #define EVOKE_CLIENT_BLOCK_FILE_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -58,6 +61,114 @@ absl::StatusOr<BlockFile> DecodeBlockFile(absl::string_view bytes);
 absl::Status WriteBlockFile(const std::string& path, const v1::BlockMeta& meta,
                             absl::string_view payload);
 absl::StatusOr<BlockFile> ReadBlockFile(const std::string& path);
+
+// ---------------------------------------------------------------------------
+// Block streams: every block of a namespace or session in one file, written
+// and read as a stream (neither side holds more than one block), with the
+// count unknown until the end (`evokectl export --namespace` / `import`).
+//
+// Format v1, little endian:
+//   "EVOKESTR"                 8 bytes magic
+//   u32 version (1)
+//   u32 flags (0; a reader refuses any other value)
+//   records, each:
+//     u8  kind 'B'             a block
+//     u64 length               at most kMaxBlockStreamRecordBytes
+//     length bytes             the block's block file (format above: it
+//                              carries its own checksums)
+//   trailer:
+//     u8  kind 'E'
+//     u64 record count
+//     u64 stream checksum      chain over the records: h = 0, then for each
+//                              record h = XXH3_64(le64 h || le64 length ||
+//                              le64 the block file's own file checksum)
+//     u64 trailer checksum     XXH3_64 of the 17 trailer bytes before it
+//   nothing after the trailer.
+//
+// A truncated stream (no trailer), a damaged record, records dropped,
+// reordered or repeated, and bytes after the trailer are all detected; the
+// error names the record (1-based) and its byte offset.
+
+inline constexpr char kBlockStreamMagic[8] = {'E', 'V', 'O', 'K', 'E', 'S', 'T', 'R'};
+inline constexpr uint64_t kMaxBlockStreamRecordBytes =
+    16 + kMaxBlockFileMetaBytes + 8 + kMaxBlockFilePayloadBytes + 8;
+
+// BlockStreamWriter writes a block stream to a path, or to standard output
+// for "-". A path is written as PATH.tmp and renamed by Finish, so that an
+// export that fails (or is killed) never leaves a half stream at PATH; the
+// destructor of an unfinished writer removes the temporary file.
+class BlockStreamWriter {
+ public:
+  // Create opens the destination and writes the header. UNAVAILABLE when it
+  // cannot be created or written, PERMISSION_DENIED when access is refused.
+  static absl::StatusOr<std::unique_ptr<BlockStreamWriter>> Create(const std::string& path);
+  ~BlockStreamWriter();
+  BlockStreamWriter(const BlockStreamWriter&) = delete;
+  BlockStreamWriter& operator=(const BlockStreamWriter&) = delete;
+
+  // Append writes one block (the checks of EncodeBlockFile apply).
+  absl::Status Append(const v1::BlockMeta& meta, absl::string_view payload);
+  // Finish writes the trailer, flushes, syncs and (for a path) renames.
+  absl::Status Finish();
+
+  uint64_t records() const { return records_; }
+  uint64_t bytes() const { return bytes_; }  // Written so far, header included.
+
+ private:
+  BlockStreamWriter(int fd, std::string path, std::string tmp_path);
+  absl::Status Write(absl::string_view bytes);
+
+  int fd_;
+  std::string path_;
+  std::string tmp_path_;  // Empty for standard output.
+  uint64_t records_ = 0;
+  uint64_t bytes_ = 0;
+  uint64_t chain_ = 0;
+  bool finished_ = false;
+};
+
+// BlockStreamReader reads a block stream, or a single block file (then it
+// yields that one block), from a path or from standard input ("-").
+class BlockStreamReader {
+ public:
+  // Open opens `path` and reads its header: NOT_FOUND / PERMISSION_DENIED /
+  // UNAVAILABLE when it cannot be opened or read, INVALID_ARGUMENT when it
+  // is neither a block stream nor a block file (or a version this reader
+  // does not know).
+  static absl::StatusOr<std::unique_ptr<BlockStreamReader>> Open(const std::string& path);
+  ~BlockStreamReader();
+  BlockStreamReader(const BlockStreamReader&) = delete;
+  BlockStreamReader& operator=(const BlockStreamReader&) = delete;
+
+  // Next reads and verifies the next block into *block and returns true; it
+  // returns false once the trailer has been read and checked and nothing
+  // follows it. DATA_LOSS, naming the record and its offset, for a damaged
+  // or truncated stream; the block returned before an error is intact.
+  absl::StatusOr<bool> Next(BlockFile* block);
+
+  bool is_stream() const { return stream_; }  // False: a single block file.
+  uint64_t records() const { return records_; }  // Blocks returned so far.
+  uint64_t offset() const { return offset_; }    // Bytes consumed so far.
+  // The size of a regular file; nullopt for a pipe or a device.
+  std::optional<uint64_t> size() const { return size_; }
+
+ private:
+  BlockStreamReader(int fd, std::string path, std::optional<uint64_t> size);
+  // Reads exactly n bytes (appended to *out); false at end of input.
+  absl::StatusOr<bool> Read(size_t n, std::string* out);
+  absl::Status Corrupt(absl::string_view what) const;
+
+  int fd_;
+  bool close_fd_;
+  std::string path_;
+  std::optional<uint64_t> size_;
+  bool stream_ = true;
+  bool done_ = false;
+  uint64_t records_ = 0;
+  uint64_t offset_ = 0;
+  uint64_t record_offset_ = 0;
+  uint64_t chain_ = 0;
+};
 
 }  // namespace evoke
 

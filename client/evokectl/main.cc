@@ -1,16 +1,22 @@
-// evokectl: inspect, verify and manage the blocks stored by evoked.
+// evokectl: inspect, verify and manage the blocks stored by evoked, and
+// watch it (`evokectl top`).
 //
-//   evokectl [--socket PATH] [--json] COMMAND ...
+//   evokectl [--socket PATH] [--json] [--progress MODE] COMMAND ...
 //
 // The socket comes from --socket, else $EVOKE_SOCKET, else ./evoked.sock.
-// Exit status: 0 on success, 1 with a one-line reason on stderr on any error
-// (including corrupt blocks found by `verify`), 2 for usage errors.
+// Errors print one line on stderr; the exit status says what kind of error
+// it was (client/evokectl/exit_codes.h, docs/EVOKECTL.md).
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <google/protobuf/struct.pb.h>
@@ -21,7 +27,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/evokectl/exit_codes.h"
+#include "client/evokectl/progress.h"
+#include "client/evokectl/top.h"
 #include "common/byte_size.h"
+#include "common/checksum.h"
 #include "common/fingerprint.h"
 #include "evoke/block_file.h"
 #include "evoke/client.h"
@@ -29,9 +40,18 @@
 namespace evoke {
 namespace {
 
-// Fails the command: printed as one line, exit status 1.
+using ctl::ExitCodeFor;
+using ctl::Progress;
+
+// Fails the command: printed as one line; the exit status follows the
+// status code (ctl::ExitCodeFor).
 struct CommandError {
   absl::Status status;
+};
+// A command line that parses but makes no sense (a malformed id, a flag
+// that needs another): exit status 2, as CLI11's own usage errors.
+struct UsageError {
+  std::string message;
 };
 
 template <typename T>
@@ -58,10 +78,7 @@ std::string TierName(int tier) {
 
 BlockId ParseId(const std::string& hex) {
   absl::StatusOr<BlockId> id = BlockId::FromHex(hex);
-  if (!id.ok()) {
-    throw CommandError{absl::InvalidArgumentError(
-        absl::StrCat("block id '", hex, "': ", id.status().message()))};
-  }
+  if (!id.ok()) throw UsageError{absl::StrCat("block id '", hex, "': ", id.status().message())};
   return *id;
 }
 
@@ -243,17 +260,247 @@ void PrintStat(const v1::StatResponse& s) {
   PrintNamespaces(s);
 }
 
+// Batches of Load and Save while streaming: small enough that neither side
+// holds much (never a whole namespace), large enough to amortize a call.
+constexpr size_t kBatchBlocks = 128;
+constexpr uint64_t kBatchBytes = 16ull << 20;
+
+struct ExportCounts {
+  uint64_t blocks = 0;
+  uint64_t bytes = 0;
+  uint64_t breadcrumbs = 0;  // Listed without bytes: nothing to export.
+  uint64_t vanished = 0;     // Deleted between List and Load.
+};
+
+// ExportStream writes every block of `ns` (of `session` when set) to a block
+// stream: List page by page, Load each page in batches of one fingerprint,
+// append each block as it comes.
+ExportCounts ExportStream(Client& client, const std::string& ns, const std::string& session,
+                          const std::string& out, bool progress) {
+  uint64_t total = 0;
+  if (session.empty()) {
+    if (absl::StatusOr<v1::StatResponse> s = client.Stat(); s.ok()) {
+      for (const v1::NamespaceStat& n : s->namespaces()) {
+        if (n.name() == ns) total = n.blocks();
+      }
+    }
+  }
+  std::unique_ptr<BlockStreamWriter> writer = Check(BlockStreamWriter::Create(out));
+  Progress bar("export", total, "blocks", progress);
+  ExportCounts counts;
+  auto append = [&](const v1::BlockInfo& info, LoadedBlock& loaded) {
+    // The listed metadata is the stored one (Load leaves out summaries); the
+    // loaded one wins if the block changed in between.
+    const v1::BlockMeta& meta =
+        info.meta().checksum() == loaded.meta.checksum() &&
+                info.meta().payload_bytes() == loaded.payload.size()
+            ? info.meta()
+            : loaded.meta;
+    Check(writer->Append(meta, loaded.payload));
+    ++counts.blocks;
+    counts.bytes += loaded.payload.size();
+    bar.Add(1);
+  };
+  auto load_batch = [&](const std::vector<const v1::BlockInfo*>& batch) {
+    if (batch.empty()) return;
+    std::vector<BlockId> ids;
+    for (const v1::BlockInfo* b : batch) ids.push_back(BlockIdOf(b->meta()));
+    const v1::LayoutFingerprint& fp = batch[0]->meta().fingerprint();
+    absl::StatusOr<std::vector<LoadedBlock>> loaded = client.Load(ids, fp);
+    if (loaded.ok()) {
+      for (size_t i = 0; i < batch.size(); ++i) append(*batch[i], (*loaded)[i]);
+      return;
+    }
+    if (loaded.status().code() != absl::StatusCode::kNotFound) Check(loaded.status());
+    // One of them went away since it was listed: the others one by one.
+    for (size_t i = 0; i < batch.size(); ++i) {
+      absl::StatusOr<std::vector<LoadedBlock>> one = client.Load({&ids[i], 1}, fp);
+      if (!one.ok() && one.status().code() == absl::StatusCode::kNotFound) {
+        ++counts.vanished;
+        bar.Add(1);
+        continue;
+      }
+      append(*batch[i], Check(std::move(one))[0]);
+    }
+  };
+  v1::ListRequest request;
+  request.set_namespace_(ns);
+  request.set_session_id(session);
+  request.set_page_size(256);
+  for (;;) {
+    const v1::ListResponse page = Check(client.List(request));
+    std::vector<const v1::BlockInfo*> batch;
+    std::string batch_fp;
+    uint64_t batch_bytes = 0;
+    for (const v1::BlockInfo& b : page.blocks()) {
+      if (!b.bytes_available()) {
+        ++counts.breadcrumbs;
+        bar.Add(1);
+        continue;
+      }
+      const std::string fp = DigestFingerprint(b.meta().fingerprint()).ToHex();
+      if (!batch.empty() && (fp != batch_fp || batch.size() >= kBatchBlocks ||
+                             batch_bytes + b.meta().payload_bytes() > kBatchBytes)) {
+        load_batch(batch);
+        batch.clear();
+        batch_bytes = 0;
+      }
+      batch_fp = fp;
+      batch.push_back(&b);
+      batch_bytes += b.meta().payload_bytes();
+    }
+    load_batch(batch);
+    if (page.next_page_token().empty()) break;
+    request.set_page_token(page.next_page_token());
+  }
+  Check(writer->Finish());
+  bar.Finish();
+  return counts;
+}
+
+struct ImportCounts {
+  bool stream = false;
+  uint64_t blocks = 0;
+  uint64_t bytes = 0;
+  uint64_t deduplicated = 0;  // Already stored: importing twice is harmless.
+  std::string single_id;      // A single block file: its block.
+};
+
+// ImportStream stores every block of a block stream (or block file). A
+// regular file is read through once first, so that a damaged or truncated
+// one stores nothing; from a pipe, blocks are checked one by one and stored
+// in batches, and an error says how many were stored before it.
+ImportCounts ImportStream(Client& client, const std::string& path, bool durable,
+                          bool progress) {
+  std::unique_ptr<BlockStreamReader> reader = Check(BlockStreamReader::Open(path));
+  ImportCounts counts;
+  counts.stream = reader->is_stream();
+  uint64_t total = 0;
+  if (reader->size().has_value() && reader->is_stream()) {
+    Progress check("check", *reader->size(), "bytes", progress);
+    BlockFile block;
+    while (Check(reader->Next(&block))) check.Set(reader->offset());
+    check.Set(reader->offset());
+    check.Finish(/*erase=*/true);
+    total = reader->records();
+    reader = Check(BlockStreamReader::Open(path));
+  }
+  Progress bar("import", total, "blocks", progress && reader->is_stream());
+  std::vector<BlockFile> batch;
+  uint64_t batch_bytes = 0;
+  auto save = [&] {
+    if (batch.empty()) return;
+    std::vector<BlockToSave> blocks;
+    for (const BlockFile& b : batch) blocks.emplace_back(b.meta, b.payload);
+    absl::StatusOr<std::vector<v1::SaveResult>> r = client.Save(blocks, durable);
+    if (!r.ok()) {
+      throw CommandError{absl::Status(
+          r.status().code(),
+          absl::StrCat(r.status().message(), " (", counts.blocks,
+                       " blocks were stored before this batch)"))};
+    }
+    for (const v1::SaveResult& one : *r) counts.deduplicated += one.deduplicated() ? 1 : 0;
+    counts.blocks += batch.size();
+    bar.Add(batch.size());
+    batch.clear();
+    batch_bytes = 0;
+  };
+  for (;;) {
+    BlockFile block;
+    absl::StatusOr<bool> more = reader->Next(&block);
+    if (!more.ok()) {
+      save();  // The intact blocks before the damage (a pipe: not checked up front).
+      throw CommandError{absl::Status(
+          more.status().code(),
+          absl::StrCat(more.status().message(), "; ", counts.blocks,
+                       " intact blocks before it were stored (importing again is safe)"))};
+    }
+    if (!*more) break;
+    if (!reader->is_stream()) counts.single_id = BlockIdOf(block.meta).ToHex();
+    counts.bytes += block.payload.size();
+    batch_bytes += block.payload.size();
+    batch.push_back(std::move(block));
+    if (batch.size() >= kBatchBlocks || batch_bytes >= kBatchBytes) save();
+  }
+  save();
+  bar.Finish();
+  return counts;
+}
+
+// Verify with a progress bar: the ids (every listed block when none are
+// named) in batches, the answers added up.
+v1::VerifyResponse VerifyInBatches(Client& client, std::vector<BlockId> ids) {
+  if (ids.empty()) {
+    v1::ListRequest request;
+    request.set_page_size(1000);
+    Progress listing("list", 0, "blocks", true);
+    for (;;) {
+      const v1::ListResponse page = Check(client.List(request));
+      for (const v1::BlockInfo& b : page.blocks()) ids.push_back(BlockIdOf(b.meta()));
+      listing.Set(ids.size());
+      if (page.next_page_token().empty()) break;
+      request.set_page_token(page.next_page_token());
+    }
+    listing.Finish(/*erase=*/true);
+  }
+  v1::VerifyResponse all;
+  Progress bar("verify", ids.size(), "blocks", true);
+  constexpr size_t kVerifyBatch = 256;
+  for (size_t at = 0; at < ids.size(); at += kVerifyBatch) {
+    const size_t n = std::min(kVerifyBatch, ids.size() - at);
+    const v1::VerifyResponse r = Check(client.Verify({ids.data() + at, n}));
+    all.set_blocks_checked(all.blocks_checked() + r.blocks_checked());
+    all.set_copies_checked(all.copies_checked() + r.copies_checked());
+    all.set_copies_ok(all.copies_ok() + r.copies_ok());
+    all.set_missing(all.missing() + r.missing());
+    for (const v1::CorruptCopy& c : r.corrupt()) *all.add_corrupt() = c;
+    bar.Add(n);
+  }
+  bar.Finish();
+  return all;
+}
+
+// Flush with a progress bar: the blocks written so far, from the daemon's
+// spill counter, polled beside the call (Flush is one RPC).
+v1::FlushResponse FlushWithProgress(Client& client, bool evict) {
+  uint64_t base = 0;
+  if (absl::StatusOr<v1::StatResponse> s = client.Stat(); s.ok()) base = s->counters().spills();
+  Progress bar("flush", 0, "blocks written", true);
+  std::atomic<bool> done{false};
+  std::thread poller([&] {
+    while (!done.load()) {
+      if (absl::StatusOr<v1::StatResponse> s = client.Stat(); s.ok()) {
+        bar.Set(s->counters().spills() >= base ? s->counters().spills() - base : 0);
+      }
+      for (int i = 0; i < 10 && !done.load(); ++i) absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
+  absl::StatusOr<v1::FlushResponse> r = client.Flush(evict);
+  done = true;
+  poller.join();
+  if (r.ok()) bar.Set(r->blocks_written());
+  bar.Finish();
+  return Check(std::move(r));
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"evokectl: inspect, verify and manage the blocks stored by evoked"};
   app.require_subcommand(1);
   app.fallthrough();  // --socket/--json/--timeout may follow the command.
+  app.footer(ctl::ExitCodeTable());
   std::string socket;
   bool json = false;
   double timeout_s = 60;
+  std::string progress_mode = "auto";
   app.add_option("--socket", socket,
                  "evoked's socket (default: $EVOKE_SOCKET, else ./evoked.sock)");
   app.add_flag("--json", json, "Print JSON instead of text");
   app.add_option("--timeout", timeout_s, "Seconds per call")->capture_default_str();
+  app.add_option("--progress", progress_mode,
+                 "Progress bars on stderr for verify, export, import, flush: auto (when "
+                 "stdout and stderr are terminals), always or never")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
 
   CLI::App* stat = app.add_subcommand("stat", "Occupancy of each tier and counters");
   CLI::App* ls = app.add_subcommand("ls", "List blocks");
@@ -281,34 +528,94 @@ int Run(int argc, char** argv) {
   CLI::App* flush = app.add_subcommand("flush", "Write tier 1 to disk");
   bool flush_evict = false;
   flush->add_flag("--evict", flush_evict, "Then release tier 1 of unpinned blocks");
-  CLI::App* exp = app.add_subcommand("export", "Write one block to a block file");
-  std::string exp_id, exp_file;
-  exp->add_option("ID", exp_id)->required();
-  exp->add_option("FILE", exp_file)->required();
-  CLI::App* imp = app.add_subcommand("import", "Store the block of a block file");
+  CLI::App* exp = app.add_subcommand(
+      "export",
+      "Write one block to a block file (ID FILE), or every block of a namespace or "
+      "session to one block stream (--namespace NS [--session S] -o FILE)");
+  std::string exp_id, exp_file, exp_ns, exp_session, exp_out;
+  exp->add_option("ID", exp_id, "Block id (32 hex digits)");
+  exp->add_option("FILE", exp_file, "The block file to write");
+  exp->add_option("--namespace", exp_ns, "Export every block of this namespace");
+  exp->add_option("--session", exp_session, "Only this session's blocks (needs --namespace)");
+  exp->add_option("-o,--output", exp_out, "The block stream to write; - for stdout");
+  CLI::App* imp = app.add_subcommand(
+      "import", "Store the blocks of a block file or block stream (- reads stdin)");
   std::string imp_file;
   bool imp_durable = false;
   imp->add_option("FILE", imp_file)->required();
-  imp->add_flag("--durable", imp_durable, "Return once the block is on disk");
+  imp->add_flag("--durable", imp_durable, "Return once the blocks are on disk");
   CLI::App* health = app.add_subcommand("health", "Ask whether evoked is serving");
+  CLI::App* top = app.add_subcommand(
+      "top", "Live view of tiers, hit rates, throughput and RPC latency (q quits)");
+  ctl::TopOptions top_options;
+  top->add_option("--interval", top_options.interval_seconds, "Seconds between refreshes")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+  top->add_option("--iterations", top_options.iterations,
+                  "Refresh this many times, then exit (0: until q)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    return app.exit(e) == 0 ? ctl::kExitOk : ctl::kExitUsage;
+  }
+  const bool progress =
+      progress_mode == "always" ||
+      (progress_mode == "auto" && ::isatty(STDOUT_FILENO) == 1 && ::isatty(STDERR_FILENO) == 1);
+
+  if (*top) {
+    // top keeps trying while evoked is away, so it skips the checks below.
+    top_options.socket = socket;
+    top_options.timeout_seconds = std::min(timeout_s, 5.0);
+    return ctl::RunTop(top_options);
   }
 
   try {
     // An operator's tool fails at once when there is no socket to dial,
     // rather than waiting out the connect timeout.
+    // Usage checks first: they need no daemon.
+    const bool exp_stream = *exp && !exp_ns.empty();
+    if (*exp) {
+      if (exp_stream) {
+        if (!exp_id.empty()) {
+          throw UsageError{"export: give either ID FILE or --namespace, not both"};
+        }
+        if (exp_out.empty()) throw UsageError{"export --namespace: -o FILE (or -o -) is required"};
+        if (exp_out == "-" && ::isatty(STDOUT_FILENO) == 1) {
+          throw UsageError{
+              "export -o -: stdout is a terminal; redirect it or write to a file"};
+        }
+      } else {
+        if (!exp_session.empty()) throw UsageError{"export --session needs --namespace"};
+        if (exp_id.empty()) throw UsageError{"export: give ID FILE or --namespace NS -o FILE"};
+        if (exp_file.empty()) exp_file = exp_out;
+        if (exp_file.empty()) throw UsageError{"export ID: the FILE to write is required"};
+      }
+    }
+    std::vector<BlockId> verify_parsed;
+    for (const std::string& h : verify_ids) verify_parsed.push_back(ParseId(h));
+
     const std::string target = ResolveTarget(socket);
     if (std::error_code ec;
         absl::StartsWith(target, "unix:") && !std::filesystem::exists(target.substr(5), ec)) {
+      if (ec == std::errc::permission_denied) {
+        Check(absl::PermissionDeniedError(absl::StrCat(
+            "cannot reach evoked at ", target,
+            ": permission denied on its directory (is this user in the socket's group?)")));
+      }
       Check(absl::UnavailableError(absl::StrCat(
           "cannot reach evoked at ", target,
-          ec == std::errc::permission_denied
-              ? ": permission denied on its directory (is this user in the socket's group?)"
-              : ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
+          ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
+    }
+    // Connecting to a Unix socket needs write permission on it; gRPC would
+    // report the refusal as UNAVAILABLE after its connect wait.
+    if (absl::StartsWith(target, "unix:") &&
+        ::access(target.substr(5).c_str(), W_OK) != 0 && errno == EACCES) {
+      Check(absl::PermissionDeniedError(absl::StrCat(
+          "cannot reach evoked at ", target,
+          ": permission denied on the socket (is this user in the socket's group?)")));
     }
     ClientOptions options;
     options.target = socket;
@@ -331,8 +638,8 @@ int Run(int argc, char** argv) {
         } else if (ls_tier == "breadcrumb") {
           request.set_tier(v1::TIER_BREADCRUMB);
         } else {
-          throw CommandError{absl::InvalidArgumentError(absl::StrCat(
-              "--tier: '", ls_tier, "' is not pinned, spill or breadcrumb"))};
+          throw UsageError{
+              absl::StrCat("--tier: '", ls_tier, "' is not pinned, spill or breadcrumb")};
         }
       }
       v1::ListResponse all;
@@ -388,9 +695,15 @@ int Run(int argc, char** argv) {
         std::cout << "deleted " << n << " block(s) of session " << drop_session << "\n";
       }
     } else if (*verify) {
-      std::vector<BlockId> ids;
-      for (const std::string& h : verify_ids) ids.push_back(ParseId(h));
-      const v1::VerifyResponse r = Check(client->Verify(ids));
+      // A progress bar needs batches. Records that failed validation at
+      // start are found only by a whole-store Verify, which is then used.
+      bool batches = progress;
+      if (batches && verify_parsed.empty()) {
+        absl::StatusOr<v1::StatResponse> s = client->Stat();
+        batches = s.ok() && s->counters().invalid_records() == 0;
+      }
+      const v1::VerifyResponse r = batches ? VerifyInBatches(*client, verify_parsed)
+                                           : Check(client->Verify(verify_parsed));
       if (json) {
         PrintJson(r);
       } else {
@@ -408,7 +721,8 @@ int Run(int argc, char** argv) {
             " missing blocks (corrupt copies were dropped, never served)"))};
       }
     } else if (*flush) {
-      const v1::FlushResponse r = Check(client->Flush(flush_evict));
+      const v1::FlushResponse r =
+          progress ? FlushWithProgress(*client, flush_evict) : Check(client->Flush(flush_evict));
       if (json) {
         PrintJson(r);
       } else {
@@ -416,6 +730,21 @@ int Run(int argc, char** argv) {
                   << FormatByteSize(r.bytes_written()) << ") to disk";
         if (flush_evict) std::cout << ", released " << r.blocks_evicted() << " from tier 1";
         std::cout << "\n";
+      }
+    } else if (exp_stream) {
+      const ExportCounts n = ExportStream(*client, exp_ns, exp_session, exp_out, progress);
+      // With -o -, stdout carries the stream: the summary goes to stderr.
+      std::ostream& out = exp_out == "-" ? std::cerr : std::cout;
+      if (json) {
+        out << "{\"blocks\":" << n.blocks << ",\"bytes\":" << n.bytes
+            << ",\"breadcrumbs_skipped\":" << n.breadcrumbs << ",\"vanished\":" << n.vanished
+            << ",\"file\":\"" << exp_out << "\"}\n";
+      } else {
+        out << "exported " << n.blocks << " blocks (" << FormatByteSize(n.bytes) << ") to "
+            << (exp_out == "-" ? "stdout" : exp_out);
+        if (n.breadcrumbs > 0) out << "; skipped " << n.breadcrumbs << " breadcrumbs (no bytes)";
+        if (n.vanished > 0) out << "; " << n.vanished << " deleted meanwhile";
+        out << "\n";
       }
     } else if (*exp) {
       const BlockId id = ParseId(exp_id);
@@ -431,27 +760,36 @@ int Run(int argc, char** argv) {
                   << FormatByteSize(loaded[0].payload.size()) << ") to " << exp_file << "\n";
       }
     } else if (*imp) {
-      BlockFile file = Check(ReadBlockFile(imp_file));
-      BlockToSave block{file.meta, file.payload, false};
-      const std::vector<v1::SaveResult> r = Check(client->Save({&block, 1}, imp_durable));
-      const std::string id = BlockIdOf(file.meta).ToHex();
-      if (json) {
-        std::cout << "{\"id\":\"" << id << "\",\"deduplicated\":"
-                  << (r[0].deduplicated() ? "true" : "false") << "}\n";
+      const ImportCounts n = ImportStream(*client, imp_file, imp_durable, progress);
+      if (!n.stream) {  // One block file: as before streams existed.
+        if (json) {
+          std::cout << "{\"id\":\"" << n.single_id << "\",\"deduplicated\":"
+                    << (n.deduplicated > 0 ? "true" : "false") << "}\n";
+        } else {
+          std::cout << "imported " << n.single_id << " (" << FormatByteSize(n.bytes) << ")"
+                    << (n.deduplicated > 0 ? ", already stored" : "") << "\n";
+        }
+      } else if (json) {
+        std::cout << "{\"blocks\":" << n.blocks << ",\"bytes\":" << n.bytes
+                  << ",\"deduplicated\":" << n.deduplicated << "}\n";
       } else {
-        std::cout << "imported " << id << " (" << FormatByteSize(file.payload.size())
-                  << ")" << (r[0].deduplicated() ? ", already stored" : "") << "\n";
+        std::cout << "imported " << n.blocks << " blocks (" << FormatByteSize(n.bytes) << "): "
+                  << n.blocks - n.deduplicated << " new, " << n.deduplicated
+                  << " already stored\n";
       }
     } else if (*health) {
       Check(client->HealthCheck());
       std::cout << (json ? "{\"status\":\"SERVING\"}" : "SERVING") << "\n";
     }
+  } catch (const UsageError& e) {
+    std::cerr << "evokectl: INVALID_ARGUMENT: " << e.message << "\n";
+    return ctl::kExitUsage;
   } catch (const CommandError& e) {
     std::cerr << "evokectl: " << absl::StatusCodeToString(e.status.code()) << ": "
               << e.status.message() << "\n";
-    return 1;
+    return ExitCodeFor(e.status);
   }
-  return 0;
+  return ctl::kExitOk;
 }
 
 }  // namespace
