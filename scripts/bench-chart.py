@@ -243,15 +243,32 @@ def draw_legend(svg, top, entries):
     return y
 
 
-def header(svg, title, subtitle):
+def wrap(text, width):
+    """`text` in lines that fit `width` pixels of 11 px text (~6.2 px a
+    character), broken between words."""
+    limit = max(20, int((width - MARGIN_L - MARGIN_R) / 6.2))
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > limit:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return lines + ([line] if line else [])
+
+
+def header(svg, title, lines):
+    """The title and the subtitle's lines; returns the top of the panels."""
     svg.text(MARGIN_L, 24, title, size=15, weight="bold")
-    if subtitle:
-        svg.text(MARGIN_L, 44, subtitle, size=11)
+    for i, line in enumerate(lines):
+        svg.text(MARGIN_L, 44 + 14 * i, line, size=11, cls="subtitle")
+    return MARGIN_T + 14 * max(0, len(lines) - 1)
 
 
-def layout(n_panels, legend_rows):
+def layout(n_panels, legend_rows, n_lines=1):
     width = MARGIN_L + n_panels * PANEL_W + (n_panels - 1) * PANEL_GAP + MARGIN_R
-    height = MARGIN_T + PANEL_H + MARGIN_B + 10 + legend_rows * LEGEND_ROW
+    height = (MARGIN_T + 14 * max(0, n_lines - 1) + PANEL_H + MARGIN_B + 10
+              + legend_rows * LEGEND_ROW)
     return width, height
 
 
@@ -347,13 +364,14 @@ def evoke_chart(doc, source):
                 entries.append((s.name, s.label, s.baseline))
     width, _ = layout(len(panels), 1)
     rows = legend_rows(entries, width)
-    width, height = layout(len(panels), rows)
-    svg = Svg(width, height)
-    command = doc.get("command") or "evoke-bench"
+    command = str(doc.get("command") or "evoke-bench")
     when = doc.get("date") or ""
-    header(svg, "evoke-bench: throughput against block size (1 thread, 1 block per request)",
-           f"{command}" + (f" ({when})" if when else "")
-           + (" --quick" if doc.get("quick") and "--quick" not in command else ""))
+    lines = wrap(command + (" (--quick)" if doc.get("quick") and "--quick" not in command else "")
+                 + (f" ({when})" if when else ""), width)
+    width, height = layout(len(panels), rows, len(lines))
+    svg = Svg(width, height)
+    top = header(svg, "evoke-bench: throughput against block size (1 thread, 1 block per request)",
+                 lines)
     # Ticks at every power of two of the range, labelled at most ~7 times.
     exps = list(range(int(math.log2(x_lo)), int(math.log2(x_hi)) + 1))
     step = max(1, math.ceil(len(exps) / 7))
@@ -362,10 +380,10 @@ def evoke_chart(doc, source):
     for i, (op, series) in enumerate(panels):
         left = MARGIN_L + i * (PANEL_W + PANEL_GAP)
         x_axis = Axis(x_lo, x_hi, "log2", left, left + PANEL_W)
-        y_axis = Axis(y_lo, y_hi, "log10", MARGIN_T + PANEL_H, MARGIN_T)
-        draw_panel(svg, i, left, MARGIN_T, op, series, x_axis, y_axis, x_ticks, y_ticks,
+        y_axis = Axis(y_lo, y_hi, "log10", top + PANEL_H, top)
+        draw_panel(svg, i, left, top, op, series, x_axis, y_axis, x_ticks, y_ticks,
                    "block size (log2)", "throughput (GB/s, log10)")
-    draw_legend(svg, MARGIN_T + PANEL_H + MARGIN_B + 10, entries)
+    draw_legend(svg, top + PANEL_H + MARGIN_B + 10, entries)
     return svg.render()
 
 
@@ -442,13 +460,13 @@ def recovery_chart(doc, source):
     width, _ = layout(1, 1)
     width = max(width, 620)
     rows_n = legend_rows(entries, width)
-    _, height = layout(1, rows_n)
-    svg = Svg(width, height)
     context = doc.get("context", {}) if isinstance(doc.get("context"), dict) else {}
-    command = context.get("command") or context.get("executable") or "evoke_recovery_bench"
+    command = str(context.get("command") or context.get("executable") or "evoke_recovery_bench")
     when = context.get("date", "")
-    header(svg, "Recovery query: p50 latency against candidate blocks",
-           f"{command}" + (f" ({when})" if when else ""))
+    lines = wrap(command + (f" ({when})" if when else ""), width)
+    _, height = layout(1, rows_n, len(lines))
+    svg = Svg(width, height)
+    top = header(svg, "Recovery query: p50 latency against candidate blocks", lines)
     x_ticks = []
     e = round(math.log10(x_lo))
     while 10 ** e <= x_hi * (1 + 1e-9):
@@ -457,10 +475,10 @@ def recovery_chart(doc, source):
     y_ticks = log10_ticks(y_lo, y_hi)
     left = MARGIN_L
     x_axis = Axis(x_lo, x_hi, "log10", left, left + PANEL_W)
-    y_axis = Axis(y_lo, y_hi, "log10", MARGIN_T + PANEL_H, MARGIN_T)
-    draw_panel(svg, 0, left, MARGIN_T, "RecoveryIndex::Search, k = 8", series, x_axis, y_axis,
+    y_axis = Axis(y_lo, y_hi, "log10", top + PANEL_H, top)
+    draw_panel(svg, 0, left, top, "RecoveryIndex::Search, k = 8", series, x_axis, y_axis,
                x_ticks, y_ticks, "candidate blocks (log10)", "p50 latency (ms, log10)")
-    draw_legend(svg, MARGIN_T + PANEL_H + MARGIN_B + 10, entries)
+    draw_legend(svg, top + PANEL_H + MARGIN_B + 10, entries)
     return svg.render()
 
 

@@ -294,10 +294,11 @@ class BenchChartFlagTest(unittest.TestCase):
         return doc, text
 
     def test_evoke_bench_chart(self):
-        doc, text = self.run_bench("EVOKE_BENCH", ["--only", "save shm 64K 1 1,load shm 1M 1 1",
+        # ("save+load ..." does not contain "save shm ..." or "save inline ...".)
+        doc, text = self.run_bench("EVOKE_BENCH", ["--only", "save inline 1M 1 1,save shm 64K 1 1",
                                                    "--case-mib", "4"])
         self.assertEqual([(c["op"], c["path"], c["block_bytes"]) for c in doc["cases"]],
-                         [("save", "shm", 65536), ("load", "shm", 1048576)])
+                         [("save", "inline", 1048576), ("save", "shm", 65536)])
         self.assertIn("--case-mib 4", doc["command"])
         self.assertRegex(doc["date"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
         self.assertIn('data-series="memcpy"', text)
