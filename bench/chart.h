@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,21 @@ inline std::string CommandLine(int argc, char** argv) {
 // UtcNow: the time now as 2026-12-01T22:52:32Z.
 inline std::string UtcNow() {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+// CheckChartFlags: what --chart needs, checked before the run rather than
+// after it: the SVG's directory exists and the script is readable.
+inline absl::Status CheckChartFlags(const std::string& svg, const std::string& script) {
+  const std::filesystem::path dir = std::filesystem::path(svg).parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chart: directory ", dir.string(), " does not exist"));
+  }
+  if (access(script.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chart script ", script, " is not readable"));
+  }
+  return absl::OkStatus();
 }
 
 // DrawChart runs the chart script (`script JSON -o SVG`, Python 3) on `json`

@@ -1101,6 +1101,12 @@ int Run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const std::string command_line = CommandLine(argc, argv);
   const std::string started_at = UtcNow();
+  if (!chart_path.empty()) {
+    if (absl::Status s = CheckChartFlags(chart_path, chart_script); !s.ok()) {
+      std::fprintf(stderr, "evoke-bench: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
 
   const std::filesystem::path self = std::filesystem::canonical("/proc/self/exe");
   const std::string evoked = FindBinary(

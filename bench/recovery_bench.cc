@@ -279,6 +279,12 @@ int Main(int argc, char** argv) {
       args.emplace_back(a);
     }
   }
+  if (!chart_path.empty()) {
+    if (absl::Status s = CheckChartFlags(chart_path, EVOKE_BENCH_CHART_SCRIPT); !s.ok()) {
+      std::fprintf(stderr, "evoke_recovery_bench: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   char tmpl[] = "/tmp/evoke-recovery-bench-XXXXXX";
   std::string temp_dir;
   if (!chart_path.empty() && json_path.empty()) {  // --chart alone: the JSON in a temp dir.

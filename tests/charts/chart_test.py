@@ -303,6 +303,18 @@ class BenchChartFlagTest(unittest.TestCase):
         self.assertRegex(doc["date"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
         self.assertIn('data-series="memcpy"', text)
 
+    def test_bad_chart_flag_fails_before_the_run(self):
+        for env_name, label in (("EVOKE_BENCH", "evoke-bench"),
+                                ("EVOKE_RECOVERY_BENCH", "evoke_recovery_bench")):
+            with self.subTest(program=label):
+                r = subprocess.run([os.environ.get(env_name, "/nonexistent"), "--chart",
+                                    "/nonexistent-dir/x.svg"],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn(f"{label}: --chart: directory /nonexistent-dir does not exist",
+                              r.stderr)
+                self.assertNotIn("Benchmark", r.stdout)
+
     def test_recovery_bench_chart(self):
         doc, _ = self.run_bench("EVOKE_RECOVERY_BENCH",
                                 ["--benchmark_filter=/1000/", "--benchmark_min_time=0.01"])
