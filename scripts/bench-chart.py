@@ -304,8 +304,13 @@ def sweep_rows(doc):
             "cuda_memcpy_gbps": c.get("cuda_memcpy_gbps"),
             "ratio_memcpy": c.get("ratio_memcpy"),
         })
-        if rows[-1]["block_bytes"] <= 0:
-            raise ChartError(f"{where}: field 'block_bytes' must be positive")
+        # Both axes are logarithmic: every value drawn must be positive.
+        for key in ("block_bytes", "gbps", "memcpy_gbps", "redis_gbps", "cuda_memcpy_gbps"):
+            v = rows[-1][key]
+            if v is None and key not in ("block_bytes", "gbps"):
+                continue  # No such baseline in this case.
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ChartError(f"{where}: field '{key}' must be a positive number (got {v!r})")
     if not rows:
         raise ChartError("evoke-bench JSON: no case in 'cases' has threads 1 and batch 1 "
                          "(the size sweep); nothing to draw")
