@@ -1,7 +1,8 @@
 // evoke-bench: end-to-end throughput and latency of evoked's data paths, with
 // the baselines measured in the same run.
 //
-//   evoke-bench [--quick] [--json FILE] [--evoked PATH] [--redis-server PATH]
+//   evoke-bench [--quick] [--json FILE] [--chart FILE.svg] [--evoked PATH]
+//               [--redis-server PATH]
 //
 // It starts its own evoked (Unix socket in a temp dir) and its own
 // redis-server (Unix socket, no persistence), then runs every case:
@@ -32,6 +33,11 @@
 //   gather   the 16-token pages of 32 layers (K and V, 8 KV heads, head_dim
 //            128, f16) scattered through one region, gathered into one
 //            block and scattered back, vs memcpy of the same pages
+//
+// --chart draws the JSON (throughput against block size per path, with the
+// baselines) as an SVG with scripts/bench-chart.py, so that the chart's
+// numbers are the JSON's; the JSON also records the command and the date for
+// the chart's title.
 #include <CLI/CLI.hpp>
 #include <hiredis/hiredis.h>
 #include <signal.h>
@@ -59,6 +65,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/chart.h"
 #include "bench/cuda_bench.h"
 #include "common/block_validation.h"
 #include "common/byte_size.h"
@@ -1055,6 +1062,12 @@ int Run(int argc, char** argv) {
   uint64_t case_mib = 0;
   app.add_flag("--quick", quick, "A reduced set of cases, under a minute (CI runs it)");
   app.add_option("--json", json_path, "Also write the results as JSON to FILE");
+  std::string chart_path, chart_script = EVOKE_BENCH_CHART_SCRIPT;
+  app.add_option("--chart", chart_path,
+                 "Also draw the results as an SVG chart to FILE (throughput against block "
+                 "size per path, with the memcpy and Redis baselines), from the JSON");
+  app.add_option("--chart-script", chart_script, "The chart program --chart runs")
+      ->capture_default_str();
   app.add_option("--evoked", evoked_flag, "Path of evoked (default: next to this binary)");
   app.add_option("--redis-server", redis_flag, "Path of redis-server (default: PATH)");
   std::vector<std::string> evoked_args;
@@ -1086,6 +1099,14 @@ int Run(int argc, char** argv) {
   app.add_flag("--goals-only", goals_only,
                "Only the goal cases of issue #12 (ops4k, lat4k, gather), not the matrix");
   CLI11_PARSE(app, argc, argv);
+  const std::string command_line = CommandLine(argc, argv);
+  const std::string started_at = UtcNow();
+  if (!chart_path.empty()) {
+    if (absl::Status s = CheckChartFlags(chart_path, chart_script); !s.ok()) {
+      std::fprintf(stderr, "evoke-bench: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
 
   const std::filesystem::path self = std::filesystem::canonical("/proc/self/exe");
   const std::string evoked = FindBinary(
@@ -1099,6 +1120,8 @@ int Run(int argc, char** argv) {
                                                     "/usr/local/bin/redis-server"});
   char tmpl[] = "/tmp/evoke-bench-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
+  // --chart without --json: the JSON goes to the temp dir.
+  if (!chart_path.empty() && json_path.empty()) json_path = dir + "/results.json";
   const std::string socket = target.empty() ? dir + "/evoked.sock" : target;
   const uint64_t case_bytes = (case_mib != 0 ? case_mib : quick ? 64 : 256) << 20;
   const uint64_t pinned = std::max<uint64_t>(1ull << 30, 3 * case_bytes);
@@ -1310,7 +1333,9 @@ int Run(int argc, char** argv) {
 
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << "{\n  \"quick\": " << (quick ? "true" : "false") << ",\n  \"cases\": [\n";
+    out << "{\n  \"quick\": " << (quick ? "true" : "false")
+        << ",\n  \"command\": " << JsonQuote(command_line)
+        << ",\n  \"date\": " << JsonQuote(started_at) << ",\n  \"cases\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       out << absl::StrFormat(
@@ -1345,6 +1370,18 @@ int Run(int argc, char** argv) {
           g[i].p50_us, g[i].p99_us, g[i].ring ? "true" : "false", i + 1 < g.size() ? "," : "");
     }
     out << "  ]" << registration_json << "\n}\n";
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "evoke-bench: cannot write %s\n", json_path.c_str());
+      ++failures;
+    } else if (!chart_path.empty()) {
+      std::fflush(stdout);  // The table before the script's line.
+      const absl::Status drawn = DrawChart(chart_script, json_path, chart_path);
+      if (!drawn.ok()) {
+        std::fprintf(stderr, "evoke-bench: --chart: %s\n", drawn.ToString().c_str());
+        ++failures;
+      }
+    }
   }
   probe->reset();
   Stop(evoked_process);

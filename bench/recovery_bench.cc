@@ -5,6 +5,13 @@
 //   thread plus EVOKE_BENCH_SCAN_THREADS pool threads (default 2, as evoked's
 //   --copy-threads), Search on one thread, and the scalar scan.
 //   build/bench/evoke_recovery_bench --benchmark_min_time=0.5
+//   build/bench/evoke_recovery_bench --quick --json R.json --chart R.svg
+//
+// Besides Google Benchmark's flags: --json FILE writes its JSON (the same as
+// --benchmark_out=FILE --benchmark_out_format=json, with the command line
+// beside the date in "context"), --chart FILE.svg draws that JSON (p50
+// latency against candidates, per variant) with scripts/bench-chart.py, and
+// --quick stands for --benchmark_min_time=0.05.
 //
 // The indexes read exact values through an ExactSource, as evoked's does
 // (from the engine's metadata; here from one array of the rows' f32 values),
@@ -22,13 +29,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "bench/chart.h"
 #include "common/chain_hash.h"
 #include "common/fingerprint.h"
 #include "common/copy_pool.h"
@@ -240,7 +253,78 @@ BENCHMARK(BM_RecoverSearchOneThread)->RangeMultiplier(10)->Range(1000, 1000000)
 BENCHMARK(BM_RecoverScalarBaseline)->RangeMultiplier(10)->Range(1000, 1000000)
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// Main: Google Benchmark's main, plus --json, --chart and --quick (above).
+int Main(int argc, char** argv) {
+  const std::string command = CommandLine(argc, argv);
+  std::string json_path, chart_path;
+  bool quick = false, min_time_given = false;
+  std::vector<std::string> args = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    std::string* value = a == "--json" ? &json_path : a == "--chart" ? &chart_path : nullptr;
+    if (value != nullptr) {
+      if (i + 1 == argc) {
+        std::fprintf(stderr, "evoke_recovery_bench: %s needs a FILE\n", argv[i]);
+        return 2;
+      }
+      *value = argv[++i];
+    } else if (absl::StartsWith(a, "--json=")) {
+      json_path = std::string(a.substr(7));
+    } else if (absl::StartsWith(a, "--chart=")) {
+      chart_path = std::string(a.substr(8));
+    } else if (a == "--quick") {
+      quick = true;
+    } else {
+      min_time_given = min_time_given || absl::StartsWith(a, "--benchmark_min_time");
+      args.emplace_back(a);
+    }
+  }
+  if (!chart_path.empty()) {
+    if (absl::Status s = CheckChartFlags(chart_path, EVOKE_BENCH_CHART_SCRIPT); !s.ok()) {
+      std::fprintf(stderr, "evoke_recovery_bench: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  char tmpl[] = "/tmp/evoke-recovery-bench-XXXXXX";
+  std::string temp_dir;
+  if (!chart_path.empty() && json_path.empty()) {  // --chart alone: the JSON in a temp dir.
+    if (mkdtemp(tmpl) == nullptr) {
+      std::perror("evoke_recovery_bench: mkdtemp");
+      return 1;
+    }
+    temp_dir = tmpl;
+    json_path = temp_dir + "/results.json";
+  }
+  if (quick && !min_time_given) args.emplace_back("--benchmark_min_time=0.05");
+  if (!json_path.empty()) {
+    args.push_back("--benchmark_out=" + json_path);
+    args.emplace_back("--benchmark_out_format=json");
+  }
+  std::vector<char*> c_args;
+  for (std::string& a : args) c_args.push_back(a.data());
+  int c_argc = static_cast<int>(c_args.size());
+  c_args.push_back(nullptr);
+  benchmark::Initialize(&c_argc, c_args.data());
+  if (benchmark::ReportUnrecognizedArguments(c_argc, c_args.data())) return 1;
+  benchmark::AddCustomContext("command", command);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  int code = 0;
+  if (!chart_path.empty()) {
+    const absl::Status drawn = DrawChart(EVOKE_BENCH_CHART_SCRIPT, json_path, chart_path);
+    if (!drawn.ok()) {
+      std::fprintf(stderr, "evoke_recovery_bench: --chart: %s\n", drawn.ToString().c_str());
+      code = 1;
+    }
+  }
+  if (!temp_dir.empty()) {
+    std::remove(json_path.c_str());
+    rmdir(temp_dir.c_str());
+  }
+  return code;
+}
+
 }  // namespace
 }  // namespace evoke
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return evoke::Main(argc, argv); }
