@@ -154,6 +154,22 @@ class ClientTest(unittest.TestCase):
             b = evoke.unrotated_keys(moved, out, layer)
             np.testing.assert_allclose(a, b, atol=0.02, rtol=0.01)
 
+    def test_fingerprint_and_positions_from_arrays(self):
+        k = np.zeros((4, 32, 2, 64), np.float16)
+        fp = evoke.fingerprint_like(k, "py", "test-model", rope="neox", freq_base=10000.0)
+        self.assertEqual(evoke.fingerprint_digest(fp), evoke.fingerprint_digest(FP))
+        meta = evoke.session_meta(fp, "pos", 0, 32, positions=range(100, 164, 2))
+        self.assertEqual(list(evoke.positions_of(meta)), list(range(100, 164, 2)))
+        self.assertEqual(list(evoke.positions_of(evoke.session_meta(fp, "pos", 1, 3,
+                                                                      first_position=7))),
+                         [7, 8, 9])
+        # Explicit positions are honoured by the daemon's own summary.
+        blk = random_block(self.client, self.rng)
+        self.client.save(meta, blk)
+        daemon = self.client.describe(meta.id).meta.summaries[0]
+        np.testing.assert_allclose(evoke.mean_keys_summary(meta, blk).values, daemon.values,
+                                   rtol=1e-5, atol=1e-6)
+
     def test_summaries_match_the_daemons(self):
         blk = random_block(self.client, self.rng)
         meta = evoke.session_meta(FP, "summary", 0, 32, first_position=77)

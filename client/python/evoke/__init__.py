@@ -22,7 +22,8 @@ from .errors import (EvokeError, InvalidArgument, NotFound, AlreadyExists, Permi
                      DataLoss)
 from .ids import (fingerprint_digest, prefix_block_id, prefix_chain, session_block_id, id_hex,
                   id_from_hex)
-from .layout import (make_fingerprint, block_shape, block_nbytes, pack_kv, session_meta,
+from .layout import (make_fingerprint, fingerprint_like, block_shape, block_nbytes, pack_kv,
+                     session_meta,
                      prefix_metas, positions_of, unrotated_keys, mean_keys_summary,
                      repr_keys_summary, default_summary_layer)
 from .client import Client, SaveResult, LoadResult, Recovered
@@ -35,7 +36,7 @@ __all__ = [
     "ResourceExhausted", "FailedPrecondition", "Unavailable", "DeadlineExceeded", "DataLoss",
     "fingerprint_digest", "prefix_block_id", "prefix_chain", "session_block_id", "id_hex",
     "id_from_hex",
-    "make_fingerprint", "block_shape", "block_nbytes", "pack_kv", "session_meta",
+    "make_fingerprint", "fingerprint_like", "block_shape", "block_nbytes", "pack_kv", "session_meta",
     "prefix_metas", "positions_of", "unrotated_keys", "mean_keys_summary",
     "repr_keys_summary", "default_summary_layer",
     "Client", "SaveResult", "LoadResult", "Recovered",

@@ -26,6 +26,7 @@ from . import ids as _ids
 __all__ = [
     "DTYPES",
     "make_fingerprint",
+    "fingerprint_like",
     "block_shape",
     "block_nbytes",
     "pack_kv",
@@ -80,6 +81,19 @@ def make_fingerprint(namespace, model_id, n_layers, n_kv_heads, head_dim, dtype=
         fp.rope.rotary_dim = rotary_dim
         fp.rope.freq_factors.extend(freq_factors)
     return fp
+
+
+def fingerprint_like(k, namespace, model_id, n_layers=None, **rope_and_more):
+    """A fingerprint for K (and V) arrays shaped (layers, n_tokens,
+    n_kv_heads, head_dim): heads, head_dim and dtype are read off `k`;
+    `n_layers` is the model's (default: k's first dimension). Other keyword
+    arguments as make_fingerprint (rope, freq_base, ...)."""
+    k = np.asarray(k)
+    if k.ndim != 4:
+        raise ValueError(f"k: want (layers, n_tokens, n_kv_heads, head_dim), got {k.shape}")
+    return make_fingerprint(namespace, model_id, n_layers=n_layers or k.shape[0],
+                            n_kv_heads=k.shape[2], head_dim=k.shape[3], dtype=k.dtype,
+                            **rope_and_more)
 
 
 def _elem_bytes(dtype_code):
