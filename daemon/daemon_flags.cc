@@ -299,6 +299,12 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--tcp-listen", o->tcp_listen,
                  "Also serve the API on TCP HOST:PORT, with TLS and bearer tokens "
                  "(requires --tls-cert, --tls-key and --policy; default: off)");
+  CLI::Option* metrics_address =
+      app.add_option("--metrics-address", o->metrics_address,
+                     "Serve Prometheus /metrics on HOST:PORT over plain HTTP (port 0: any "
+                     "free port; empty: off). Exposes namespace names: keep it on "
+                     "loopback unless that network may see them")
+          ->capture_default_str();
   app.add_option("--tls-cert", o->tls_cert,
                  "PEM certificate chain of the TCP listener");
   app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");
@@ -373,6 +379,7 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());
   }
+  o->metrics_address_given = metrics_address->count() > 0;
   if (version) {
     *output = absl::StrCat("evoked ", EVOKE_VERSION, "\n");
     *exit_now = true;
@@ -433,6 +440,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "log-level = ", str(o.log_level), "\n",
       "policy = ", str(o.policy), "\n",
       "tcp-listen = ", str(o.tcp_listen), "\n",
+      "metrics-address = ", str(o.metrics_address), "\n",
       "tls-cert = ", str(o.tls_cert), "\n",
       "tls-key = ", str(o.tls_key), "\n",
       "max-mapped-bytes = ", size(o.max_mapped_bytes), "\n",
