@@ -299,12 +299,19 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--tcp-listen", o->tcp_listen,
                  "Also serve the API on TCP HOST:PORT, with TLS and bearer tokens "
                  "(requires --tls-cert, --tls-key and --policy; default: off)");
+  // A function option with an optional value, so that "--metrics-address="
+  // and "--metrics-address ''" both mean off (a plain string option takes
+  // neither).
   CLI::Option* metrics_address =
-      app.add_option("--metrics-address", o->metrics_address,
-                     "Serve Prometheus /metrics on HOST:PORT over plain HTTP (port 0: any "
-                     "free port; empty: off). Exposes namespace names: keep it on "
-                     "loopback unless that network may see them")
-          ->capture_default_str();
+      app.add_option_function<std::string>(
+             "--metrics-address", [o](const std::string& v) { o->metrics_address = v; },
+             absl::StrCat("Serve Prometheus /metrics on HOST:PORT over plain HTTP (port 0: "
+                          "any free port; empty: off; default ",
+                          DaemonOptions::kDefaultMetricsAddress,
+                          "). Exposes namespace names: keep it on loopback unless that "
+                          "network may see them"))
+          ->expected(0, 1)
+          ->type_name("HOST:PORT");
   app.add_option("--tls-cert", o->tls_cert,
                  "PEM certificate chain of the TCP listener");
   app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");

@@ -145,7 +145,7 @@ TEST(DaemonFlagsTest, MetricsAddressDefaultsToLoopbackAndKnowsWhenGiven) {
   EXPECT_EQ(off.metrics_address, "");
   EXPECT_TRUE(off.metrics_address_given);
   // From a config file it counts as given too.
-  TempDir dir;
+  evoke::testing::TempDir dir;
   const std::string path = dir.Join("evoked.toml");
   std::ofstream(path) << "metrics-address = \"0.0.0.0:9100\"\n";
   DaemonOptions config;

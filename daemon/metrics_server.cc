@@ -195,6 +195,10 @@ void AddNamespaces(const v1::StatResponse& s, Families* f) {
   f->Declare("evoke_namespace_blocks", "Blocks of the namespace.", MetricType::Gauge);
   f->Declare("evoke_namespace_bytes", "Payload bytes of the namespace, by tier.",
              MetricType::Gauge);
+  f->Declare("evoke_namespace_metadata_bytes", "Metadata bytes of the namespace.",
+             MetricType::Gauge);
+  f->Declare("evoke_namespace_quota_bytes", "The namespace's quota (absent: none).",
+             MetricType::Gauge);
   for (const v1::NamespaceStat& ns : s.namespaces()) {
     const ClientMetric::Label name{"namespace", ns.name()};
     f->Gauge("evoke_namespace_blocks", "Blocks of the namespace.", n(ns.blocks()), {name});

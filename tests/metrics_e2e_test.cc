@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/half.h"
 #include "gmock/gmock.h"
 #include "tests/e2e_fixture.h"
 
@@ -99,6 +100,17 @@ Scrape Parse(const std::string& text) {
   return s;
 }
 
+// A session block whose payload is finite f16 values (random bytes would
+// hold NaNs, and the daemon computes no Recover summary of those).
+TestBlock FiniteBlock(const std::string& session, uint64_t seq) {
+  TestBlock b = SessionBlock(session, seq, 16);
+  for (size_t i = 0; i + 1 < b.payload.size(); i += 2) {
+    const uint16_t h = FloatToHalf(static_cast<float>((i / 2 * 31 + seq * 17) % 13) * 0.125f - 0.75f);
+    std::memcpy(&b.payload[i], &h, 2);
+  }
+  return b;
+}
+
 int PortOf(const std::string& address) {
   int port = 0;
   const size_t colon = address.rfind(':');
@@ -170,7 +182,7 @@ TEST_F(MetricsTest, PromtoolFindsNothingToReport) {
 TEST_F(MetricsTest, WorkloadMovesEachCounterByItsAmount) {
   const v1::LayoutFingerprint fp = SmallFingerprint();
   std::vector<TestBlock> blocks;
-  for (int i = 0; i < 6; ++i) blocks.push_back(SessionBlock("work", i, 16));
+  for (int i = 0; i < 6; ++i) blocks.push_back(FiniteBlock("work", i));
   std::vector<BlockId> missing;
   for (int i = 100; i < 103; ++i) missing.push_back(SessionBlock("work", i, 16).id());
   // The ring: a shared region makes the client attach one (AttachRing).
@@ -185,15 +197,22 @@ TEST_F(MetricsTest, WorkloadMovesEachCounterByItsAmount) {
   // 2 Load calls of 2 blocks each, all tier-1 hits.
   ASSERT_OK(client_->Load({blocks[0].id(), blocks[1].id()}, fp).status());
   ASSERT_OK(client_->Load({blocks[2].id(), blocks[3].id()}, fp).status());
-  // 1 Lookup of 3 absent blocks: 3 misses.
+  // 1 Lookup of 3 absent blocks (it answers the present prefix: none).
   ASSERT_OK_AND_ASSIGN(std::vector<v1::Tier> found, client_->Lookup(missing));
-  ASSERT_EQ(found.size(), 3u);
+  ASSERT_EQ(found.size(), 0u);
+  // 3 Loads of an absent block each: NOT_FOUND, 3 misses.
+  for (const BlockId& id : missing) {
+    EXPECT_THAT(client_->Load({id}, fp).status(), StatusIs(absl::StatusCode::kNotFound));
+  }
   // 1 Recover over the session's 6 blocks.
   v1::RecoverRequest recover;
   recover.mutable_session()->set_namespace_(fp.namespace_());
   recover.mutable_session()->set_session_id("work");
   recover.set_kind(v1::SUMMARY_MEAN_KEYS);
-  recover.set_layer(2);
+  // The layer the daemon summarized (the middle of the block's layers).
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, client_->Describe(blocks[0].id()));
+  ASSERT_EQ(info.meta().summaries_size(), 1);
+  recover.set_layer(info.meta().summaries(0).layer());
   recover.set_n_query_heads(2);
   for (int i = 0; i < 2 * 64; ++i) recover.add_queries(i % 7 == 0 ? 1.0f : 0.0f);
   recover.set_k(2);
@@ -229,16 +248,18 @@ TEST_F(MetricsTest, WorkloadMovesEachCounterByItsAmount) {
   // Calls by method and status (the ring's entries are not RPCs).
   EXPECT_EQ(delta(Rpc("Save", "OK")), 3);
   EXPECT_EQ(delta(Rpc("Load", "OK")), 2);
+  EXPECT_EQ(delta(Rpc("Load", "NOT_FOUND")), 3);
   EXPECT_EQ(delta(Rpc("Lookup", "OK")), 1);
   EXPECT_EQ(delta(Rpc("Recover", "OK")), 1);
   EXPECT_EQ(delta(Rpc("Delete", "OK")), 1);
   EXPECT_EQ(delta(Rpc("Delete", "INVALID_ARGUMENT")), 1);
   EXPECT_EQ(delta(Rpc("ring.Save", "OK")), 2);
   EXPECT_EQ(delta(Rpc("ring.Load", "OK")), 2);
+  EXPECT_EQ(delta(Rpc("Describe", "OK")), 1);
   EXPECT_EQ(delta(Rpc("Stat", "OK")), 0);
   // Latency histograms count the same calls, every status.
   EXPECT_EQ(delta(RpcCount("Save")), 3);
-  EXPECT_EQ(delta(RpcCount("Load")), 2);
+  EXPECT_EQ(delta(RpcCount("Load")), 5);
   EXPECT_EQ(delta(RpcCount("Delete")), 2);
   EXPECT_EQ(delta(RpcCount("Recover")), 1);
   EXPECT_EQ(delta(RpcCount("ring.Save")), 2);
