@@ -392,9 +392,17 @@ TEST(MetricsAddressTest, BusyDefaultAddressOnlyWarns) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(9464);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  // Taken by someone else already is just as busy.
-  const bool held = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                    listen(fd, 1) == 0;
+  // Other tests' daemons take the default port for a moment: wait for it
+  // (up to 30 s), so that it is surely busy while the daemon starts. A
+  // holder that never lets go keeps it busy just the same.
+  bool held = false;
+  WaitUntil(
+      [&] {
+        held = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+               listen(fd, 1) == 0;
+        return held;
+      },
+      absl::Seconds(30), absl::Milliseconds(100));
   TempDir dir;
   absl::StatusOr<std::unique_ptr<DaemonProcess>> d = DaemonProcess::Start(dir.path());
   ASSERT_TRUE(d.ok()) << d.status();
