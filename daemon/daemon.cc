@@ -455,7 +455,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     KvTierService* service = impl->service.get();
     impl->metrics->Serve([service](v1::StatResponse* s) { service->AdminStat(s); },
                          &impl->rpc_metrics);
-    EVOKE_LOG_INFO("serving /metrics on http://", impl->metrics->address(), "/metrics");
+    EVOKE_LOG_FIELDS(LogLevel::kInfo,
+                     absl::StrCat("serving /metrics on http://", impl->metrics->address(),
+                                  "/metrics"),
+                     LogField("metrics_address", impl->metrics->address()));
   }
   impl->server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   impl->server->GetHealthCheckService()->SetServingStatus("", true);

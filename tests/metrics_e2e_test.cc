@@ -321,6 +321,19 @@ TEST_F(MetricsTest, WorkloadMovesEachCounterByItsAmount) {
                              "ring.Load", "Stat"}) {
     EXPECT_TRUE(seen.count(method)) << method;
   }
+
+  // The lease ends with the client: one key=value line, and its stream is
+  // now a completed OpenLease call (CANCELLED: the client went away).
+  region.reset();
+  client_.reset();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return absl::StrContains(daemon_->Log(),
+                                 "level=info prog=evoked msg=\"lease ended\" client=e2e-test uid=");
+      },
+      "the lease-ended line"));
+  EXPECT_TRUE(Eventually([&] { return ScrapeNow()[RpcCount("OpenLease")] == 1; },
+                         "OpenLease counted"));
 }
 
 TEST_F(MetricsTest, DashboardAndManifestsNameOnlyExportedMetrics) {
