@@ -1,6 +1,7 @@
 #include "daemon/metrics_server.h"
 
 #include <exception>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -33,8 +34,8 @@ class Families {
     m.counter.value = value;
     Family(name, help, MetricType::Counter).metric.push_back(std::move(m));
   }
-  void Histogram(const std::string& name, const std::string& help,
-                 const Histogram::Snapshot& h, Labels labels = {}) {
+  void AddHistogram(const std::string& name, const std::string& help,
+                    const Histogram::Snapshot& h, Labels labels = {}) {
     ClientMetric m;
     m.label = std::move(labels);
     m.histogram.sample_count = h.count;
@@ -273,19 +274,19 @@ void AddRpcs(const RpcMetrics& rpcs, Families* f) {
     }
   }
   for (const RpcMetrics::MethodSnapshot& m : methods) {
-    f->Histogram("evoke_rpc_duration_seconds",
-                 "Latency of completed calls by method, from the call's start to its "
-                 "status (ring entries: their batch's run).",
-                 m.latency, {{"method", m.name}});
+    f->AddHistogram("evoke_rpc_duration_seconds",
+                    "Latency of completed calls by method, from the call's start to its "
+                    "status (ring entries: their batch's run).",
+                    m.latency, {{"method", m.name}});
   }
-  f->Histogram("evoke_recover_candidates",
-               "Blocks in the scope of each successful Recover (the candidates scored).",
-               rpcs.RecoverCandidates());
+  f->AddHistogram("evoke_recover_candidates",
+                  "Blocks in the scope of each successful Recover (the candidates scored).",
+                  rpcs.RecoverCandidates());
   for (int p = 0; p < kPhaseCount; ++p) {
     const Phase phase = static_cast<Phase>(p);
-    f->Histogram("evoke_phase_duration_seconds",
-                 "Time spent in one phase of a request, per batch of blocks.",
-                 PhaseHistogram(phase).Read(), {{"phase", PhaseName(phase)}});
+    f->AddHistogram("evoke_phase_duration_seconds",
+                    "Time spent in one phase of a request, per batch of blocks.",
+                    PhaseHistogram(phase).Read(), {{"phase", PhaseName(phase)}});
   }
 }
 
