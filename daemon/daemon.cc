@@ -30,8 +30,10 @@
 #include "daemon/fd_channel.h"
 #include "daemon/kvtier_service.h"
 #include "daemon/lease_manager.h"
+#include "daemon/metrics_server.h"
 #include "daemon/payload_paths.h"
 #include "daemon/peer_listener.h"
+#include "daemon/rpc_metrics.h"
 #include "daemon/tcp_auth.h"
 #include "gpu/cuda_ipc.h"
 #include "gpu/device.h"
@@ -168,12 +170,15 @@ class Daemon::Impl {
   std::unique_ptr<DeviceCopiers> copiers;
   std::unique_ptr<FdChannel> fd_channel;
   std::unique_ptr<Executor> executor;
+  RpcMetrics rpc_metrics;  // Outlives the service and the server.
   std::unique_ptr<KvTierService> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<AccessPolicy> policy;
   ConnectionTable connections;
   int tcp_port = 0;  // The bound --tcp-listen port; 0 when not serving TCP.
   std::unique_ptr<PeerListener> listener;  // Stopped before the server.
+  // /metrics; stopped before the service its scrapes read.
+  std::unique_ptr<MetricsServer> metrics;
   // Ends leases idle past --lease-idle-ms; stopped before the leases go.
   std::thread lease_reaper;
   absl::Notification stop_reaper;
@@ -205,6 +210,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     EVOKE_ASSIGN_OR_RETURN(
         tcp_credentials,
         TcpServerCredentials(options.tls_cert, options.tls_key, impl->policy.get()));
+  }
+
+  // /metrics is bound before any storage opens, so that an address given
+  // explicitly that cannot be had stops the start at once. The default one
+  // may be taken by another evoked on this host: that one keeps it.
+  if (!options.metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
+        MetricsServer::Bind(options.metrics_address);
+    if (metrics.ok()) {
+      impl->metrics = std::move(metrics).value();
+    } else if (options.metrics_address_given) {
+      return metrics.status();
+    } else {
+      EVOKE_LOG_WARNING("serving without /metrics: default ", metrics.status().message(),
+                        " (another evoked on this host?); set --metrics-address to "
+                        "choose another address, or \"\" to turn it off");
+    }
   }
 
   if (!options.remote_conf.empty()) {
@@ -368,6 +390,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       }
     }
   };
+  service_options.rpc_metrics = &impl->rpc_metrics;
+  if (impl->metrics != nullptr) service_options.metrics_address = impl->metrics->address();
   impl->service = std::make_unique<KvTierService>(
       impl->tiers.get(), impl->executor.get(), impl->leases.get(),
       impl->copiers.get(), impl->recovery.get(), std::move(service_options));
@@ -388,6 +412,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // configured, is a listening port with TLS and bearer tokens only.
   if (tcp_credentials != nullptr) {
     builder.AddListeningPort(options.tcp_listen, tcp_credentials, &impl->tcp_port);
+  }
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(impl->rpc_metrics.NewInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
@@ -415,12 +445,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         if (!caller.ok()) {
           // Served anyway, so that every call it makes is answered with the
           // reason (PERMISSION_DENIED) instead of a dropped connection.
-          EVOKE_LOG_WARNING("connection from ", DescribePeer(peer), ": ",
-                            caller.status().message());
+          EVOKE_LOG_WARNING_EVERY_N_SEC(1, "connection from ", DescribePeer(peer), ": ",
+                                        caller.status().message());
         }
         raw->connections.Set(fd, std::move(caller));
         grpc::AddInsecureChannelFromFd(raw->server.get(), fd);
       }));
+  if (impl->metrics != nullptr) {
+    KvTierService* service = impl->service.get();
+    impl->metrics->Serve([service](v1::StatResponse* s) { service->AdminStat(s); },
+                         &impl->rpc_metrics);
+    EVOKE_LOG_FIELDS(LogLevel::kInfo,
+                     absl::StrCat("serving /metrics on http://", impl->metrics->address(),
+                                  "/metrics"),
+                     LogField("metrics_address", impl->metrics->address()));
+  }
   impl->server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   impl->server->GetHealthCheckService()->SetServingStatus("", true);
 
@@ -454,6 +493,7 @@ absl::Status Daemon::Shutdown() {
   impl_->server->GetHealthCheckService()->SetServingStatus(kServiceName, false);
   impl_->server->GetHealthCheckService()->SetServingStatus("", false);
   impl_->listener.reset();  // No new connections.
+  impl_->metrics.reset();   // No scrapes of what goes next.
   // Lease streams would otherwise hold the shutdown for its whole grace.
   impl_->service->CloseLeases();
   // Stops accepting, lets calls in flight finish (the executor keeps

@@ -299,6 +299,19 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--tcp-listen", o->tcp_listen,
                  "Also serve the API on TCP HOST:PORT, with TLS and bearer tokens "
                  "(requires --tls-cert, --tls-key and --policy; default: off)");
+  // A function option with an optional value, so that "--metrics-address="
+  // and "--metrics-address ''" both mean off (a plain string option takes
+  // neither).
+  CLI::Option* metrics_address =
+      app.add_option_function<std::string>(
+             "--metrics-address", [o](const std::string& v) { o->metrics_address = v; },
+             absl::StrCat("Serve Prometheus /metrics on HOST:PORT over plain HTTP (port 0: "
+                          "any free port; empty: off; default ",
+                          DaemonOptions::kDefaultMetricsAddress,
+                          "). Exposes namespace names: keep it on loopback unless that "
+                          "network may see them"))
+          ->expected(0, 1)
+          ->type_name("HOST:PORT");
   app.add_option("--tls-cert", o->tls_cert,
                  "PEM certificate chain of the TCP listener");
   app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");
@@ -373,6 +386,7 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());
   }
+  o->metrics_address_given = metrics_address->count() > 0;
   if (version) {
     *output = absl::StrCat("evoked ", EVOKE_VERSION, "\n");
     *exit_now = true;
@@ -433,6 +447,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "log-level = ", str(o.log_level), "\n",
       "policy = ", str(o.policy), "\n",
       "tcp-listen = ", str(o.tcp_listen), "\n",
+      "metrics-address = ", str(o.metrics_address), "\n",
       "tls-cert = ", str(o.tls_cert), "\n",
       "tls-key = ", str(o.tls_key), "\n",
       "max-mapped-bytes = ", size(o.max_mapped_bytes), "\n",

@@ -131,6 +131,21 @@ absl::Status DaemonOptions::Validate() const {
     return Invalid(tls_cert.empty() ? "tls-key" : "tls-cert",
                    "is used only with --tcp-listen");
   }
+  if (!metrics_address.empty()) {
+    const size_t colon = metrics_address.rfind(':');
+    uint32_t port = 0;
+    const absl::string_view host =
+        colon == std::string::npos ? absl::string_view()
+                                   : absl::string_view(metrics_address).substr(0, colon);
+    if (colon == std::string::npos || host.empty() ||
+        !absl::SimpleAtoi(absl::string_view(metrics_address).substr(colon + 1), &port) ||
+        port > 65535 || metrics_address.find_first_of(" \t,") != std::string::npos) {
+      return Invalid("metrics-address",
+                     absl::StrCat("'", metrics_address,
+                                  "' is not HOST:PORT (e.g. 127.0.0.1:9464; port 0: any "
+                                  "free port; empty: off)"));
+    }
+  }
   if (max_mapped_bytes == 0) return Invalid("max-mapped-bytes", "must be > 0");
   if (max_mappings == 0 || max_mappings > kMaxMappingsLimit) {
     return Invalid("max-mappings", absl::StrCat(max_mappings, " must be in [1, ",

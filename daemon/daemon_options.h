@@ -126,6 +126,20 @@ struct DaemonOptions {
   // Default: "" (off).
   std::string tcp_listen;
 
+  // Where to serve Prometheus /metrics over plain HTTP, "HOST:PORT" (port 0:
+  // the kernel picks one; Stat and the log say which). Empty: off. The
+  // figures name every namespace (tenant), so keep it on loopback unless
+  // the network it is on may see them (docs/METRICS.md). When the default
+  // address is busy (another evoked on the host), evoked warns and serves
+  // without /metrics; an address given with --metrics-address (or in the
+  // config file) that cannot be bound stops the start instead.
+  // Default: "127.0.0.1:9464".
+  std::string metrics_address = std::string(kDefaultMetricsAddress);
+  static constexpr absl::string_view kDefaultMetricsAddress = "127.0.0.1:9464";
+  // Whether metrics_address was given (flag or config file) rather than
+  // left at its default. Set by ParseDaemonFlags; not a flag of its own.
+  bool metrics_address_given = false;
+
   // PEM certificate chain and private key of the TCP listener. Required with
   // --tcp-listen, refused without it.
   // Default: "".

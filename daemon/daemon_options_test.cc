@@ -77,6 +77,14 @@ TEST(DaemonOptionsTest, ValidateNamesTheFlag) {
       {[](DaemonOptions* o) { o->fd_connection_deadline_ms = 0; },
        "--fd-connection-deadline-ms"},
       {[](DaemonOptions* o) { o->metadata_bytes = 4096; }, "--metadata-bytes"},
+      {[](DaemonOptions* o) { o->metrics_address = "9464"; },
+       "--metrics-address: '9464' is not HOST:PORT"},
+      {[](DaemonOptions* o) { o->metrics_address = ":9464"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics_address = "127.0.0.1:65536"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics_address = "127.0.0.1:x"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics_address = "a b:80"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics_address = "127.0.0.1:1,127.0.0.1:2"; },
+       "--metrics-address"},
   };
   for (const Case& c : cases) {
     DaemonOptions o;
@@ -121,6 +129,29 @@ TEST(DaemonOptionsTest, SplitHostPort) {
                           "a b:80", "host:123456"}) {
     EXPECT_FALSE(SplitHostPort(bad, &host, &port)) << bad;
   }
+}
+
+TEST(DaemonFlagsTest, MetricsAddressDefaultsToLoopbackAndKnowsWhenGiven) {
+  DaemonOptions o;
+  ASSERT_OK(Parse({}, &o));
+  EXPECT_EQ(o.metrics_address, "127.0.0.1:9464");
+  EXPECT_FALSE(o.metrics_address_given);
+  DaemonOptions port0;
+  ASSERT_OK(Parse({"--metrics-address", "127.0.0.1:0"}, &port0));
+  EXPECT_EQ(port0.metrics_address, "127.0.0.1:0");
+  EXPECT_TRUE(port0.metrics_address_given);
+  DaemonOptions off;
+  ASSERT_OK(Parse({"--metrics-address="}, &off));
+  EXPECT_EQ(off.metrics_address, "");
+  EXPECT_TRUE(off.metrics_address_given);
+  // From a config file it counts as given too.
+  evoke::testing::TempDir dir;
+  const std::string path = dir.Join("evoked.toml");
+  std::ofstream(path) << "metrics-address = \"0.0.0.0:9100\"\n";
+  DaemonOptions config;
+  ASSERT_OK(Parse({"--config", path}, &config));
+  EXPECT_EQ(config.metrics_address, "0.0.0.0:9100");
+  EXPECT_TRUE(config.metrics_address_given);
 }
 
 TEST(DaemonFlagsTest, HardeningFlagsMapOntoOptions) {
@@ -230,6 +261,7 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.summary_layer = 7;
   custom.policy = dir.Join("policy");
   custom.tcp_listen = "127.0.0.1:7070";
+  custom.metrics_address = "[::1]:9100";
   custom.tls_cert = dir.Join("c.pem");
   custom.tls_key = dir.Join("k.pem");
   custom.max_mapped_bytes = 9ull << 30;
@@ -271,7 +303,8 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-regions-per-lease",
                           "max-region-bytes", "cuda-register-chunk-bytes", "summary-layer",
-                          "log-level", "policy", "tcp-listen", "tls-cert", "tls-key",
+                          "log-level", "policy", "tcp-listen", "metrics-address",
+                          "tls-cert", "tls-key",
                           "max-mapped-bytes", "max-mappings", "max-mapped-bytes-per-uid",
                           "fd-connection-deadline-ms", "lease-idle-ms", "metadata-bytes",
                           "remote-conf", "remote-pool", "remote-user", "remote-keyring",
@@ -309,6 +342,7 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.log_level, b.log_level);
   EXPECT_EQ(a.policy, b.policy);
   EXPECT_EQ(a.tcp_listen, b.tcp_listen);
+  EXPECT_EQ(a.metrics_address, b.metrics_address);
   EXPECT_EQ(a.tls_cert, b.tls_cert);
   EXPECT_EQ(a.tls_key, b.tls_key);
   EXPECT_EQ(a.max_mapped_bytes, b.max_mapped_bytes);

@@ -27,7 +27,8 @@ grpc::Status ToGrpc(const absl::Status& s) {
   if (s.code() == absl::StatusCode::kDataLoss ||
       s.code() == absl::StatusCode::kInternal ||
       s.code() == absl::StatusCode::kUnavailable) {
-    EVOKE_LOG_WARNING(s.ToString());
+    // Per request: at most one line a second (the rest counted).
+    EVOKE_LOG_WARNING_EVERY_N_SEC(1, s.ToString());
   } else {
     EVOKE_LOG_DEBUG(s.ToString());
   }
@@ -317,6 +318,9 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
       }
       if (static_cast<uint32_t>(response->blocks_size()) == request->k() ||
           hits.size() < want || want >= candidates) {
+        if (options_.rpc_metrics != nullptr) {
+          options_.rpc_metrics->RecordRecoverCandidates(candidates);
+        }
         return absl::OkStatus();
       }
       want = static_cast<uint32_t>(std::min<uint64_t>(candidates, want * 4ull));
@@ -757,24 +761,34 @@ grpc::ServerUnaryReactor* KvTierService::Stat(grpc::CallbackServerContext* conte
       for (const std::string& ns : mine) add_namespace(ns, tiers_->Usage(ns));
       return absl::OkStatus();
     }
-    TierStats stats = tiers_->Stats();
-    std::sort(stats.namespaces.begin(), stats.namespaces.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& [ns, usage] : stats.namespaces) add_namespace(ns, usage);
-    ToProto(stats, response);
-    response->set_version(options_.version);
-    response->set_data_dir(options_.data_dir);
-    response->set_pid(static_cast<uint32_t>(getpid()));
-    const uint64_t lease_pins = response->leases().lease_pins();
-    *response->mutable_leases() = leases_->Stats();
-    const RingSet::Counters rings = rings_->counters();
-    response->mutable_leases()->set_rings(rings.rings);
-    response->mutable_leases()->set_ring_ops(rings.ops);
-    response->mutable_leases()->set_rings_broken(rings.broken);
-    response->mutable_leases()->set_lease_pins(lease_pins);
-    if (options_.gpu_stats) options_.gpu_stats(response);
+    AdminStat(response);
     return absl::OkStatus();
   });
+}
+
+void KvTierService::AdminStat(v1::StatResponse* response) const {
+  TierStats stats = tiers_->Stats();
+  std::sort(stats.namespaces.begin(), stats.namespaces.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const AccessPolicy* policy = options_.policy;
+  for (const auto& [ns, usage] : stats.namespaces) {
+    ToProto(ns, usage, policy != nullptr ? policy->QuotaOf(ns) : NamespaceQuota(),
+            policy != nullptr && policy->IsShared(ns), response->add_namespaces());
+  }
+  ToProto(stats, response);
+  response->set_version(options_.version);
+  response->set_data_dir(options_.data_dir);
+  response->set_pid(static_cast<uint32_t>(getpid()));
+  const uint64_t lease_pins = response->leases().lease_pins();
+  *response->mutable_leases() = leases_->Stats();
+  const RingSet::Counters rings = rings_->counters();
+  response->mutable_leases()->set_rings(rings.rings);
+  response->mutable_leases()->set_ring_ops(rings.ops);
+  response->mutable_leases()->set_rings_broken(rings.broken);
+  response->mutable_leases()->set_lease_pins(lease_pins);
+  if (options_.gpu_stats) options_.gpu_stats(response);
+  if (options_.rpc_metrics != nullptr) options_.rpc_metrics->FillStat(response->mutable_rpcs());
+  response->set_metrics_address(options_.metrics_address);
 }
 
 grpc::ServerUnaryReactor* KvTierService::Verify(grpc::CallbackServerContext* context,

@@ -17,6 +17,7 @@
 #include "daemon/payload_paths.h"
 #include "daemon/request_validation.h"
 #include "daemon/ring_server.h"
+#include "daemon/rpc_metrics.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
 #include "recovery/recovery_index.h"
 #include "storage/tier_manager.h"
@@ -47,6 +48,13 @@ struct KvTierServiceOptions {
   // Inline payload buffers kept for reuse between calls (bytes, buffers).
   uint64_t inline_pool_bytes = 160ull << 20;
   size_t inline_pool_buffers = 16;
+  // Calls per method and status, with latency (Stat's `rpcs`); the ring
+  // opcodes are recorded here, the RPCs by the server's interceptor
+  // (RpcMetrics::NewInterceptorFactory). Null: not recorded. Must outlive
+  // the service.
+  RpcMetrics* rpc_metrics = nullptr;
+  // Where /metrics is served (Stat's `metrics_address`); empty: off.
+  std::string metrics_address;
 };
 
 // KvTierService validates each request (INVALID_ARGUMENT naming the field),
@@ -145,6 +153,13 @@ class KvTierService final : public v1::KvTier::CallbackService {
   // tier each block was served from goes to `served_from`.
   absl::Status DoLoad(const Caller& caller, const v1::LoadRequest& request,
                       inline_wire::InlineLoadSink* sink, std::vector<v1::Tier>* served_from);
+
+  // AdminStat fills the whole of Stat's answer, as an admin sees it (also
+  // what /metrics exports on each scrape).
+  void AdminStat(v1::StatResponse* response) const;
+
+  // The call figures of this service (null: none kept).
+  RpcMetrics* rpc_metrics() const { return options_.rpc_metrics; }
 
   class LeaseReactor;
 

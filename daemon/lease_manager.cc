@@ -80,8 +80,10 @@ void LeaseManager::Release(LeaseState state) {
     pins_released_ += released;
   }
   if (!state.regions.empty() || released > 0) {
-    EVOKE_LOG_INFO("lease of '", state.client_name, "' ended: unmapped ",
-                   state.regions.size(), " regions, released ", released, " pins");
+    EVOKE_LOG_FIELDS(LogLevel::kInfo, "lease ended", LogField("client", state.client_name),
+                     LogField("uid", state.owner_uid),
+                     LogField("regions_unmapped", state.regions.size()),
+                     LogField("pins_released", released));
   }
   // state.regions drops here; each region unmaps when its last copy ends.
 }
@@ -125,9 +127,10 @@ size_t LeaseManager::ExpireIdle() {
         ++it;
         continue;
       }
-      EVOKE_LOG_INFO("lease ", it->first.ToHex().substr(0, 8), " of '",
-                     it->second.client_name, "' unused for ",
-                     absl::FormatDuration(now - it->second.last_used), "; ending it");
+      EVOKE_LOG_FIELDS(LogLevel::kInfo, "ending an idle lease (--lease-idle-ms)",
+                       LogField("lease", it->first.ToHex().substr(0, 8)),
+                       LogField("client", it->second.client_name),
+                       LogField("idle", absl::FormatDuration(now - it->second.last_used)));
       idle.push_back(std::move(it->second));
       leases_.erase(it++);
       ++expired_;

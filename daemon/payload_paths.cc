@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "gpu/rope_device.h"
 #include "gpu/transfer_plan.h"
 #include "common/byte_size.h"
@@ -311,6 +312,7 @@ absl::Status LoadResponseSink::PrepareReanchor(size_t i, const v1::BlockMeta& me
 absl::Status LoadResponseSink::AfterHostCopy(size_t i, uint8_t* dest, uint64_t n) {
   if (i >= reanchor_.size() || !reanchor_[i]) return absl::OkStatus();
   const Reanchoring& r = *reanchor_[i];
+  PhaseTimer timer(Phase::kReanchor);
   return ReanchorCanonicalBlock(r.plan, r.meta, dest, n, r.delta);
 }
 
@@ -452,7 +454,10 @@ absl::Status LoadResponseSink::DeliverScattered(size_t i, const uint8_t* bytes, 
   } else {
     // The device's chunk checksums need each chunk contiguous where it
     // lands, which a scattered payload is not: verify before the copy.
-    const uint64_t got = PayloadChecksum(bytes, n);
+    const uint64_t got = [&] {
+      PhaseTimer timer(Phase::kChecksum);
+      return PayloadChecksum(bytes, n);
+    }();
     if (got != checksum) return ScatterChecksumError(i, checksum, got);
   }
   // A CUDA list: its slices join the device's one batch, copied at Finish

@@ -112,14 +112,15 @@ void PeerListener::Serve() {
         if (errno == EMFILE || errno == ENFILE) {
           // Out of fds: back off rather than spin; the client waits in the
           // backlog or gives up.
-          EVOKE_LOG_WARNING("accept: ", std::strerror(errno), "; retrying in 100 ms");
+          EVOKE_LOG_WARNING_EVERY_N_SEC(10, "accept: ", std::strerror(errno),
+                                        "; retrying in 100 ms");
           poll(nullptr, 0, 100);
         }
         break;  // EAGAIN: drained.
       }
       absl::StatusOr<PeerCred> peer = GetPeerCred(conn);
       if (!peer.ok()) {
-        EVOKE_LOG_WARNING("refused a connection: ", peer.status().ToString());
+        EVOKE_LOG_WARNING_EVERY_N_SEC(1, "refused a connection: ", peer.status().ToString());
         close(conn);
         continue;
       }

@@ -317,9 +317,14 @@ void RingSet::Ring::Serve() {
   }
   if (reason != ring::kBrokenClosed) {
     set_->broken_.fetch_add(1, std::memory_order_relaxed);
-    EVOKE_LOG_WARNING("ring ", key_, " of uid ", uid_, " stopped: ",
-                      reason == ring::kBrokenSqIndex ? "sq_tail" : "cq_head",
-                      " moved outside its queue");
+    // The key is "<lease id hex>/<region id>"; a lease id is a credential
+    // (whoever of its uid holds it may use the lease), so only its first 8
+    // hex digits are logged.
+    const size_t slash = std::min(key_.find('/'), key_.size());
+    EVOKE_LOG_WARNING_EVERY_N_SEC(1, "ring ", key_.substr(0, std::min<size_t>(slash, 8)),
+                                  key_.substr(slash), " of uid ", uid_, " stopped: ",
+                                  reason == ring::kBrokenSqIndex ? "sq_tail" : "cq_head",
+                                  " moved outside its queue");
   }
   Break(reason);
   // Unmapped now (when no copy holds it), not when the thread is joined.

@@ -1,5 +1,6 @@
 #include "daemon/ring_service.h"
 
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,7 +37,10 @@ class ServiceRingHandler final : public RingHandler {
              Compatible(requests[i].sqe, requests[j].sqe, requests[i].meta, requests[j].meta)) {
         ++j;
       }
+      const auto start = std::chrono::steady_clock::now();
       Run(requests.subspan(i, j - i), results.subspan(i, j - i), /*alone=*/j - i == 1);
+      Record(requests[i].sqe.opcode, results.subspan(i, j - i),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       i = j;
     }
   }
@@ -70,6 +74,17 @@ class ServiceRingHandler final : public RingHandler {
     for (size_t k = 0; k < requests.size(); ++k) {
       if (!results[k].status.ok()) continue;  // Its own arguments were bad.
       Run(requests.subspan(k, 1), results.subspan(k, 1), /*alone=*/true);
+    }
+  }
+
+  // Record counts each entry of a batch as one call of "ring.Save" or
+  // "ring.Load" with its own status and the batch's time.
+  void Record(uint8_t opcode, absl::Span<const RingResult> results, double seconds) {
+    RpcMetrics* const metrics = service_->rpc_metrics();
+    if (metrics == nullptr) return;
+    const int method = opcode == ring::kOpSave ? metrics->ring_save() : metrics->ring_load();
+    for (const RingResult& r : results) {
+      metrics->Record(method, static_cast<int>(r.status.code()), seconds);
     }
   }
 

@@ -22,6 +22,7 @@
 #include "common/byte_size.h"
 #include "common/failpoint.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/convenience.h"
@@ -493,7 +494,10 @@ class RocksSpillStore final : public SpillStore {
       rocksdb::ReadOptions options;
       options.verify_checksums = true;
       rocksdb::PinnableSlice meta_value;
-      rocksdb::Status s = db->Get(options, meta(), key, &meta_value);
+      rocksdb::Status s = [&] {
+        PhaseTimer timer(Phase::kRocksDb);
+        return db->Get(options, meta(), key, &meta_value);
+      }();
       if (s.IsNotFound()) return NoPayload(id);
       if (!s.ok()) return ToAbsl(s, "read");
       storage::SpillRecord record;
@@ -667,6 +671,7 @@ class RocksSpillStore final : public SpillStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_SHARED_LOCKS_REQUIRED(db_mu_) {
     rocksdb::WriteOptions options;
     options.sync = sync || opts_.sync;
+    PhaseTimer timer(Phase::kRocksDb);
     const rocksdb::Status s = db_.db->Write(options, batch);
     if (!s.ok()) Stop(s, what);
     return ToAbsl(s, what);
@@ -711,6 +716,7 @@ class RocksSpillStore final : public SpillStore {
     std::vector<rocksdb::Slice> slices(keys.begin(), keys.end());
     std::vector<rocksdb::PinnableSlice> values(ids.size());
     std::vector<rocksdb::Status> statuses(ids.size());
+    PhaseTimer timer(Phase::kRocksDb);
     db_.db->MultiGet(rocksdb::ReadOptions(), meta(), ids.size(), slices.data(), values.data(),
                      statuses.data());
     storage::SpillRecord record;

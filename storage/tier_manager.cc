@@ -19,6 +19,7 @@
 #include "common/failpoint.h"
 #include "common/fingerprint.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "storage/tier_manager_impl.h"
 #include "storage/verifier.h"
@@ -314,6 +315,7 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
   std::vector<uint8_t*> fetch_dsts;
   std::vector<std::string> scratch;  // Existing ids whose bytes must be fetched.
   scratch.reserve(items.size());
+  std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
   for (size_t i = 0; i < items.size(); ++i) {
     SavePlan& p = (*plans)[i];
     const absl::string_view host = source.HostBytes(i);
@@ -347,7 +349,9 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
           fetched[k] ? *fetched[k] : core_.copier.Checksum(fetch_dsts[k], items[i].size);
     }
   }
+  copying.reset();
   if (core_.options.summarize) {
+    PhaseTimer summarizing(Phase::kSummary);
     // Summaries of fresh blocks, one task each across the copy pool (a mean
     // over 16 MiB of K is milliseconds).
     std::vector<size_t> fresh;
@@ -726,6 +730,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   std::vector<std::string> staging;  // Deliver-path copies of disk reads.
   staging.reserve(n);
   uint64_t hits1 = 0, hits2 = 0;
+  std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
   for (size_t i = 0; i < n && failure.ok(); ++i) {
     const Plan& p = plan[i];
     uint8_t* dest = sink.HostDestination(i);
@@ -803,7 +808,9 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
                               : sink.AfterHostCopy(i, dest, p.bytes);
   }
   if (failure.ok()) failure = sink.Finish();
+  copying.reset();
   if (failure.code() == absl::StatusCode::kDataLoss && sink.VerifiesDeliveries()) {
+    PhaseTimer checking(Phase::kChecksum);
     // A delivery failed its check where it landed: find the tier-1 copies
     // that are bad (if any) and drop them.
     for (const Plan& p : plan) {
