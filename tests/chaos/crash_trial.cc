@@ -207,7 +207,9 @@ class TrialDaemon {
     const size_t line = log.find(" serving on ", start == std::string::npos ? 0 : start);
     if (line == std::string::npos) return -1;
     const size_t begin = log.rfind('\n', line);
-    const size_t stamp = begin == std::string::npos ? 0 : begin + 1;
+    size_t stamp = begin == std::string::npos ? 0 : begin + 1;
+    // Lines are key=value: "ts=<RFC 3339> level=info prog=evoked msg=...".
+    if (log.compare(stamp, 3, "ts=") == 0) stamp += 3;
     const size_t space = log.find(' ', stamp);
     absl::Time t;
     std::string err;
