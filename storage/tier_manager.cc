@@ -670,9 +670,11 @@ void TierManagerImpl::DropRemoteCopy(absl::string_view ns, const BlockId& id,
   // block writes a good one.
   const BlockId ids[] = {id};
   const absl::Status removed = core_.options.remote->Remove(ns, ids);
-  EVOKE_LOG_ERROR("remote copy of ", Name(id), " in namespace '", ns,
-                  "' refused: ", why.message(),
-                  removed.ok() ? "; removed" : "; could not remove it: ", removed.message());
+  // Per request: at most one line a second (the count says how many).
+  EVOKE_LOG_ERROR_EVERY_N_SEC(1, "remote copy of ", Name(id), " in namespace '", ns,
+                              "' refused: ", why.message(),
+                              removed.ok() ? "; removed" : "; could not remove it: ",
+                              removed.message());
 }
 
 absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
