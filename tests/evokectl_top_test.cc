@@ -146,12 +146,13 @@ TEST_F(TopTest, ShowsTheWorkloadSurvivesARestartAndQuitsCleanly) {
   // total matches what was loaded, all from tier 1.
   std::vector<BlockId> ids;
   for (const TestBlock& b : blocks) ids.push_back(b.id());
-  int64_t loaded = 0;
+  int64_t loaded = 0, load_calls = 0;
   bool saw_rate = false;
   const absl::Time until = absl::Now() + absl::Seconds(4);
   while (absl::Now() < until) {
     ASSERT_OK(client_->Load(ids, SmallFingerprint()).status());
     loaded += ids.size();
+    ++load_calls;
     absl::SleepFor(absl::Milliseconds(50));
     const std::string s = Screen();
     for (const std::string& l : Lines(s)) {
@@ -171,6 +172,16 @@ TEST_F(TopTest, ShowsTheWorkloadSurvivesARestartAndQuitsCleanly) {
         return NumberAfter(LineStartingWith(s, "totals:"), "loads") == loaded;
       },
       absl::StrCat("the totals show the ", loaded, " loaded blocks"));
+  // evoked reports per-RPC figures: a Load row whose call count (the last
+  // column) is at least the Load calls made (one RPC each).
+  EXPECT_THAT(screen, Not(HasSubstr("RPC LATENCY: n/a")));
+  {
+    const std::vector<std::string> row = Words(LineStartingWith(screen, "Load "));
+    double calls = 0;
+    ASSERT_FALSE(row.empty()) << "no Load latency row:\n" << screen;
+    ASSERT_TRUE(absl::SimpleAtod(row.back(), &calls)) << screen;
+    EXPECT_GE(calls, static_cast<double>(load_calls)) << screen;
+  }
   const std::string since = LineStartingWith(screen, "since start");
   EXPECT_THAT(since, HasSubstr("100.0%")) << "every load was a tier-1 hit";
   EXPECT_THAT(since, HasSubstr(absl::StrCat(" ", loaded)));
