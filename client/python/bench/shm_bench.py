@@ -3,11 +3,12 @@
 evoked, same run (the C++ client's rounds, then Python's, per size).
 
     /usr/bin/python3 client/python/bench/shm_bench.py --build build \
-        [--sizes 1MiB,4MiB,16MiB] [--blocks 16] [--rounds 5] [--json FILE]
+        [--sizes 1MiB,4MiB,16MiB] [--blocks 16] [--rounds 5] [--sets 3] [--json FILE]
 
 Starts one evoked (tier 1 large enough that nothing spills), then for each
-block size runs rounds of the C++ client (evoke-shm-bench-cpp, one process)
-then of evoke.Client, each side's first round dropped as warm-up: each round saves `blocks` canonical f16 blocks from shared
+block size alternates, `sets` times, rounds of the C++ client
+(evoke-shm-bench-cpp, one process) and of evoke.Client, each side's first
+round of a set dropped as warm-up: each round saves `blocks` canonical f16 blocks from shared
 memory through the command ring in one batch, loads them back, and deletes
 them (untimed). Reports median MiB/s per side and the ratio Python / C++
 (goal >= 0.8 at 1 MiB and up).
@@ -39,7 +40,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--sizes", default="1MiB,4MiB,16MiB")
     ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per side per set")
+    ap.add_argument("--sets", type=int, default=3, help="alternations of C++ then Python")
     ap.add_argument("--json")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
@@ -53,7 +55,7 @@ def main():
     pinned = max(256 << 20, 3 * biggest)
     daemon = subprocess.Popen(
         [os.path.join(build, "daemon", "evoked"), "--socket", sock, "--data-dir",
-         os.path.join(tmp, "data"), "--pinned-bytes", str(pinned)],
+         os.path.join(tmp, "data"), "--pinned-bytes", str(pinned), "--metrics-address="],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "evoked.log"), "wb"))
     rows = []
     try:
@@ -68,29 +70,32 @@ def main():
             rng = np.random.default_rng(7)
             for a in src:
                 a.view(np.uint16)[...] = rng.integers(0, 0x3bff, a.shape, dtype=np.uint16)
-            # Back to back on the same daemon: the C++ client's rounds (one
-            # process), then Python's. Each side's first round warms its
-            # client, region and the daemon's mapping of it; it is dropped.
-            out = subprocess.run(
-                [os.path.join(build, "client", "python", "evoke-shm-bench-cpp"), "--socket",
-                 sock, "--size", str(size), "--blocks", str(args.blocks), "--rounds",
-                 str(args.rounds + 1), "--tag", f"cpp-{size}"],
-                check=True, capture_output=True, text=True)
-            for line in out.stdout.strip().splitlines()[1:]:
-                rows.append(json.loads(line))
-            for r in range(args.rounds + 1):
-                session = f"py-{size}-{r}"
-                metas = [evoke.session_meta(fp, session, b, n_tokens) for b in range(args.blocks)]
-                t0 = time.perf_counter()
-                client.save_many(list(zip(metas, src)))
-                t1 = time.perf_counter()
-                client.load_many_into([m.id for m in metas], fp, src)
-                t2 = time.perf_counter()
-                if r > 0:
-                    rows.append({"lang": "python", "size": size, "blocks": args.blocks,
-                                 "round": r, "save_s": t1 - t0, "load_s": t2 - t1,
-                                 "ring": client.has_ring})
-                client.delete([m.id for m in metas])
+            # Back to back on the same daemon, alternating: the C++ client's
+            # rounds (one process), then Python's, `sets` times. Each side's
+            # first round of a set warms its client, region and the daemon's
+            # mapping of it; it is dropped.
+            for k in range(args.sets):
+                out = subprocess.run(
+                    [os.path.join(build, "client", "python", "evoke-shm-bench-cpp"), "--socket",
+                     sock, "--size", str(size), "--blocks", str(args.blocks), "--rounds",
+                     str(args.rounds + 1), "--tag", f"cpp-{size}-{k}"],
+                    check=True, capture_output=True, text=True)
+                for line in out.stdout.strip().splitlines()[1:]:
+                    rows.append(json.loads(line))
+                for r in range(args.rounds + 1):
+                    session = f"py-{size}-{k}-{r}"
+                    metas = [evoke.session_meta(fp, session, b, n_tokens)
+                             for b in range(args.blocks)]
+                    t0 = time.perf_counter()
+                    client.save_many(list(zip(metas, src)))
+                    t1 = time.perf_counter()
+                    client.load_many_into([m.id for m in metas], fp, src)
+                    t2 = time.perf_counter()
+                    if r > 0:
+                        rows.append({"lang": "python", "size": size, "blocks": args.blocks,
+                                     "round": r, "set": k, "save_s": t1 - t0,
+                                     "load_s": t2 - t1, "ring": client.has_ring})
+                    client.delete([m.id for m in metas])
             del src
         client.close()
     finally:
