@@ -34,6 +34,14 @@ TEST_F(EvokectlTest, Stat) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("1 pinned host"));
   EXPECT_THAT(r.out, HasSubstr("saves=8"));
+  // Where /metrics is served, as the daemon reports it (test daemons share
+  // the default address: one serves it, the others run without).
+  absl::StatusOr<v1::StatResponse> stat = client_->Stat();
+  ASSERT_OK(stat.status());
+  EXPECT_THAT(r.out, HasSubstr(stat->metrics_address().empty()
+                                   ? std::string("metrics off\n")
+                                   : absl::StrCat("metrics http://", stat->metrics_address(),
+                                                  "/metrics\n")));
   r = Ctl({"stat", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("\"saves\":\"8\""));

@@ -194,6 +194,10 @@ void PrintStat(const v1::StatResponse& s) {
   }
   std::cout << "evoked " << s.version() << "  data_dir " << s.data_dir() << "  up "
             << s.uptime_seconds() << "s\n";
+  std::cout << "metrics " << (s.metrics_address().empty()
+                                  ? std::string("off")
+                                  : absl::StrCat("http://", s.metrics_address(), "/metrics"))
+            << "\n";
   std::cout << absl::StrFormat("%-16s %10s %14s %14s %14s\n", "tier", "blocks",
                                "payload", "used", "capacity");
   std::cout << absl::StrFormat("%-16s %10d %14s %14s %14s  %s\n", "1 pinned host",
