@@ -194,6 +194,11 @@ class Client:
         if lease is not None:
             lease.call.cancel()
             lease.ended.wait(2.0)
+            if lease.ring_region is not None:
+                lease.ring_region.close()
+        if self._region is not None:
+            # Closes the memfd; the mapping stays while arrays still view it.
+            self._region.close()
         self._channel.close()
 
     def _call(self, name, request, timeout=None, wait_for_ready=None):
