@@ -13,14 +13,12 @@ import threading
 import time
 
 import grpc
-import numpy as np
 
 from . import errors
 from ._proto import pb
-from .client import (Client, SaveResult, LoadResult, Recovered, _METHODS, _SERVICE, _ids_list,
-                     _RecoveredList, channel_options, target_of)
-from . import ring as _ring
-from .errors import InvalidArgument, Unavailable
+from .client import (Client, SaveResult, LoadResult, _METHODS, _SERVICE, _ids_list,
+                     channel_options, load_entries, recover_request, recovered, save_entries,
+                     target_of)
 
 __all__ = ["AsyncClient"]
 
@@ -153,11 +151,10 @@ class AsyncClient:
         """As Client.save_many; arena arrays go through the ring."""
         blocks = list(blocks)
         await self._lease()
-        slices = [self.sync._slice_of(d) for _, d in blocks]
-        if blocks and all(s is not None for s in slices):
-            flags = (_ring.SAVE_PIN if pin else 0) | (_ring.SAVE_DURABLE if durable else 0)
-            done = await self._run([(_ring.OP_SAVE, flags, 0, s, None, m.SerializeToString(),
-                                     (), False) for (m, _), s in zip(blocks, slices)])
+        spans = [self.sync._span_of(d) for _, d in blocks]
+        if blocks and all(s is not None for s in spans):
+            slices = [self.sync._slice(s) for s in spans]
+            done = await self._run(save_entries([m for m, _ in blocks], slices, pin, durable))
             if done is not None:
                 return [SaveResult(bytes(m.id), c.deduplicated, c.checksum, c.tier)
                         for (m, _), c in zip(blocks, done)]
@@ -170,20 +167,10 @@ class AsyncClient:
     async def load_many_into(self, ids, fingerprint, outs, first_positions=None):
         """As Client.load_many_into; through the ring."""
         ids = _ids_list(ids)
-        if len(outs) != len(ids):
-            raise InvalidArgument(f"outs: {len(outs)} arrays for {len(ids)} ids")
-        if first_positions is None or isinstance(first_positions, int):
-            first_positions = [first_positions] * len(ids)
         await self._lease()
-        slices = [self.sync._slice_of(o) for o in outs]
-        for i, s in enumerate(slices):
-            if s is None:
-                raise InvalidArgument(f"outs[{i}]: not a C-contiguous array of this client's "
-                                      "arena")
-        fp = fingerprint.SerializeToString()
-        done = await self._run([
-            (_ring.OP_LOAD, _ring.LOAD_REANCHOR if p is not None else 0, p or 0, s, i, fp, (),
-             False) for i, s, p in zip(ids, slices, first_positions)])
+        spans, first_positions = self.sync._load_args(ids, outs, first_positions)
+        slices = [self.sync._slice(s) for s in spans]
+        done = await self._run(load_entries(ids, fingerprint, slices, first_positions, False))
         if done is None:
             return await asyncio.to_thread(self.sync.load_many_into, ids, fingerprint, outs,
                                            first_positions)
@@ -198,20 +185,12 @@ class AsyncClient:
         r = await self._call("Lookup", pb.LookupRequest(ids=_ids_list(ids), namespace=namespace))
         return list(r.tiers[:r.n_present])
 
-    async def recover(self, namespace, session_id, queries, layer, k=8, kind=None):
-        q = np.asarray(queries, dtype=np.float32)
-        if q.ndim != 2:
-            raise InvalidArgument(f"queries: want (n_query_heads, head_dim), got {q.shape}")
-        request = pb.RecoverRequest(kind=pb.SUMMARY_MEAN_KEYS if kind is None else kind,
-                                    layer=layer, n_query_heads=q.shape[0], k=k)
-        request.session.namespace = namespace
-        request.session.session_id = session_id
-        request.queries.extend(q.reshape(-1).tolist())
-        r = await self._call("Recover", request)
-        out = _RecoveredList(Recovered(b.id, b.score, b.tier, b.bytes_available, b.meta)
-                             for b in r.blocks)
-        out.candidates = r.candidates
-        return out
+    async def recover(self, namespace, session_id, queries, layer, k=8, kind=None,
+                      min_score=None, aggregation=None, exclude_ids=(), require_bytes=False):
+        """As Client.recover."""
+        request = recover_request(namespace, session_id, queries, layer, k, kind, min_score,
+                                  aggregation, exclude_ids, require_bytes)
+        return recovered(await self._call("Recover", request))
 
     async def stat(self):
         return await self._call("Stat", pb.StatRequest())

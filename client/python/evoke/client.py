@@ -11,8 +11,8 @@ once. Payloads that are not arena arrays go inline in the RPC.
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 import grpc
 import numpy as np
@@ -313,8 +313,10 @@ class Client:
         dtype = layout.numpy_dtype(fp)
         return self.buffer(int(np.prod(shape)) * dtype.itemsize).view(dtype).reshape(shape)
 
-    def _slice_of(self, arr):
-        """(region_id, offset, length) of an arena array, or None."""
+    def _span_of(self, arr):
+        """(offset, length) of an arena array in the arena's region, or None.
+        Region ids change with the lease (a restart registers the arena
+        again), so they are added when a request is made (_slice)."""
         if self._region is None or not isinstance(arr, np.ndarray):
             return None
         if not arr.flags.c_contiguous:
@@ -322,7 +324,11 @@ class Client:
         address = arr.__array_interface__["data"][0]
         if not self._region.contains(address, arr.nbytes):
             return None
-        return (self._region.id, address - self._region.address, arr.nbytes)
+        return (address - self._region.address, arr.nbytes)
+
+    def _slice(self, span):
+        """(region_id, offset, length) of a span under the current lease."""
+        return (self._region.id,) + span
 
     # ----------------------------------------------------------------- Save
 
@@ -339,20 +345,19 @@ class Client:
         blocks = list(blocks)
         if not blocks:
             return []
-        slices = [self._slice_of(d) for _, d in blocks] if self.shm_bytes else [None] * len(
-            blocks)
-        if all(s is not None for s in slices):
-            return self._with_lease_retry(lambda: self._save_shm(blocks, pin, durable))
+        spans = [self._span_of(d) for _, d in blocks]
+        if all(s is not None for s in spans):
+            return self._with_lease_retry(lambda: self._save_shm(blocks, spans, pin, durable))
         request = pb.SaveRequest(durable=durable)
-        for (meta, data), s in zip(blocks, slices):
+        if any(s is not None for s in spans) or pin:
+            request.lease_id = self._ensure_lease().id
+        for (meta, data), s in zip(blocks, spans):
             b = request.blocks.add(pin=pin)
             b.meta.CopyFrom(meta)
             if s is not None:
-                b.region.region_id, b.region.offset, b.region.length = s
+                b.region.region_id, b.region.offset, b.region.length = self._slice(s)
             else:
                 b.inline_bytes = _as_bytes(data)
-        if any(s is not None for s in slices) or pin:
-            request.lease_id = self._ensure_lease().id
         response = self._call("Save", request)
         return [SaveResult(r.id, r.deduplicated, r.checksum, r.tier) for r in response.results]
 
@@ -368,23 +373,22 @@ class Client:
                 raise
             return fn()
 
-    def _save_shm(self, blocks, pin, durable):
+    def _save_shm(self, blocks, spans, pin, durable):
         lease = self._ensure_lease()
         ring = lease.ring
+        slices = [self._slice(s) for s in spans]
         if ring is None or not ring.alive():
             request = pb.SaveRequest(durable=durable, lease_id=lease.id)
-            for meta, data in blocks:
+            for (meta, _), slc in zip(blocks, slices):
                 b = request.blocks.add(pin=pin)
                 b.meta.CopyFrom(meta)
-                b.region.region_id, b.region.offset, b.region.length = self._slice_of(data)
+                b.region.region_id, b.region.offset, b.region.length = slc
             response = self._call("Save", request)
             return [SaveResult(r.id, r.deduplicated, r.checksum, r.tier)
                     for r in response.results]
-        flags = (_ring.SAVE_PIN if pin else 0) | (_ring.SAVE_DURABLE if durable else 0)
-        entries = [(_ring.OP_SAVE, flags, 0, self._slice_of(data), None,
-                    meta.SerializeToString(), (), False) for meta, data in blocks]
         deadline = self._deadline()
-        tickets = ring.submit(entries, deadline)
+        tickets = ring.submit(save_entries([m for m, _ in blocks], slices, pin, durable),
+                              deadline)
         results = []
         for (meta, _), t in zip(blocks, tickets):
             c = ring.wait(t, deadline).raise_for_status()
@@ -407,45 +411,42 @@ class Client:
         first + sum of the previous blocks' sizes is the caller's job: pass a
         list), or a list with one int or None per block."""
         ids = _ids_list(ids)
+        self._ensure_lease()
+        spans, first_positions = self._load_args(ids, outs, first_positions)
+        return self._with_lease_retry(
+            lambda: self._load_shm(ids, fingerprint, spans, first_positions, want_meta))
+
+    def _load_args(self, ids, outs, first_positions):
+        """The arena spans of `outs` and one first position (or None) per id;
+        INVALID_ARGUMENT naming the argument otherwise."""
         if len(outs) != len(ids):
             raise InvalidArgument(f"outs: {len(outs)} arrays for {len(ids)} ids")
         if first_positions is None or isinstance(first_positions, int):
             first_positions = [first_positions] * len(ids)
-        self._ensure_lease()
-        slices = [self._slice_of(o) for o in outs]
-        for i, s in enumerate(slices):
+        spans = [self._span_of(o) for o in outs]
+        for i, s in enumerate(spans):
             if s is None:
                 raise InvalidArgument(
                     f"outs[{i}]: not a C-contiguous array of this client's arena "
                     "(use block_array() / buffer(), or load() for a copy)")
-        return self._with_lease_retry(
-            lambda: self._load_shm(ids, fingerprint, outs, first_positions, want_meta))
+        return spans, first_positions
 
-    def _load_shm(self, ids, fingerprint, outs, first_positions, want_meta):
+    def _load_shm(self, ids, fingerprint, spans, first_positions, want_meta):
         lease = self._ensure_lease()
         ring = lease.ring
-        slices = [self._slice_of(o) for o in outs]
+        slices = [self._slice(s) for s in spans]
         if ring is None or not ring.alive():
             request = pb.LoadRequest(ids=ids, lease_id=lease.id)
             request.fingerprint.CopyFrom(fingerprint)
-            for s in slices:
-                request.destinations.add(region_id=s[0], offset=s[1], length=s[2])
-            if any(p is not None for p in first_positions):
-                for p in first_positions:
-                    r = request.reanchor.add()
-                    if p is not None:
-                        r.first_position = p
+            for slc in slices:
+                request.destinations.add(region_id=slc[0], offset=slc[1], length=slc[2])
+            _add_reanchor(request, first_positions)
             response = self._call("Load", request)
             return [LoadResult(bytes(b.meta.id), b.served_from, b.meta.checksum,
                                b.meta.payload_bytes, b.meta) for b in response.blocks]
-        fp = fingerprint.SerializeToString()
-        entries = []
-        for block_id, s, p in zip(ids, slices, first_positions):
-            flags = (_ring.LOAD_REANCHOR if p is not None else 0) | (
-                _ring.LOAD_WANT_META if want_meta else 0)
-            entries.append((_ring.OP_LOAD, flags, p or 0, s, block_id, fp, (), want_meta))
         deadline = self._deadline()
-        tickets = ring.submit(entries, deadline)
+        tickets = ring.submit(load_entries(ids, fingerprint, slices, first_positions, want_meta),
+                              deadline)
         results = []
         for block_id, t in zip(ids, tickets):
             c = ring.wait(t, deadline).raise_for_status()
@@ -468,10 +469,7 @@ class Client:
             if len(first_positions) != len(ids):
                 raise InvalidArgument(
                     f"first_positions: {len(first_positions)} for {len(ids)} ids")
-            for p in first_positions:
-                r = request.reanchor.add()
-                if p is not None:
-                    r.first_position = p
+            _add_reanchor(request, first_positions)
         response = self._call("Load", request)
         out = [LoadResult(bytes(b.meta.id), b.served_from, b.meta.checksum,
                           b.meta.payload_bytes, b.meta,
@@ -499,25 +497,9 @@ class Client:
         (n_query_heads x head_dim floats, the engine's current queries of
         `layer`), best first: a list of Recovered; `.candidates` on the list
         says how many blocks were scored."""
-        q = np.asarray(queries, dtype=np.float32)
-        if q.ndim != 2:
-            raise InvalidArgument(f"queries: want (n_query_heads, head_dim), got {q.shape}")
-        request = pb.RecoverRequest(
-            kind=pb.SUMMARY_MEAN_KEYS if kind is None else kind, layer=layer,
-            n_query_heads=q.shape[0], k=k, require_bytes=require_bytes,
-            exclude_ids=_ids_list(exclude_ids))
-        request.session.namespace = namespace
-        request.session.session_id = session_id
-        request.queries.extend(q.reshape(-1).tolist())
-        if min_score is not None:
-            request.min_score = min_score
-        if aggregation is not None:
-            request.aggregation = aggregation
-        response = self._call("Recover", request)
-        out = _RecoveredList(Recovered(b.id, b.score, b.tier, b.bytes_available, b.meta)
-                             for b in response.blocks)
-        out.candidates = response.candidates
-        return out
+        request = recover_request(namespace, session_id, queries, layer, k, kind, min_score,
+                                  aggregation, exclude_ids, require_bytes)
+        return recovered(self._call("Recover", request))
 
     def stat(self):
         """The daemon's StatResponse (tiers, counters, leases, ...)."""
@@ -560,6 +542,64 @@ class Client:
 
 class _RecoveredList(list):
     candidates = 0
+
+
+# Requests and ring entries, shared by Client and aio.AsyncClient.
+
+def save_entries(metas, slices, pin, durable):
+    """Ring entries saving block i (metas[i]) from slices[i]."""
+    flags = (_ring.SAVE_PIN if pin else 0) | (_ring.SAVE_DURABLE if durable else 0)
+    return [(_ring.OP_SAVE, flags, 0, slc, None, meta.SerializeToString(), (), False)
+            for meta, slc in zip(metas, slices)]
+
+
+def load_entries(ids, fingerprint, slices, first_positions, want_meta):
+    """Ring entries loading ids[i] into slices[i], re-anchored to
+    first_positions[i] unless it is None."""
+    fp = fingerprint.SerializeToString()
+    want = _ring.LOAD_WANT_META if want_meta else 0
+    return [(_ring.OP_LOAD, (_ring.LOAD_REANCHOR if p is not None else 0) | want, p or 0, slc,
+             block_id, fp, (), want_meta)
+            for block_id, slc, p in zip(ids, slices, first_positions)]
+
+
+def _add_reanchor(request, first_positions):
+    # LoadRequest.reanchor: empty, or one entry per id (unset: keep).
+    if all(p is None for p in first_positions):
+        return
+    for p in first_positions:
+        r = request.reanchor.add()
+        if p is not None:
+            r.first_position = p
+
+
+def recover_request(namespace, session_id, queries, layer, k=8, kind=None, min_score=None,
+                    aggregation=None, exclude_ids=(), require_bytes=False):
+    """The RecoverRequest of Client.recover's arguments."""
+    q = np.asarray(queries, dtype=np.float32)
+    if q.ndim != 2:
+        raise InvalidArgument(f"queries: want (n_query_heads, head_dim), got {q.shape}")
+    request = pb.RecoverRequest(
+        kind=pb.SUMMARY_MEAN_KEYS if kind is None else kind, layer=layer,
+        n_query_heads=q.shape[0], k=k, require_bytes=require_bytes,
+        exclude_ids=_ids_list(exclude_ids))
+    request.session.namespace = namespace
+    request.session.session_id = session_id
+    request.queries.extend(q.reshape(-1).tolist())
+    if min_score is not None:
+        request.min_score = min_score
+    if aggregation is not None:
+        request.aggregation = aggregation
+    return request
+
+
+def recovered(response):
+    """Client.recover's answer: Recovered blocks, best first, with
+    `.candidates`."""
+    out = _RecoveredList(Recovered(b.id, b.score, b.tier, b.bytes_available, b.meta)
+                         for b in response.blocks)
+    out.candidates = response.candidates
+    return out
 
 
 def _as_bytes(data):

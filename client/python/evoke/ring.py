@@ -18,7 +18,6 @@ RPCs).
 """
 
 import ctypes
-import os
 import platform
 import struct
 import threading
