@@ -89,6 +89,13 @@ absl::StatusOr<std::optional<BlockHandle>> SessionDriver::TokenDecoded(int64_t p
   return std::optional<BlockHandle>(block.handle);
 }
 
+uint64_t SessionDriver::DropPendingTokens() {
+  const uint64_t dropped = pending_;
+  session_tokens_ -= pending_;
+  pending_ = 0;
+  return dropped;
+}
+
 void SessionDriver::PositionsShifted(int64_t from, int64_t delta) {
   for (ResidentBlock& b : resident_) {
     if (b.first_position >= from) b.first_position += delta;

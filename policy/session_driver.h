@@ -119,6 +119,14 @@ class SessionDriver {
   // the others save such blocks with per-token positions (the simulator).
   absl::Status RecoveryPoint(const RecoveryQuery& query, int64_t* next_position);
 
+  // DropPendingTokens forgets the tokens decoded since the last block
+  // boundary (pending_tokens() of them), which the engine has removed from
+  // its cache: the session's token count goes back by as many, so the next
+  // TokenDecoded starts the same block again. Used to run a recovery point
+  // at a block boundary and decode those tokens again after it (see
+  // LlamaPolicySession::RecoverAtPromptEnd). Returns how many were dropped.
+  uint64_t DropPendingTokens();
+
   // The books.
   absl::Span<const ResidentBlock> resident() const { return resident_; }
   bool IsStored(BlockHandle block) const { return stored_.contains(block); }

@@ -22,6 +22,9 @@ PACKAGES=(
   # with promtool (package prometheus); the Python client on Debian's
   # interpreter, grpcio, protobuf and numpy; tmux to test `evokectl top`.
   prometheus-cpp-dev prometheus python3-grpcio python3-protobuf python3-numpy tmux
+  # The shipped model (issue #24): trained with Debian's PyTorch on the CPU
+  # (models/train.sh; CI trains a tiny one), fast with OpenBLAS.
+  python3-torch libopenblas0-pthread
 )
 
 missing=()

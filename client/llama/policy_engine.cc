@@ -283,11 +283,50 @@ absl::Status LlamaPolicySession::Decode(llama_token token) {
   }
   ++next_position_;
   ++since_recovery_;
+  pending_ids_.push_back(token);
   // The token is in the cache now: an error while accounting for it leaves
   // the books behind the cache, so the session refuses further decoding.
   absl::Status accounted = AccountDecoded(pos);
   if (!accounted.ok()) broken_ = accounted;
+  if (driver_->pending_tokens() == 0) pending_ids_.clear();
   return accounted;
+}
+
+absl::Status LlamaPolicySession::RecoverAtPromptEnd() {
+  if (!broken_.ok()) return Decode(0);  // The same FAILED_PRECONDITION.
+  if (!policy_->info().recovers || capture_ == nullptr || capture_->recovery_query().empty()) {
+    return absl::OkStatus();
+  }
+  const std::vector<float> q = capture_->recovery_query();
+  const uint64_t m = driver_->pending_tokens();
+  if (m != pending_ids_.size()) {
+    return absl::InternalError(absl::StrCat("books: ", m, " pending tokens, ",
+                                            pending_ids_.size(), " recorded"));
+  }
+  const std::vector<llama_token> tail = pending_ids_;
+  if (m > 0) {
+    const llama_pos first = static_cast<llama_pos>(next_position_ - static_cast<int64_t>(m));
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_), adapter_->seq(), first, -1)) {
+      return absl::InternalError(absl::StrCat("llama_memory_seq_rm refused [", first, ", end)"));
+    }
+    driver_->DropPendingTokens();
+    for (llama_pos p = first; p < static_cast<llama_pos>(next_position_); ++p) {
+      pending_mass_.erase(p);
+    }
+    next_position_ = first;
+    pending_ids_.clear();
+    cells_->Invalidate();
+  }
+  since_recovery_ = 0;
+  const uint32_t head_dim = adapter_->format().head_dim;
+  policy::RecoveryQuery query{q, static_cast<uint32_t>(q.size() / head_dim)};
+  absl::Status recovered = driver_->RecoveryPoint(query, &next_position_);
+  if (!recovered.ok()) {
+    broken_ = recovered;
+    return recovered;
+  }
+  for (llama_token t : tail) EVOKE_RETURN_IF_ERROR(Decode(t));
+  return absl::OkStatus();
 }
 
 absl::Status LlamaPolicySession::AccountDecoded(llama_pos pos) {

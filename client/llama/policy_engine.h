@@ -173,6 +173,18 @@ class LlamaPolicySession {
   // later calls return FAILED_PRECONDITION.
   absl::Status Decode(llama_token token);
 
+  // RecoverAtPromptEnd is a recovery point at the end of a prompt, before
+  // the engine generates from it (recovering policies; a no-op for the
+  // others and before the first decode). It uses the query of the token
+  // decoded last, and runs at the last block boundary so that every block
+  // stays contiguous: the tokens decoded since that boundary (fewer than a
+  // block) are removed from the cache, the recovery point brings blocks to
+  // the tail, and those tokens are decoded again after them. So the
+  // prompt's tail, whose logits the answer starts from, sees what was
+  // recovered. The attention the removed tokens' steps gave is not taken
+  // back (H2O-style statistics count those steps twice). Errors as Decode.
+  absl::Status RecoverAtPromptEnd();
+
   int64_t next_position() const { return next_position_; }
   // Cells the sequence holds now (llama.cpp's count, from its positions).
   uint64_t cells_used() const;
@@ -208,6 +220,7 @@ class LlamaPolicySession {
   // Summary-layer mass per pending position, per KV head.
   absl::flat_hash_map<int32_t, std::vector<float>> pending_mass_;
   std::vector<std::pair<policy::BlockHandle, uint32_t>> block_of_;  // By position.
+  std::vector<llama_token> pending_ids_;  // Tokens decoded since the last block boundary.
 };
 
 }  // namespace evoke::llama
