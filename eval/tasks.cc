@@ -411,8 +411,8 @@ void MakeNiahOrMultiFact(Rng& rng, uint32_t length, bool niah, Session& s) {
 // Training only: dense recall drills. Many facts, each asked about at a
 // random later point (not all at the end), with look-alike distractors.
 void MakeRecall(Rng& rng, uint32_t length, Session& s) {
-  const uint32_t n_targets = std::clamp<uint32_t>(Fit(length, 0.5, kFactLen + kQuestionLen), 1, 24);
-  const uint32_t n_distractors = std::min<uint32_t>(rng.Between(0, 8), Fit(length, 0.15, kFactLen));
+  const uint32_t n_targets = std::clamp<uint32_t>(Fit(length, 0.75, kFactLen + kQuestionLen), 1, 24);
+  const uint32_t n_distractors = std::min<uint32_t>(rng.Between(0, 8), Fit(length, 0.1, kFactLen));
   std::vector<Fact> facts = DrawFacts(rng, n_targets, n_distractors, /*agentic=*/false);
   s.n_facts = n_targets;
   s.n_distractors = n_distractors;

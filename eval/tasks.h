@@ -25,7 +25,8 @@
 //              given thousands of tokens earlier: "user : connect to ADJ NOUN
 //              . assistant : call connect ( D D D ) ."  One probe per call.
 //
-//   recall     (training only) dense drills: up to 24 facts, each asked
+//   recall     (training only) dense drills: up to 24 facts (about 3/4
+//              of the tokens), each asked
 //              about at a random later point, with look-alike distractors.
 //
 // A probe is graded by exact match of its answer tokens (greedy decoding).

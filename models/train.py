@@ -34,16 +34,21 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_model import Config, Llama  # noqa: E402
 
-# (length, batch, max steps): a curriculum from short to long contexts.
-DEFAULT_STAGES = "256:16:1500,512:8:1500,1024:4:2000,2048:2:2000,4096:1:3000"
+# length:batch:max steps[:tasks]: a curriculum from short to long contexts,
+# starting with dense recall drills (tasks separated by '+'; default all four).
+ALL_TASKS = "niah,multifact,agentic,recall"
+DEFAULT_STAGES = ("128:32:800:recall,256:16:1500,512:8:1500,1024:4:2000,2048:2:2000,"
+                  "4096:1:3000")
 QUICK_STAGES = "128:16:60"
 
 
 def parse_stages(text):
     stages = []
     for part in text.split(","):
-        length, batch, steps = (int(x) for x in part.split(":"))
-        stages.append((length, batch, steps))
+        fields = part.split(":")
+        length, batch, steps = (int(x) for x in fields[:3])
+        tasks = fields[3].replace("+", ",") if len(fields) > 3 else ALL_TASKS
+        stages.append((length, batch, steps, tasks))
     return stages
 
 
@@ -58,8 +63,7 @@ def read_shard(path):
     return tokens.reshape(count, length).astype(np.int64), roles.reshape(count, length)
 
 
-def generate(taskgen, split, length, first_seed, count, tmpdir,
-             tasks="niah,multifact,agentic,recall"):
+def generate(taskgen, split, length, first_seed, count, tmpdir, tasks=ALL_TASKS):
     path = os.path.join(tmpdir, f"{split}-{length}-{first_seed}-{count}.bin")
     subprocess.run([taskgen, "--split", split, "--tasks", tasks, "--length", str(length),
                     "--first-seed", str(first_seed), "--count", str(count), "--out", path],
@@ -132,6 +136,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (checkpointed) after this")
+    ap.add_argument("--init-from", help="start a new run from this checkpoint's weights")
     ap.add_argument("--quick", action="store_true",
                     help="CI: a tiny model, a few minutes; exit 1 unless the loss fell")
     args = ap.parse_args()
@@ -158,6 +163,12 @@ def main():
     state = {"stage": 0, "stage_step": 0, "step": 0, "seed_cursor": 0, "tokens": 0,
              "seconds": 0.0}
     latest = os.path.join(args.ckpt_dir, "latest.pt")
+    if args.init_from and not os.path.exists(latest):
+        ck = torch.load(args.init_from)
+        if ck["config"]["n_embd"] != cfg.n_embd or ck["config"]["n_layer"] != cfg.n_layer:
+            sys.exit(f"train.py: --init-from {args.init_from} holds another shape")
+        model.load_state_dict(ck["model"])
+        print(f"weights from {args.init_from} (step {ck['state']['step']})", flush=True)
     if os.path.exists(latest):
         ck = torch.load(latest)
         if ck["config"] != json.loads(cfg.to_json()):
@@ -189,14 +200,14 @@ def main():
     tmpdir = tempfile.mkdtemp(prefix="evoke-train-")
     heldout = {}
     while state["stage"] < len(stages):
-        length, batch, max_steps = stages[state["stage"]]
+        length, batch, max_steps, tasks = stages[state["stage"]]
         if length not in heldout:
             # Held-out sessions of the training split (seeds far above any
             # training seed); evoke-eval uses the eval split, never seen here.
             heldout[length] = generate(args.taskgen, "train", length, 1 << 40, args.eval_sessions,
                                        tmpdir)
         pool_tokens, pool_roles = generate(args.taskgen, "train", length, state["seed_cursor"],
-                                           batch * 50, tmpdir)
+                                           batch * 50, tmpdir, tasks)
         state["seed_cursor"] += batch * 50
         for i in range(0, pool_tokens.shape[0], batch):
             if state["stage_step"] >= max_steps:
