@@ -408,17 +408,45 @@ void MakeNiahOrMultiFact(Rng& rng, uint32_t length, bool niah, Session& s) {
   }
 }
 
-// Training only: dense recall drills. Many facts, each asked about at a
-// random later point (not all at the end), with look-alike distractors.
+// A fact stated again later, its value graded: "the code for A N is D D D ."
+// (the plain induction pattern: what followed this key before follows it
+// again).
+Probe EmitRestatement(Builder& b, const Fact& f, uint32_t fact_first) {
+  b.Word("the");
+  b.Word("code");
+  b.Word("for");
+  b.Token(f.key.adjective);
+  b.Token(f.key.noun);
+  b.Word("is");
+  Probe p;
+  p.answer_first = b.size();
+  p.answer.assign(f.value.begin(), f.value.end());
+  p.fact_first = fact_first;
+  p.fact_last = fact_first + kFactLen;
+  b.Value(f.value, 2);
+  b.Word(".");
+  return p;
+}
+
+// Training only: dense recall drills. Many facts, each asked about (or, half
+// of the time, stated again with its value graded) at a random later point,
+// with look-alike distractors.
 void MakeRecall(Rng& rng, uint32_t length, Session& s) {
-  const uint32_t n_targets = std::clamp<uint32_t>(Fit(length, 0.75, kFactLen + kQuestionLen), 1, 24);
+  const uint32_t n_targets =
+      std::clamp<uint32_t>(Fit(length, 0.75, kFactLen + kQuestionLen), 1, 24);
   const uint32_t n_distractors = std::min<uint32_t>(rng.Between(0, 8), Fit(length, 0.1, kFactLen));
   std::vector<Fact> facts = DrawFacts(rng, n_targets, n_distractors, /*agentic=*/false);
   s.n_facts = n_targets;
   s.n_distractors = n_distractors;
-  const uint32_t fixed = 1 + static_cast<uint32_t>(facts.size()) * kFactLen + n_targets * kQuestionLen;
-  const uint32_t filler = length - fixed;
   rng.Shuffle(facts);
+  std::vector<bool> restate(facts.size());
+  uint32_t fixed = 1 + static_cast<uint32_t>(facts.size()) * kFactLen;
+  for (size_t i = 0; i < facts.size(); ++i) {
+    if (!facts[i].target) continue;
+    restate[i] = rng.Chance(0.5);
+    fixed += restate[i] ? kFactLen : kQuestionLen;
+  }
+  const uint32_t filler = length - fixed;
   struct Event {
     uint32_t cut;
     int question;  // 0: the fact, 1: its question.
@@ -444,6 +472,8 @@ void MakeRecall(Rng& rng, uint32_t length, Session& s) {
       std::vector<uint32_t> first;
       EmitFact(b, facts[e.fact], false, false, &first);
       fact_first[e.fact] = first[0];
+    } else if (restate[e.fact]) {
+      s.probes.push_back(EmitRestatement(b, facts[e.fact], fact_first[e.fact]));
     } else {
       s.probes.push_back(EmitQuestion(b, facts[e.fact], false, fact_first[e.fact], kFactLen));
     }

@@ -94,7 +94,12 @@ TEST(TasksTest, ProbesAnswerFromTheirFactAndNowhereElse) {
         // The key the question names (two words before "?" or "." in the
         // prompt) is the fact's key, and no other fact binds that key (with
         // the same attribute, in agentic traces) to another value.
-        const uint32_t q_end = p.answer_first - (kind == TaskKind::kAgentic ? 6 : 3);
+        // Questions end "? answer :", calls "( ", restatements (recall
+        // drills) "A N is".
+        const int32_t before = s.tokens[p.answer_first - 1];
+        const uint32_t q_end = p.answer_first - (before == v.Id("(")    ? 6
+                                                 : before == v.Id("is") ? 1
+                                                                        : 3);
         const int32_t adjective = s.tokens[q_end - 2], noun = s.tokens[q_end - 1];
         const uint32_t key_at = p.fact_last - 7;
         EXPECT_EQ(s.tokens[key_at], adjective) << v.Text(s.tokens, p.fact_first, p.fact_last);
