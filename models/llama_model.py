@@ -145,31 +145,65 @@ class Llama(torch.nn.Module):
                     p.data /= math.sqrt(2 * self.cfg.n_layer)
 
     def forward(self, tokens, positions=None, chunk=512, mask=None):
-        """tokens [B, T] -> logits [B, T, V]. positions: [T] (default 0..T-1)."""
+        """tokens [B, T] -> logits [B, T, V]. positions: [T] (default 0..T-1).
+        mask: None (causal), one [T, T] boolean mask (True = may attend) for
+        every layer, or a list of them, one per layer."""
         T = tokens.shape[1]
         if positions is None:
             positions = torch.arange(T)
         cos, sin = rope_tables(self.cfg, positions)
         x = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            x = layer(x, cos, sin, chunk, mask)
+        for i, layer in enumerate(self.layers):
+            m = mask[i] if isinstance(mask, (list, tuple)) else mask
+            x = layer(x, cos, sin, chunk, m)
         return self.output(rms_norm(x, self.norm, self.cfg.rms_eps))
 
 
 def gguf_tensors(model):
     """(gguf name, float32 numpy array) for every tensor, in llama.cpp's order."""
+    return [(n, t.detach().float().contiguous().numpy()) for n, t in gguf_parameters(model)]
+
+
+def load_gguf(path):
+    """(Config, Llama) from a GGUF this module exported (f32 tensors), through
+    llama.cpp's gguf-py (on PYTHONPATH): the evaluation runs on the shipped
+    weights themselves."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    r = GGUFReader(path)
+
+    def val(key):
+        return r.get_field(key).contents()
+
+    cfg = Config(n_vocab=int(val("llama.vocab_size")), n_embd=int(val("llama.embedding_length")),
+                 n_layer=int(val("llama.block_count")), n_head=int(val("llama.attention.head_count")),
+                 n_head_kv=int(val("llama.attention.head_count_kv")),
+                 n_ff=int(val("llama.feed_forward_length")),
+                 rope_freq_base=float(val("llama.rope.freq_base")),
+                 rms_eps=float(val("llama.attention.layer_norm_rms_epsilon")),
+                 n_ctx_train=int(val("llama.context_length")))
+    model = Llama(cfg)
+    by_name = {t.name: t for t in r.tensors}
+    with torch.no_grad():
+        for name, param in gguf_parameters(model):
+            t = by_name[name]
+            arr = np.array(t.data, dtype=np.float32).reshape(param.shape)
+            param.copy_(torch.from_numpy(arr))
+    model.eval()
+    return cfg, model
+
+
+def gguf_parameters(model):
+    """(gguf name, torch parameter) pairs, as gguf_tensors names them."""
     out = [("token_embd.weight", model.tok_embeddings.weight)]
     for i, l in enumerate(model.layers):
-        out += [
-            (f"blk.{i}.attn_norm.weight", l.attn_norm),
-            (f"blk.{i}.attn_q.weight", l.wq.weight),
-            (f"blk.{i}.attn_k.weight", l.wk.weight),
-            (f"blk.{i}.attn_v.weight", l.wv.weight),
-            (f"blk.{i}.attn_output.weight", l.wo.weight),
-            (f"blk.{i}.ffn_norm.weight", l.ffn_norm),
-            (f"blk.{i}.ffn_gate.weight", l.w_gate.weight),
-            (f"blk.{i}.ffn_up.weight", l.w_up.weight),
-            (f"blk.{i}.ffn_down.weight", l.w_down.weight),
-        ]
+        out += [(f"blk.{i}.attn_norm.weight", l.attn_norm), (f"blk.{i}.attn_q.weight", l.wq.weight),
+                (f"blk.{i}.attn_k.weight", l.wk.weight), (f"blk.{i}.attn_v.weight", l.wv.weight),
+                (f"blk.{i}.attn_output.weight", l.wo.weight),
+                (f"blk.{i}.ffn_norm.weight", l.ffn_norm),
+                (f"blk.{i}.ffn_gate.weight", l.w_gate.weight),
+                (f"blk.{i}.ffn_up.weight", l.w_up.weight),
+                (f"blk.{i}.ffn_down.weight", l.w_down.weight)]
     out += [("output_norm.weight", model.norm), ("output.weight", model.output.weight)]
-    return [(n, t.detach().float().contiguous().numpy()) for n, t in out]
+    return out

@@ -124,7 +124,7 @@ def main():
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--stages", default=DEFAULT_STAGES, help="length:batch:steps,...")
     ap.add_argument("--config", default="{}", help="JSON overrides of llama_model.Config")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--advance-at", type=float, default=0.97,
