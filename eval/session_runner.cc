@@ -34,7 +34,11 @@ llama_context_params ContextParams(uint32_t n_ctx, int threads) {
   p.n_threads_batch = threads;
   p.type_k = GGML_TYPE_F16;
   p.type_v = GGML_TYPE_F16;
-  p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  // Without flash attention llama.cpp materialises the softmax'd scores and
+  // AttentionCapture copies them; with it, the capture recomputes them from
+  // Q and K, which made a decode step 3-5x slower here (perf: 33% of the
+  // time in AttentionCapture::Take and f16 conversion).
+  p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   return p;
 }
 
