@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -28,6 +29,15 @@ std::string StoredWord(const std::string& word) {
 }
 
 }  // namespace
+
+void StartLlama() {
+  llama_log_set(
+      [](ggml_log_level level, const char* text, void*) {
+        if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+      },
+      nullptr);
+  llama_backend_init();
+}
 
 absl::StatusOr<llama::ModelPtr> OpenEvalModel(const std::string& path) {
   struct stat st;
@@ -120,6 +130,7 @@ absl::StatusOr<LogitsAgreement> CompareLogits(llama_model* model, const Referenc
   p.n_threads_batch = threads;
   p.type_k = cache_type;
   p.type_v = cache_type;
+  p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama::ContextPtr ctx(llama_init_from_model(model, p));
   if (ctx == nullptr) return absl::InternalError("llama_init_from_model failed");
   llama_batch batch = llama_batch_init(static_cast<int32_t>(n), 0, 1);

@@ -13,6 +13,10 @@
 
 namespace evoke::eval {
 
+// StartLlama initialises llama.cpp's backend, with its log cut to errors
+// (on stderr): the tools' own output stays readable.
+void StartLlama();
+
 // OpenEvalModel loads `path` on the CPU and checks that evoke-eval can use
 // it. Every refusal names the file and the reason:
 //   NOT_FOUND            no such file;
@@ -21,7 +25,7 @@ namespace evoke::eval {
 //                        or hybrid layers, or sliding-window attention; its
 //                        vocabulary is not evoke's task vocabulary
 //                        (eval/tasks.h), word for word.
-// Call llama_backend_init() first.
+// Call StartLlama() (or llama_backend_init()) first.
 absl::StatusOr<llama::ModelPtr> OpenEvalModel(const std::string& path);
 
 // The reference logits export_gguf.py writes beside a model: the tokens of
@@ -45,8 +49,8 @@ struct LogitsAgreement {
 };
 
 // CompareLogits runs `ref.tokens` through `model` in llama.cpp (one
-// sequence, the cache of `cache_type`, flash attention as llama.cpp
-// chooses, `threads` threads) and compares the logits of the last
+// sequence, the cache of `cache_type`, flash attention off as in
+// evoke-eval, `threads` threads) and compares the logits of the last
 // ref.positions tokens with the reference. INVALID_ARGUMENT when the
 // vocabulary sizes differ; INTERNAL when llama.cpp fails.
 absl::StatusOr<LogitsAgreement> CompareLogits(llama_model* model, const ReferenceLogits& ref,

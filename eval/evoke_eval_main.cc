@@ -142,12 +142,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  llama_log_set(
-      [](ggml_log_level level, const char* text, void*) {
-        if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-      },
-      nullptr);
-  llama_backend_init();
+  evoke::eval::StartLlama();
   auto model = evoke::eval::OpenEvalModel(model_path);
   if (!model.ok()) {
     std::fprintf(stderr, "evoke-eval: %s\n", std::string(model.status().message()).c_str());

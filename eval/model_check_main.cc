@@ -5,7 +5,9 @@
 //
 // Loads the model as evoke-eval does (OpenEvalModel: refusals name the file
 // and the reason), runs the reference session's tokens through llama.cpp
-// with an f32 KV cache and again with the f16 cache evoke-eval uses, and
+// (flash attention off, as evoke-eval runs; llama.cpp's CPU flash attention
+// rounds to f16 whatever the cache type) with an f32 KV cache and again with
+// the f16 cache evoke-eval uses, and
 // compares the logits of the last positions with the PyTorch logits that
 // export_gguf.py wrote. Exit 0 when, with the f32 cache, every logit is
 // within --tolerance of PyTorch's and every argmax agrees; 1 otherwise; 2 on
@@ -27,12 +29,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "llama.cpp threads");
   CLI11_PARSE(app, argc, argv);
 
-  llama_log_set(
-      [](ggml_log_level level, const char* text, void*) {
-        if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-      },
-      nullptr);
-  llama_backend_init();
+  evoke::eval::StartLlama();
   auto model = evoke::eval::OpenEvalModel(model_path);
   if (!model.ok()) {
     std::fprintf(stderr, "evoke-model-check: %s\n", std::string(model.status().message()).c_str());
