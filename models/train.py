@@ -37,7 +37,7 @@ from llama_model import Config, Llama  # noqa: E402
 # length:batch:max steps[:tasks]: a curriculum from short to long contexts,
 # starting with dense recall drills (tasks separated by '+'; default all four).
 ALL_TASKS = "niah,multifact,agentic,recall"
-DEFAULT_STAGES = ("128:32:800:recall,256:16:1500,512:8:1500,1024:4:2000,2048:2:2000,"
+DEFAULT_STAGES = ("128:32:2500:recall,256:16:2000,512:8:2000,1024:4:2000,2048:2:2000,"
                   "4096:1:3000")
 QUICK_STAGES = "128:16:60"
 
