@@ -194,6 +194,70 @@ INSTANTIATE_TEST_SUITE_P(Policies, LlamaPolicyTest,
                            return info.param;
                          });
 
+// RecoverAtPromptEnd: a recovery point in the middle of a block. The tokens
+// decoded since the last block boundary are rolled back, blocks come back
+// at that boundary, and the same tokens are decoded again after them: the
+// cache stays within the budget, every block stays contiguous, and the tail
+// sits right after what was brought.
+TEST_F(LlamaPolicyTest, RecoverAtPromptEndBringsBlocksAtTheBoundaryAndReplaysTheTail) {
+  for (const std::string name : {"infllm", "recency"}) {
+    SCOPED_TRACE(name);
+    llama::AttentionCapture capture({.layers = {}, .query_layer = 0});
+    llama_context_params p;
+    ContextPtr ctx = MakeContext(512, &capture, &p);
+    ASSERT_NE(ctx, nullptr);
+    llama::AdapterOptions ao = TestAdapterOptions("policy-test", "prompt-end-" + name);
+    absl::StatusOr<std::unique_ptr<KvAdapter>> adapter =
+        KvAdapter::Open(ctx.get(), p, client_.get(), ao);
+    ASSERT_TRUE(adapter.ok()) << adapter.status();
+    llama::SessionOptions so;
+    so.policy = name;
+    so.params.block_tokens = kBlock;
+    so.budget_tokens = kBudget;
+    so.summary_layer = 0;
+    // Periodic recovery points only every 10 blocks, so that the one at the
+    // prompt's end has stored blocks to bring.
+    so.recovery_every_tokens = 10 * kBlock;
+    auto session = llama::LlamaPolicySession::Create(ctx.get(), &capture, adapter->get(),
+                                                     client_.get(), ao.ns, ao.session_id, so);
+    ASSERT_TRUE(session.ok()) << session.status();
+    llama::LlamaPolicySession& s = **session;
+    std::vector<std::pair<int64_t, uint32_t>> brought;
+    s.engine().set_observer([&](policy::BlockHandle, int64_t first, uint32_t n, bool bring) {
+      if (bring) brought.push_back({first, n});
+    });
+    // 13 blocks and a half: past the budget, some tokens pending (how many
+    // depends on the policy's sink tokens, which shift block boundaries).
+    for (uint32_t i = 0; i < 13 * kBlock + kBlock / 2; ++i) {
+      ASSERT_OK(s.Decode(static_cast<llama_token>(1 + (i * 7) % 200)));
+    }
+    const uint64_t tail = s.driver().pending_tokens();
+    ASSERT_GT(tail, 0u);
+    const int64_t before = s.next_position();
+    const int64_t boundary = before - static_cast<int64_t>(tail);
+    brought.clear();
+    ASSERT_OK(s.RecoverAtPromptEnd());
+    ASSERT_LE(s.cells_used(), kBudget);
+    EXPECT_EQ(s.driver().pending_tokens(), tail) << "the tail was decoded again";
+    uint64_t n_brought = 0;
+    int64_t expect_first = boundary;
+    for (const auto& [first, n] : brought) {
+      EXPECT_EQ(first, expect_first) << "blocks land contiguously from the boundary";
+      expect_first += n;
+      n_brought += n;
+    }
+    EXPECT_EQ(s.next_position(), before + static_cast<int64_t>(n_brought));
+    if (name == "infllm") {
+      EXPECT_GT(n_brought, 0u) << "nothing was brought at the prompt's end";
+    } else {
+      EXPECT_EQ(n_brought, 0u);
+    }
+    // And the session goes on.
+    for (uint32_t i = 0; i < 3 * kBlock; ++i) ASSERT_OK(s.Decode(5));
+    ASSERT_LE(s.max_cells_used(), kBudget);
+  }
+}
+
 TEST_F(LlamaPolicyTest, RefusesBudgetsAndPoliciesItCannotRun) {
   llama::AttentionCapture capture;
   llama_context_params p;
