@@ -157,6 +157,12 @@ class Builder {
   // Filler appends exactly n tokens of sentences (the last may be cut short
   // and end with "."). In agentic style a sentence may open a turn.
   void Filler(uint32_t n, bool agentic) {
+    std::vector<int32_t> tokens;
+    FillerTokens(n, agentic, &tokens);
+    for (int32_t t : tokens) Token(t);
+  }
+  // FillerTokens: the same n tokens, into *out instead of the session.
+  void FillerTokens(uint32_t n, bool agentic, std::vector<int32_t>* out) {
     std::vector<int32_t> sentence;
     while (n > 0) {
       sentence.clear();
@@ -165,7 +171,7 @@ class Builder {
         sentence.resize(n);
         sentence.back() = v_.Id(".");
       }
-      for (int32_t t : sentence) Token(t);
+      out->insert(out->end(), sentence.begin(), sentence.end());
       n -= static_cast<uint32_t>(sentence.size());
     }
   }
@@ -481,6 +487,50 @@ void MakeRecall(Rng& rng, uint32_t length, Session& s) {
   b.Filler(filler - done, false);
 }
 
+// Training only: copy drills. Spans of filler (8-24 tokens) that occur
+// twice; the second occurrence is graded from its third token on. Every
+// graded token teaches the induction pattern (find where the current
+// context occurred before and copy what followed), which retrieval builds
+// on; no probes.
+void MakeCopy(Rng& rng, uint32_t length, Session& s) {
+  std::vector<uint32_t> lengths;
+  uint32_t fixed = 1;
+  const uint32_t most = std::max<uint32_t>(1, length * 3 / 5);
+  while (lengths.size() < 24) {
+    const uint32_t n = rng.Between(8, 24);
+    if (fixed + 2 * n > most) break;
+    lengths.push_back(n);
+    fixed += 2 * n;
+  }
+  const uint32_t filler = length - fixed;
+  Builder b(rng, s);
+  std::vector<std::vector<int32_t>> spans(lengths.size());
+  for (size_t i = 0; i < lengths.size(); ++i) b.FillerTokens(lengths[i], false, &spans[i]);
+  struct Event {
+    uint32_t cut;
+    int second;
+    size_t span;
+  };
+  std::vector<Event> events;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const uint32_t cut = rng.Between(0, filler * 7 / 10);
+    events.push_back({cut, 0, i});
+    events.push_back({rng.Between(cut, filler), 1, i});
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.cut != b.cut ? a.cut < b.cut : a.second < b.second;
+  });
+  b.Token(Vocabulary::kBos);
+  uint32_t done = 0;
+  for (const Event& e : events) {
+    b.Filler(e.cut - done, false);
+    done = e.cut;
+    const std::vector<int32_t>& span = spans[e.span];
+    for (size_t j = 0; j < span.size(); ++j) b.Token(span[j], e.second && j >= 2 ? 2 : 0);
+  }
+  b.Filler(filler - done, false);
+}
+
 void MakeAgentic(Rng& rng, uint32_t length, Session& s) {
   const uint32_t n_calls = std::clamp<uint32_t>(
       std::min<uint32_t>(rng.Between(3, 6), Fit(length, 0.4, kToolFactLen + kCallLen)), 1, 6);
@@ -591,17 +641,20 @@ absl::string_view TaskKindName(TaskKind kind) {
       return "agentic";
     case TaskKind::kRecall:
       return "recall";
+    case TaskKind::kCopy:
+      return "copy";
   }
   return "?";
 }
 
 absl::StatusOr<TaskKind> ParseTaskKind(absl::string_view name) {
   for (TaskKind k :
-       {TaskKind::kNiah, TaskKind::kMultiFact, TaskKind::kAgentic, TaskKind::kRecall}) {
+       {TaskKind::kNiah, TaskKind::kMultiFact, TaskKind::kAgentic, TaskKind::kRecall,
+        TaskKind::kCopy}) {
     if (name == TaskKindName(k)) return k;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown task '", name, "' (tasks: niah, multifact, agentic, recall)"));
+      absl::StrCat("unknown task '", name, "' (tasks: niah, multifact, agentic, recall, copy)"));
 }
 
 uint32_t MinSessionLength(TaskKind kind) {
@@ -614,6 +667,8 @@ uint32_t MinSessionLength(TaskKind kind) {
       return 1 + kToolFactLen * 2 + kCallLen + kMinFiller + 70;
     case TaskKind::kRecall:
       return 1 + kFactLen + kQuestionLen + kMinFiller + 40;
+    case TaskKind::kCopy:
+      return 64;
   }
   return 0;
 }
@@ -634,6 +689,8 @@ absl::StatusOr<Session> MakeSession(Split split, TaskKind kind, uint32_t length,
     MakeAgentic(rng, length, s);
   } else if (kind == TaskKind::kRecall) {
     MakeRecall(rng, length, s);
+  } else if (kind == TaskKind::kCopy) {
+    MakeCopy(rng, length, s);
   } else {
     MakeNiahOrMultiFact(rng, length, kind == TaskKind::kNiah, s);
   }

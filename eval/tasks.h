@@ -28,6 +28,9 @@
 //   recall     (training only) dense drills: up to 24 facts (about 3/4
 //              of the tokens), each asked
 //              about at a random later point, with look-alike distractors.
+//   copy       (training only) spans of filler that occur twice, the second
+//              time graded: the induction pattern retrieval builds on. No
+//              probes.
 //
 // A probe is graded by exact match of its answer tokens (greedy decoding).
 // Filler is a random sentence grammar over its own words: no digit and no key
@@ -49,10 +52,10 @@
 
 namespace evoke::eval {
 
-enum class TaskKind { kNiah, kMultiFact, kAgentic, kRecall };
+enum class TaskKind { kNiah, kMultiFact, kAgentic, kRecall, kCopy };
 enum class Split { kTrain, kEval };
 
-// TaskKindName is "niah", "multifact", "agentic" or "recall".
+// TaskKindName is "niah", "multifact", "agentic", "recall" or "copy".
 absl::string_view TaskKindName(TaskKind kind);
 // ParseTaskKind is the inverse; INVALID_ARGUMENT naming the string.
 absl::StatusOr<TaskKind> ParseTaskKind(absl::string_view name);

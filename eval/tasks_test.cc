@@ -155,6 +155,33 @@ TEST(TasksTest, LayoutsAndCountsVaryPerSeed) {
   }
 }
 
+TEST(TasksTest, CopyDrillsRepeatSpansAndGradeTheSecondOccurrence) {
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    Session s = Make(Split::kTrain, TaskKind::kCopy, 512, seed);
+    ASSERT_EQ(s.tokens.size(), 512u);
+    EXPECT_TRUE(s.probes.empty());
+    // Every graded token continues a span whose earlier occurrence (found by
+    // its two ungraded lead tokens and the graded ones so far) predicts it.
+    uint32_t graded = 0;
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      if (s.roles[i] != 2) continue;
+      ++graded;
+      size_t start = i;
+      while (start > 0 && s.roles[start - 1] == 2) --start;
+      ASSERT_GE(start, 2u);
+      start -= 2;  // The span's first two tokens are not graded.
+      const size_t offset = i - start;
+      bool found = false;
+      for (size_t j = 0; j + offset < start && !found; ++j) {
+        found = std::equal(s.tokens.begin() + start, s.tokens.begin() + i + 1,
+                           s.tokens.begin() + j);
+      }
+      EXPECT_TRUE(found) << "graded token " << i << " repeats nothing before it";
+    }
+    EXPECT_GT(graded, 100u);
+  }
+}
+
 TEST(TasksTest, BadArgumentsAreNamed) {
   auto kind = ParseTaskKind("needle");
   ASSERT_FALSE(kind.ok());

@@ -201,11 +201,13 @@ def main():
     heldout = {}
     while state["stage"] < len(stages):
         length, batch, max_steps, tasks = stages[state["stage"]]
-        if length not in heldout:
+        if (length, tasks) not in heldout:
             # Held-out sessions of the training split (seeds far above any
-            # training seed); evoke-eval uses the eval split, never seen here.
-            heldout[length] = generate(args.taskgen, "train", length, 1 << 40, args.eval_sessions,
-                                       tmpdir)
+            # training seed; evoke-eval uses the eval split, never seen here)
+            # of the stage's retrieval tasks (copy drills have no answers).
+            probe_tasks = ",".join(t for t in tasks.split(",") if t != "copy") or "recall"
+            heldout[(length, tasks)] = generate(args.taskgen, "train", length, 1 << 40,
+                                                args.eval_sessions, tmpdir, probe_tasks)
         pool_tokens, pool_roles = generate(args.taskgen, "train", length, state["seed_cursor"],
                                            batch * 50, tmpdir, tasks)
         state["seed_cursor"] += batch * 50
@@ -235,7 +237,7 @@ def main():
             em = ""
             if state["step"] % args.eval_every == 0:
                 model.eval()
-                em, _ = exact_match(model, *heldout[length], args.chunk)
+                em, _ = exact_match(model, *heldout[(length, tasks)], args.chunk)
             writer.writerow([state["step"], state["stage"], length, state["tokens"],
                              f"{state['seconds']:.1f}", f"{lv:.4f}", f"{float(answer_ce):.4f}",
                              em if em == "" else f"{em:.4f}", f"{lr:.2e}"])
