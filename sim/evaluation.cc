@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "policy/layer_budgets.h"
 #include "sim/evoked_process.h"
@@ -32,6 +33,7 @@ struct Config {
   std::string policy;
   uint32_t budget;
   size_t scheme;
+  double alignment;  // < 0: a recovery-less policy.
 };
 
 struct SessionKey {
@@ -42,7 +44,8 @@ struct SessionKey {
 
 }  // namespace
 
-absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProcess* evoked) {
+absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProcess* evoked,
+                                          std::vector<ProbeRow>* probe_log) {
   const SimParams& p = spec.params;
   if (absl::Status s = p.Validate(); !s.ok()) return s;
   // Each task, policy, budget and budget scheme once: a repeated one would
@@ -63,6 +66,15 @@ absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProc
       once(spec.budgets, [](uint32_t b) { return absl::StrCat(b); }, "budgets"));
   EVOKE_RETURN_IF_ERROR(
       once(spec.schemes, [](const LayerBudgetScheme& l) { return l.name; }, "layer budgets"));
+  std::vector<double> alignments = spec.alignments;
+  if (alignments.empty()) alignments = {p.query_alignment};
+  for (double a : alignments) {
+    if (!(a >= 0 && a <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("query alignment: ", a, " not in [0, 1]"));
+    }
+  }
+  EVOKE_RETURN_IF_ERROR(once(
+      alignments, [](double a) { return absl::StrFormat("%.4f", a); }, "query alignments"));
   std::vector<Config> configs;
   bool any_recovering = false;
   for (size_t si = 0; si < spec.schemes.size(); ++si) {
@@ -84,7 +96,11 @@ absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProc
               "budgets: ", b, " tokens is below the least ", pol, " accepts (", *least,
               " with blocks of ", p.block_tokens, " and ", p.sink_tokens, " sink tokens)"));
         }
-        configs.push_back({pol, b, si});
+        if (IsRecovering(pol)) {
+          for (double a : alignments) configs.push_back({pol, b, si, a});
+        } else {
+          configs.push_back({pol, b, si, -1});
+        }
       }
       any_recovering = any_recovering || IsRecovering(pol);
     }
@@ -121,18 +137,20 @@ absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProc
         if (!first_error.ok()) return;
       }
       const SessionKey& k = sessions[i];
-      Session session(p, MakeScript(k.task, k.variant, p), k.seed);
+      Session session(p, MakeScript(k.task, k.variant, p, k.seed), k.seed);
       for (size_t ci = 0; ci < configs.size(); ++ci) {
         const Config& c = configs[ci];
         RunConfig rc;
         rc.policy = c.policy;
         rc.layer_budgets = LayerBudgets(spec.schemes[c.scheme], p.n_layers, c.budget);
         rc.policy_params = spec.policy_params;
+        if (c.alignment >= 0) rc.query_alignment = c.alignment;
         EvokedLink link;
         link.client = client.get();
         link.session_id = absl::StrCat("sim-", TaskName(k.task), "-v", k.variant, "-s", k.seed,
                                        "-", c.policy, "-b", c.budget, "-",
-                                       spec.schemes[c.scheme].name);
+                                       spec.schemes[c.scheme].name, "-a",
+                                       absl::StrFormat("%.4f", c.alignment));
         absl::StatusOr<RunResult> r = RunSession(session, rc, &link);
         if (!r.ok()) {
           std::lock_guard<std::mutex> lock(mu);
@@ -162,12 +180,14 @@ absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProc
       Cell cell;
       cell.task = TaskName(t);
       cell.policy = c.policy;
+      cell.alignment = c.alignment;
       cell.budget = c.budget;
       cell.layer_budgets = spec.schemes[c.scheme].name;
       for (size_t si = 0; si < sessions.size(); ++si) {
         if (sessions[si].task != t) continue;
         const RunResult& r = results[si * configs.size() + ci];
-        ++cell.runs;
+        ++cell.sessions;
+        cell.session_rate_sum += r.rate();
         cell.probes += r.probes;
         cell.passes += r.passes;
         cell.blocks_saved += r.blocks_saved;
@@ -177,6 +197,26 @@ absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProc
         cell.decode_steps += r.decode_steps;
         cell.recovery_failures += r.recovery_failures;
         cell.engine_seconds += r.engine_seconds;
+        if (probe_log == nullptr) continue;
+        for (size_t pi = 0; pi < r.probe_records.size(); ++pi) {
+          const ProbeRecord& pr = r.probe_records[pi];
+          ProbeRow row;
+          row.task = cell.task;
+          row.variant = sessions[si].variant;
+          row.seed = sessions[si].seed;
+          row.policy = c.policy;
+          row.alignment = c.alignment;
+          row.budget = c.budget;
+          row.layer_budgets = cell.layer_budgets;
+          row.probe = static_cast<uint32_t>(pi);
+          row.fact = pr.fact;
+          row.resident = pr.resident;
+          row.distance = pr.distance;
+          row.mass = pr.mass;
+          row.layers = pr.layers;
+          row.passed = pr.passed;
+          probe_log->push_back(row);
+        }
       }
       cells.push_back(cell);
     }

@@ -1,7 +1,9 @@
-// evoke-sim's evaluation grid: tasks x policies x budgets x seeds, run on a
-// pool of threads (each session -- task, variant, seed -- is built once and
-// every policy and budget runs on it), aggregated into report cells in a
-// fixed order (results do not depend on the thread count).
+// evoke-sim's evaluation grid: tasks x policies (x recovery-query
+// alignments for the recovering ones) x budgets x seeds, run on a pool of
+// threads (each session -- task, variant, seed -- is built once and every
+// configuration runs on it), aggregated into report cells in a fixed order
+// (results do not depend on the thread count). A cell's headline is over
+// sessions: each session's pass rate is one unit (sim/report.h).
 #ifndef EVOKE_SIM_EVALUATION_H_
 #define EVOKE_SIM_EVALUATION_H_
 
@@ -31,6 +33,10 @@ struct GridSpec {
   std::vector<std::string> policies;
   std::vector<uint32_t> budgets = {512, 1024, 2048};
   std::vector<LayerBudgetScheme> schemes = {LayerBudgetScheme()};
+  // Recovery-query alignments in [0, 1]: each recovering policy runs once
+  // per value (recovery-less policies never query, and run once). Empty:
+  // {params.query_alignment}.
+  std::vector<double> alignments;
   uint64_t seed_begin = 0;
   uint64_t seed_end = 15;  // Exclusive.
   uint32_t threads = 1;
@@ -44,8 +50,12 @@ std::vector<uint32_t> LayerBudgets(const LayerBudgetScheme& scheme, uint32_t n_l
 
 // RunGrid runs the grid. `evoked` is needed when a recovering policy is in
 // it (INVALID_ARGUMENT otherwise). The first failed run's error is returned
-// (its task, policy, budget and seed in the message).
-absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProcess* evoked);
+// (its task, policy, budget and seed in the message). INVALID_ARGUMENT for
+// invalid params, a repeated task, policy, budget, scheme or alignment, or
+// an alignment outside [0, 1]. `probe_log`, when set, gets one row per
+// probe, in the cells' order.
+absl::StatusOr<std::vector<Cell>> RunGrid(const GridSpec& spec, const EvokedProcess* evoked,
+                                          std::vector<ProbeRow>* probe_log = nullptr);
 
 }  // namespace evoke::sim
 

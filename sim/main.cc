@@ -1,7 +1,7 @@
 // evoke-sim: the synthetic long-session simulator (see docs/simulator.md).
 //
 //   evoke-sim [run] --tasks multifact --policies evoke,snapkv --budgets 1024
-//             --seeds 15 --out-dir results/
+//             --seeds 15 --query-alignment 0.2,0.5,0.8 --out-dir results/
 //   evoke-sim fitness --task agentic --policy h2o --seeds 0-9
 //             --budgets-json budgets.json     (or - for stdin)
 #include <unistd.h>
@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
   std::string pinned = "16MiB";
   std::string policy_params;
   uint32_t threads = 1;
+  std::string alignments;
+  std::string probe_log;
   bool print_params = false;
   auto add_common = [&](CLI::App* a) {
     a->add_option("--evoked", evoked_path,
@@ -99,6 +101,10 @@ int main(int argc, char** argv) {
     a->add_option("--threads", threads, "Sessions run in parallel")->capture_default_str();
     a->add_option("--policy-params", policy_params,
                   "Policy parameters, key=value,... (policy/policy.h PolicyParams)");
+    a->add_option("--query-alignment", alignments,
+                  "Cosine of recovery queries with their fact, in [0, 1], comma-separated for a "
+                  "sweep (recovering policies run once per value); default: the model's (" +
+                      absl::StrCat(spec.params.query_alignment) + ")");
   };
   add_common(&app);
   app.add_option("--tasks", tasks, "Comma-separated: niah, multifact, agentic")
@@ -114,6 +120,8 @@ int main(int argc, char** argv) {
                  "Per-layer budgets of recovery-less policies: uniform, pyramid, FILE.json, or "
                  "several comma-separated (compared side by side)")
       ->capture_default_str();
+  app.add_option("--probe-log", probe_log,
+                 "Also write one CSV row per probe (residency, distance, mass) to this file");
   app.add_flag("--print-params", print_params, "Print the simulator's parameters and exit");
 
   CLI::App* fit = app.add_subcommand(
@@ -140,6 +148,13 @@ int main(int argc, char** argv) {
     return Fail(std::string(s.message()));
   }
   spec.threads = threads;
+  for (absl::string_view a : absl::StrSplit(alignments, ',', absl::SkipEmpty())) {
+    double v = 0;
+    if (!absl::SimpleAtod(a, &v) || !(v >= 0 && v <= 1)) {
+      return Fail(absl::StrCat("--query-alignment: \"", a, "\" is not a number in [0, 1]"));
+    }
+    spec.alignments.push_back(v);
+  }
   const auto start = std::chrono::steady_clock::now();
 
   if (fit->parsed()) {
@@ -220,21 +235,27 @@ int main(int argc, char** argv) {
     if (!e.ok()) return Fail(std::string(e.status().message()));
     evoked = std::move(*e);
   }
-  absl::StatusOr<std::vector<evoke::sim::Cell>> cells = evoke::sim::RunGrid(spec, evoked.get());
+  std::vector<evoke::sim::ProbeRow> probe_rows;
+  absl::StatusOr<std::vector<evoke::sim::Cell>> cells =
+      evoke::sim::RunGrid(spec, evoked.get(), probe_log.empty() ? nullptr : &probe_rows);
   evoked.reset();  // SIGTERM.
   if (!cells.ok()) return Fail(cells.status().ToString());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (fit->parsed()) {
-    uint64_t passes = 0, probes = 0;
+    // The mean over sessions of each session's pass rate (as the headline).
+    uint64_t passes = 0, probes = 0, sessions = 0;
+    double rate_sum = 0;
     for (const evoke::sim::Cell& c : *cells) {
       passes += c.passes;
       probes += c.probes;
+      sessions += c.sessions;
+      rate_sum += c.session_rate_sum;
     }
-    std::cerr << "evoke-sim fitness: " << passes << "/" << probes << " probes passed in "
-              << seconds << " s\n";
-    std::printf("%.6f\n", probes == 0 ? 0.0 : static_cast<double>(passes) / probes);
+    std::cerr << "evoke-sim fitness: " << passes << "/" << probes << " probes passed over "
+              << sessions << " sessions in " << seconds << " s\n";
+    std::printf("%.6f\n", sessions == 0 ? 0.0 : rate_sum / static_cast<double>(sessions));
     return 0;
   }
   std::error_code ec;
@@ -254,6 +275,11 @@ int main(int argc, char** argv) {
                                        "\nWall time: ", seconds, " s with --threads ", threads,
                                        "\n"))) {
     return Fail("cannot write to " + out_dir);
+  }
+  if (!probe_log.empty()) {
+    std::ofstream out(probe_log);
+    out << evoke::sim::ProbeLogCsv(probe_rows);
+    if (!out) return Fail("cannot write " + probe_log);
   }
   std::cout << evoke::sim::ToMarkdown(*cells, command, "", true);
   std::cerr << "evoke-sim: " << cells->size() << " cells in " << seconds << " s, written to "

@@ -29,10 +29,21 @@ Interval Wilson95(uint64_t passes, uint64_t n) {
   return {std::max(0.0, center - half), std::min(1.0, center + half)};
 }
 
+Interval WilsonRate(double rate, uint64_t n) {
+  if (n == 0) return {0, 1};
+  const double z = 1.959963984540054;
+  const double nn = static_cast<double>(n);
+  const double p = std::clamp(rate, 0.0, 1.0);
+  const double denom = 1 + z * z / nn;
+  const double center = (p + z * z / (2 * nn)) / denom;
+  const double half = z / denom * std::sqrt(p * (1 - p) / nn + z * z / (4 * nn * nn));
+  return {std::max(0.0, center - half), std::min(1.0, center + half)};
+}
+
 std::string CsvHeader() {
-  return "task,policy,budget,layer_budgets,runs,probes,passes,rate,wilson_lo,wilson_hi,"
-         "blocks_saved,blocks_recovered,blocks_verified,bytes_moved,decode_steps,"
-         "recovery_failures";
+  return "task,policy,query_alignment,budget,layer_budgets,sessions,probes,passes,rate,wilson_lo,"
+         "wilson_hi,probe_rate,probe_wilson_lo,probe_wilson_hi,blocks_saved,blocks_recovered,"
+         "blocks_verified,bytes_moved,decode_steps,recovery_failures";
 }
 
 std::string ToCsv(absl::Span<const Cell> cells, bool timing) {
@@ -40,9 +51,12 @@ std::string ToCsv(absl::Span<const Cell> cells, bool timing) {
                                  timing ? ",engine_ms_per_step" : "", "\n");
   for (const Cell& c : cells) {
     const Interval w = c.interval();
-    absl::StrAppend(&out, c.task, ",", c.policy, ",", c.budget, ",", c.layer_budgets, ",", c.runs,
-                    ",", c.probes, ",", c.passes, ",", absl::StrFormat("%.4f", c.rate()), ",",
-                    absl::StrFormat("%.4f", w.lo), ",", absl::StrFormat("%.4f", w.hi), ",",
+    const Interval pw = c.probe_interval();
+    absl::StrAppend(&out, c.task, ",", c.policy, ",",
+                    c.alignment < 0 ? "" : absl::StrFormat("%.2f", c.alignment), ",", c.budget,
+                    ",", c.layer_budgets, ",", c.sessions, ",", c.probes, ",", c.passes, ",",
+                    absl::StrFormat("%.4f,%.4f,%.4f", c.rate(), w.lo, w.hi), ",",
+                    absl::StrFormat("%.4f,%.4f,%.4f", c.probe_rate(), pw.lo, pw.hi), ",",
                     c.blocks_saved, ",", c.blocks_recovered, ",", c.blocks_verified, ",",
                     c.bytes_moved, ",", c.decode_steps, ",", c.recovery_failures);
     if (timing) absl::StrAppend(&out, ",", absl::StrFormat("%.4f", c.engine_ms_per_step()));
@@ -51,11 +65,29 @@ std::string ToCsv(absl::Span<const Cell> cells, bool timing) {
   return out;
 }
 
-namespace {
-
 std::string Label(const Cell& c) {
-  return c.layer_budgets == "uniform" ? c.policy : absl::StrCat(c.policy, " (", c.layer_budgets, ")");
+  std::string label = c.policy;
+  if (c.alignment >= 0) absl::StrAppend(&label, absl::StrFormat(" rho=%.2f", c.alignment));
+  if (c.layer_budgets != "uniform") absl::StrAppend(&label, " (", c.layer_budgets, ")");
+  return label;
 }
+
+std::string ProbeLogCsv(absl::Span<const ProbeRow> rows) {
+  std::string out = absl::StrCat(
+      "# ", kNoModelNotice, "\n",
+      "task,variant,seed,policy,query_alignment,budget,layer_budgets,probe,fact,resident,"
+      "distance,mass,layers,passed\n");
+  for (const ProbeRow& r : rows) {
+    absl::StrAppend(&out, r.task, ",", r.variant, ",", r.seed, ",", r.policy, ",",
+                    r.alignment < 0 ? "" : absl::StrFormat("%.2f", r.alignment), ",", r.budget,
+                    ",", r.layer_budgets, ",", r.probe, ",", r.fact, ",",
+                    absl::StrFormat("%.4f,%.1f,%.4f", r.resident, r.distance, r.mass), ",",
+                    r.layers, ",", r.passed ? 1 : 0, "\n");
+  }
+  return out;
+}
+
+namespace {
 
 // Ordered unique values, first-seen order.
 template <typename T, typename F>
@@ -79,7 +111,9 @@ std::string ToMarkdown(absl::Span<const Cell> cells, const std::string& command,
   std::sort(budgets.begin(), budgets.end());
   const auto labels = Unique<std::string>(cells, Label);
   for (const std::string& task : tasks) {
-    absl::StrAppend(&out, "### ", task, ": pass rate [Wilson 95%]\n\n| policy |");
+    absl::StrAppend(&out, "### ", task,
+                    ": pass rate, mean over sessions [Wilson 95% over sessions] (sessions; "
+                    "probes passed)\n\n| policy |");
     for (uint32_t b : budgets) absl::StrAppend(&out, " b=", b, " |");
     absl::StrAppend(&out, "\n|---|");
     for (size_t i = 0; i < budgets.size(); ++i) absl::StrAppend(&out, "---|");
@@ -98,21 +132,21 @@ std::string ToMarkdown(absl::Span<const Cell> cells, const std::string& command,
         }
         any = true;
         const Interval w = found->interval();
-        absl::StrAppend(&row, absl::StrFormat(" %.1f%% [%.1f, %.1f] (%d/%d) |", 100 * found->rate(),
-                                              100 * w.lo, 100 * w.hi, found->passes,
-                                              found->probes));
+        absl::StrAppend(&row, absl::StrFormat(" %.1f%% [%.1f, %.1f] (%d; %d/%d) |",
+                                              100 * found->rate(), 100 * w.lo, 100 * w.hi,
+                                              found->sessions, found->passes, found->probes));
       }
       if (any) absl::StrAppend(&out, row, "\n");
     }
     absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out,
-                  "### Engine counters (per run, mean)\n\n| task | policy | budget | blocks saved | "
+                  "### Engine counters (per session, mean)\n\n| task | policy | budget | blocks saved | "
                   "blocks recovered (verified) | MiB moved | recovery failures |",
                   timing ? " engine+evoked ms / decode step |" : "",
                   "\n|---|---|---|---|---|---|---|", timing ? "---|" : "", "\n");
   for (const Cell& c : cells) {
-    const double runs = std::max<double>(1, static_cast<double>(c.runs));
+    const double runs = std::max<double>(1, static_cast<double>(c.sessions));
     absl::StrAppend(
         &out, absl::StrFormat("| %s | %s | %d | %.1f | %.1f (%.1f) | %.1f | %d |", c.task,
                               Label(c), c.budget, c.blocks_saved / runs, c.blocks_recovered / runs,
@@ -144,7 +178,8 @@ std::string ToSvg(absl::Span<const Cell> cells) {
   absl::StrAppend(&out, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
   absl::StrAppend(&out, absl::StrFormat(
                             "<text x=\"%d\" y=\"16\" font-size=\"12\">Pass rate vs budget (Wilson "
-                            "95%% whiskers). Synthetic simulator: no language model.</text>\n",
+                            "95%% over sessions). Synthetic simulator: no language model."
+                            "</text>\n",
                             left));
   const double lmin = std::log2(static_cast<double>(budgets.empty() ? 1 : budgets.front()));
   const double lmax = std::log2(static_cast<double>(budgets.empty() ? 2 : budgets.back()));

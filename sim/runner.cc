@@ -19,6 +19,7 @@
 #include "policy/attention_stats.h"
 #include "policy/evoked_source.h"
 #include "policy/session_driver.h"
+#include "sim/filler_attention.h"
 
 namespace evoke::sim {
 namespace {
@@ -70,24 +71,9 @@ struct CachedBlock {
   // blocks at the tail while it was pending.
   std::vector<int64_t> positions;
   std::vector<float> keys;  // [token][pair][dim], post-RoPE, f16 values.
-  std::vector<float> sums;  // [pair][dim]
-  std::vector<float> sum_norms;  // [pair]: |sums|
 };
 
 class Run;
-
-void SetNorms(CachedBlock* b, uint32_t d) {
-  const size_t pairs = b->sums.size() / d;
-  b->sum_norms.resize(pairs);
-  for (size_t j = 0; j < pairs; ++j) {
-    double norm = 0;
-    for (uint32_t i = 0; i < d; ++i) {
-      const double x = b->sums[j * d + i];
-      norm += x * x;
-    }
-    b->sum_norms[j] = static_cast<float>(std::sqrt(norm));
-  }
-}
 
 struct Scope {
   std::vector<uint32_t> pairs;  // layer * n_kv_heads + head
@@ -103,7 +89,6 @@ struct Scope {
   std::vector<uint64_t> pend_tokens;
   std::vector<int64_t> pend_positions;
   std::vector<float> pend_keys;  // [token][pair][dim]
-  std::vector<float> pend_sums;  // [pair][dim]
   int64_t pend_first_position = 0;
   int64_t next_position = 0;
   // Original extent of each block (for Bring).
@@ -117,7 +102,7 @@ class Run {
         p_(session.params()),
         config_(config),
         link_(link),
-        noise_(session.seed() * 0x9e3779b97f4a7c15ull + 0x51ed) {}
+        filler_(session.params().head_dim, session.params().recency_per_1k_tokens / 1000.0) {}
 
   absl::StatusOr<RunResult> Go();
 
@@ -129,7 +114,7 @@ class Run {
  private:
   absl::Status Setup();
   absl::Status DecodeToken(uint64_t token, int32_t reference_fact, uint32_t query_index);
-  absl::Status ObserveFiller(Scope& scope);
+  absl::Status ObserveFiller(Scope& scope, const std::vector<float>& query);
   absl::Status ObserveReference(Scope& scope, const std::vector<float>& query);
   absl::Status RecoveryPoint(int32_t fact, uint32_t query_index);
   absl::Status Probe(int32_t fact, uint32_t query_index);
@@ -150,9 +135,12 @@ class Run {
   int64_t keys_at_position_ = -1;
   absl::Status verify_error_;
   RunResult result_;
-  Normal noise_;  // Filler attention noise of this run.
+  FillerAttention filler_;
+  double alignment_ = 0;  // Of recovery queries.
   // Scratch.
   std::vector<float> logits_;
+  std::vector<float> row_keys_;
+  std::vector<int64_t> row_positions_;
   std::vector<BlockHandle> row_blocks_;
   std::vector<uint32_t> row_tokens_;
   std::vector<float> row_weights_;
@@ -186,6 +174,12 @@ const std::vector<float>& Run::KeysAt(uint64_t token, int64_t position) {
 }
 
 absl::Status Run::Setup() {
+  EVOKE_RETURN_IF_ERROR(p_.Validate());
+  alignment_ = config_.query_alignment.value_or(p_.query_alignment);
+  if (!(alignment_ >= 0 && alignment_ <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query_alignment: ", alignment_, " not in [0, 1]"));
+  }
   EVOKE_ASSIGN_OR_RETURN(plan_, SimRopePlan(p_));
   fp_ = SimFingerprint(p_);
   if (config_.layer_budgets.size() != p_.n_layers) {
@@ -254,7 +248,7 @@ absl::Status Run::Setup() {
       o.n_layers = 1;
       o.n_heads = 1;
       o.window = config_.policy_params.snapkv_window;
-      o.pool_kernel = 1;  // Rows are per block (see docs/simulator.md).
+      o.pool_kernel = config_.policy_params.snapkv_pool_kernel;  // Rows are per token.
       o.token_layer = 0;
       scope->stats = std::make_unique<policy::AttentionStats>(o);
     }
@@ -273,7 +267,6 @@ absl::Status Run::Setup() {
     d.sink_tokens = p_.sink_tokens;
     scope->driver = std::make_unique<policy::SessionDriver>(
         scope->policy.get(), scope->engine.get(), scope->source.get(), scope->stats.get(), d);
-    scope->pend_sums.assign(scope->pairs.size() * p_.head_dim, 0.0f);
     for (uint32_t i = 0; i < scope->pairs.size(); ++i) {
       scope_of_pair_[scope->pairs[i]] = {scope.get(), i};
     }
@@ -287,47 +280,49 @@ absl::Status Run::Setup() {
   return absl::OkStatus();
 }
 
-absl::Status Run::ObserveFiller(Scope& scope) {
-  // A filler query q is isotropic noise (N(0, filler_query_noise^2) per
-  // component, in the rotated frame). A block's mean logit q . S_b / (n_b
-  // sqrt(d)) is then N(0, (noise |S_b| / (n_b sqrt(d)))^2): one draw per block
-  // instead of a d-dimensional query (blocks are treated as independent;
-  // their key sums are nearly orthogonal). The block's mass is
-  // n_b * exp(mean logit) * exp(-recency * distance): block granularity.
+absl::Status Run::ObserveFiller(Scope& scope, const std::vector<float>& query) {
+  // Exact per-token softmax of the step's filler query (sim/filler_attention.h),
+  // each row counted filler_sample_every times (only every
+  // filler_sample_every-th step is observed).
   const uint32_t d = p_.head_dim;
-  const double scale = p_.filler_query_noise / std::sqrt(static_cast<double>(d));
-  const double rec = p_.recency_per_1k_tokens / 1000.0;
-  const double now = static_cast<double>(scope.next_position);
+  const uint32_t group = p_.kv_group();
+  const size_t stride = scope.pairs.size() * d;
+  row_blocks_.clear();
+  row_tokens_.clear();
+  for (const policy::ResidentBlock& rb : scope.driver->resident()) {
+    for (uint32_t t = 0; t < rb.n_tokens; ++t) {
+      row_blocks_.push_back(rb.handle);
+      row_tokens_.push_back(t);
+    }
+  }
+  for (uint32_t t = 0; t < scope.pend_tokens.size(); ++t) {
+    row_blocks_.push_back(policy::AttentionStats::kNoBlock);
+    row_tokens_.push_back(0);
+  }
   for (uint32_t j = 0; j < scope.pairs.size(); ++j) {
-    row_blocks_.clear();
-    logits_.clear();
-    auto add = [&](BlockHandle h, double sum_norm, uint32_t n, int64_t first_position) {
-      const double center = static_cast<double>(first_position) + 0.5 * (n - 1);
-      const double mean_logit = noise_.Next() * scale * sum_norm / n;
-      row_blocks_.push_back(h);
-      logits_.push_back(static_cast<float>(mean_logit + std::log(n) - rec * (now - center)));
-    };
+    const uint32_t pair = scope.pairs[j];
+    const uint32_t l = pair / p_.n_kv_heads;
+    const uint32_t h = pair % p_.n_kv_heads;
+    row_keys_.clear();
+    row_positions_.clear();
     for (const policy::ResidentBlock& rb : scope.driver->resident()) {
       const CachedBlock& b = scope.blocks.at(rb.handle);
-      add(rb.handle, b.sum_norms[j], b.n, b.first_position);
+      for (uint32_t t = 0; t < b.n; ++t) {
+        const float* k = b.keys.data() + t * stride + static_cast<size_t>(j) * d;
+        row_keys_.insert(row_keys_.end(), k, k + d);
+        row_positions_.push_back(b.positions[t]);
+      }
     }
-    if (!scope.pend_tokens.empty()) {
-      const float* s = scope.pend_sums.data() + static_cast<size_t>(j) * d;
-      double norm = 0;
-      for (uint32_t i = 0; i < d; ++i) norm += static_cast<double>(s[i]) * s[i];
-      add(policy::AttentionStats::kNoBlock, std::sqrt(norm),
-          static_cast<uint32_t>(scope.pend_tokens.size()), scope.pend_first_position);
+    for (uint32_t t = 0; t < scope.pend_tokens.size(); ++t) {
+      const float* k = scope.pend_keys.data() + t * stride + static_cast<size_t>(j) * d;
+      row_keys_.insert(row_keys_.end(), k, k + d);
+      row_positions_.push_back(scope.pend_positions[t]);
     }
-    if (logits_.empty()) continue;
-    const float m = *std::max_element(logits_.begin(), logits_.end());
-    double total = 0;
-    row_weights_.resize(logits_.size());
-    for (size_t i = 0; i < logits_.size(); ++i) {
-      row_weights_[i] = std::exp(logits_[i] - m);
-      total += row_weights_[i];
-    }
-    for (float& w : row_weights_) w = static_cast<float>(w / total);
-    EVOKE_RETURN_IF_ERROR(scope.stats->Observe(0, 0, row_blocks_, {}, row_weights_));
+    const float* q = query.data() + (static_cast<size_t>(l) * p_.n_query_heads + h * group) * d;
+    filler_.Row(absl::MakeConstSpan(q, static_cast<size_t>(group) * d), row_keys_,
+                row_positions_, scope.next_position, static_cast<float>(p_.filler_sample_every),
+                &row_weights_);
+    EVOKE_RETURN_IF_ERROR(scope.stats->Observe(0, 0, row_blocks_, row_tokens_, row_weights_));
   }
   return absl::OkStatus();
 }
@@ -393,16 +388,18 @@ absl::Status Run::ObserveReference(Scope& scope, const std::vector<float>& query
 }
 
 absl::Status Run::DecodeToken(uint64_t token, int32_t reference_fact, uint32_t query_index) {
-  std::vector<float> ref_query;
+  std::vector<float> ref_query, filler_query;
   if (reference_fact >= 0) ref_query = s_.EventQuery(query_index, reference_fact);
+  const bool sampled = reference_fact < 0 && token % p_.filler_sample_every == 0;
   const uint32_t d = p_.head_dim;
   for (auto& sp : scopes_) {
     Scope& scope = *sp;
     if (scope.stats != nullptr) {
       if (reference_fact >= 0) {
         EVOKE_RETURN_IF_ERROR(ObserveReference(scope, ref_query));
-      } else {
-        EVOKE_RETURN_IF_ERROR(ObserveFiller(scope));
+      } else if (sampled) {
+        if (filler_query.empty()) filler_query = s_.FillerQuery(token);
+        EVOKE_RETURN_IF_ERROR(ObserveFiller(scope, filler_query));
       }
       scope.stats->EndStep();
     }
@@ -414,8 +411,6 @@ absl::Status Run::DecodeToken(uint64_t token, int32_t reference_fact, uint32_t q
     for (uint32_t j = 0; j < scope.pairs.size(); ++j) {
       const float* k = keys.data() + static_cast<size_t>(scope.pairs[j]) * d;
       scope.pend_keys.insert(scope.pend_keys.end(), k, k + d);
-      float* sum = scope.pend_sums.data() + static_cast<size_t>(j) * d;
-      for (uint32_t i = 0; i < d; ++i) sum[i] += k[i];
     }
     EVOKE_ASSIGN_OR_RETURN(std::optional<BlockHandle> made,
                            scope.driver->TokenDecoded(scope.next_position));
@@ -434,11 +429,8 @@ absl::Status Run::DecodeToken(uint64_t token, int32_t reference_fact, uint32_t q
     b.positions = std::move(scope.pend_positions);
     scope.pend_positions.clear();
     b.keys = std::move(scope.pend_keys);
-    b.sums = scope.pend_sums;
-    SetNorms(&b, d);
     scope.pend_keys.clear();
     scope.pend_tokens.clear();
-    std::fill(scope.pend_sums.begin(), scope.pend_sums.end(), 0.0f);
     scope.origin[*made] = {b.first_token, b.n};
     if (scope.recovering) {
       // Pre-RoPE mean keys of the recovery layer, per KV head.
@@ -457,7 +449,7 @@ absl::Status Run::DecodeToken(uint64_t token, int32_t reference_fact, uint32_t q
 }
 
 absl::Status Run::RecoveryPoint(int32_t fact, uint32_t query_index) {
-  std::vector<float> q = s_.EventQuery(query_index, fact);
+  std::vector<float> q = s_.EventQuery(query_index, fact, alignment_);
   const size_t per_layer = static_cast<size_t>(p_.n_query_heads) * p_.head_dim;
   policy::RecoveryQuery rq;
   rq.queries = absl::MakeConstSpan(q.data() + p_.recovery_layer * per_layer, per_layer);
@@ -477,10 +469,14 @@ absl::Status Run::Probe(int32_t fact, uint32_t query_index) {
   std::vector<float> q(d);
   uint32_t retrieving = 0;
   double mass_sum = 0;
+  // Residency of the fact's tokens, counted once per (retrieval layer, KV head).
+  uint64_t fact_seen = 0;
+  double fact_distance = 0;
   for (uint32_t l : p_.retrieval_layers) {
     double layer_mass = 0;
     for (uint32_t qh = 0; qh < p_.n_query_heads; ++qh) {
       const uint32_t h = qh / p_.kv_group();
+      const bool count_residency = qh % p_.kv_group() == 0;
       auto [scope, j] = scope_of_pair_[l * p_.n_kv_heads + h];
       const float* src = query.data() + (static_cast<size_t>(l) * p_.n_query_heads + qh) * d;
       q.assign(src, src + d);
@@ -488,21 +484,27 @@ absl::Status Run::Probe(int32_t fact, uint32_t query_index) {
       const size_t stride = scope->pairs.size() * d;
       logits_.clear();
       row_tokens_.clear();  // 1 when the token is of `fact`.
-      auto add = [&](const float* k, uint64_t token) {
+      auto add = [&](const float* k, uint64_t token, int64_t position) {
         float dot = 0;
         for (uint32_t i = 0; i < d; ++i) dot += q[i] * k[i];
         logits_.push_back(dot * inv_sqrt_d);
-        row_tokens_.push_back(s_.FactOf(token) == fact ? 1 : 0);
+        const bool of_fact = s_.FactOf(token) == fact;
+        row_tokens_.push_back(of_fact ? 1 : 0);
+        if (of_fact && count_residency) {
+          ++fact_seen;
+          fact_distance += static_cast<double>(scope->next_position - position);
+        }
       };
       for (const policy::ResidentBlock& rb : scope->driver->resident()) {
         const CachedBlock& b = scope->blocks.at(rb.handle);
         for (uint32_t t = 0; t < b.n; ++t) {
-          add(b.keys.data() + t * stride + static_cast<size_t>(j) * d, b.first_token + t);
+          add(b.keys.data() + t * stride + static_cast<size_t>(j) * d, b.first_token + t,
+              b.positions[t]);
         }
       }
       for (uint32_t t = 0; t < scope->pend_tokens.size(); ++t) {
         add(scope->pend_keys.data() + t * stride + static_cast<size_t>(j) * d,
-            scope->pend_tokens[t]);
+            scope->pend_tokens[t], scope->pend_positions[t]);
       }
       if (logits_.empty()) continue;
       const float m = *std::max_element(logits_.begin(), logits_.end());
@@ -521,8 +523,18 @@ absl::Status Run::Probe(int32_t fact, uint32_t query_index) {
   const bool pass = retrieving >= p_.min_layers;
   ++result_.probes;
   if (pass) ++result_.passes;
+  ProbeRecord rec;
+  rec.fact = fact;
+  const double slots = static_cast<double>(p_.retrieval_layers.size()) * p_.n_kv_heads *
+                       p_.fact_tokens;
+  rec.resident = static_cast<double>(fact_seen) / slots;
+  rec.distance = fact_seen == 0 ? 0 : fact_distance / static_cast<double>(fact_seen);
+  rec.mass = mass_sum / static_cast<double>(p_.retrieval_layers.size());
+  rec.layers = retrieving;
+  rec.passed = pass;
   result_.probe_passed.push_back(pass);
-  result_.probe_mass.push_back(mass_sum / static_cast<double>(p_.retrieval_layers.size()));
+  result_.probe_mass.push_back(rec.mass);
+  result_.probe_records.push_back(rec);
   return absl::OkStatus();
 }
 
@@ -605,7 +617,6 @@ absl::StatusOr<uint64_t> Run::Bring(Scope& scope, BlockHandle handle, uint32_t n
   b.first_position = first_position;
   for (uint32_t t = 0; t < n_tokens; ++t) b.positions.push_back(first_position + t);
   b.keys.resize(static_cast<size_t>(n_tokens) * pairs * d);
-  b.sums.assign(static_cast<size_t>(pairs) * d, 0.0f);
   const uint64_t section = static_cast<uint64_t>(n_tokens) * p_.n_kv_heads * d * 2;
   for (uint32_t l = 0; l < p_.n_layers; ++l) {
     const uint16_t* k = reinterpret_cast<const uint16_t*>(payload.data() + l * 2 * section);
@@ -614,15 +625,10 @@ absl::StatusOr<uint64_t> Run::Bring(Scope& scope, BlockHandle handle, uint32_t n
         const uint32_t pair = l * p_.n_kv_heads + h;
         float* dst = b.keys.data() + (static_cast<size_t>(t) * pairs + pair) * d;
         const uint16_t* src = k + (static_cast<size_t>(t) * p_.n_kv_heads + h) * d;
-        float* sum = b.sums.data() + static_cast<size_t>(pair) * d;
-        for (uint32_t i = 0; i < d; ++i) {
-          dst[i] = HalfToFloat(src[i]);
-          sum[i] += dst[i];
-        }
+        for (uint32_t i = 0; i < d; ++i) dst[i] = HalfToFloat(src[i]);
       }
     }
   }
-  SetNorms(&b, d);
   scope.blocks[handle] = std::move(b);
   scope.source->SetResident(handle, true);
   return static_cast<uint64_t>(payload.size());

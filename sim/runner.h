@@ -6,14 +6,19 @@
 // recovering policies (infllm, evoke) run one cache for all layers and heads
 // (as llama.cpp keeps it) with the mean budget, against a real evoked: every
 // evicted block is saved as a canonical f16 session block through shared
-// memory, ranked by evoked's Recover on pre-RoPE mean keys, and loaded back
+// memory, ranked by evoked's Recover on pre-RoPE mean keys (the recovery
+// query aligned with its fact as RunConfig::query_alignment says), and loaded back
 // re-anchored at the tail; each recovered K is checked against a direct
 // RoPE at its new position and each V byte for byte (a mismatch fails the
-// run with INTERNAL).
+// run with INTERNAL). Policies that read attention (h2o, snapkv) observe
+// exact per-token filler attention (sim/filler_attention.h) on every
+// filler_sample_every-th step and exact reference attention on every
+// reference token.
 #ifndef EVOKE_SIM_RUNNER_H_
 #define EVOKE_SIM_RUNNER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +36,22 @@ struct RunConfig {
   std::string policy;                   // A policy::PolicyNames() name.
   std::vector<uint32_t> layer_budgets;  // Tokens per layer (n_layers entries).
   policy::PolicyParams policy_params;   // block_tokens and sink_tokens are the model's.
+  // Alignment of recovery queries with their fact (Session::EventQuery);
+  // unset: SimParams::query_alignment.
+  std::optional<double> query_alignment;
+};
+
+// What one probe saw (for the probe log and the far-needle measurement).
+struct ProbeRecord {
+  int32_t fact = -1;
+  // Share of the fact's key tokens resident in the retrieval layers' caches
+  // (over every retrieval layer and KV head), and their mean distance from
+  // the probe's position (0 when none is resident).
+  double resident = 0;
+  double distance = 0;
+  double mass = 0;  // Mean fact mass over the retrieval layers.
+  uint32_t layers = 0;  // Retrieval layers that retrieved.
+  bool passed = false;
 };
 
 struct RunResult {
@@ -38,6 +59,8 @@ struct RunResult {
   uint32_t passes = 0;
   std::vector<bool> probe_passed;
   std::vector<double> probe_mass;  // Mean fact mass over retrieval layers, per probe.
+  std::vector<ProbeRecord> probe_records;
+  double rate() const { return probes == 0 ? 0 : static_cast<double>(passes) / probes; }
   // Summed over scopes.
   uint64_t blocks_saved = 0;
   uint64_t blocks_recovered = 0;
