@@ -2,7 +2,7 @@
 # Regenerates sim/results/ (run from sim/results/, build tree ../../build-sim).
 # Every run: nice -n 19, one thread (a 2-core machine shared with a training run).
 set -e
-SIM=../../build-sim/sim/evoke-sim
+SIM=../../build/sim/evoke-sim
 t() { /usr/bin/time -f "%e s wall: $*" "$@"; }
 # 1. Every task, policy and budget, 15 seeds, the model's default alignment (0.5).
 t nice -n 19 $SIM --tasks niah,multifact,agentic \
