@@ -250,12 +250,15 @@ uint64_t LlamaPolicySession::cells_used() const {
   return driver_->resident_tokens();
 }
 
+absl::Status LlamaPolicySession::CheckNotBroken() const {
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the session's books no longer match llama.cpp's cache after an earlier error (",
+      broken_.message(), "); start a new session"));
+}
+
 absl::Status LlamaPolicySession::Decode(llama_token token) {
-  if (!broken_.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the session's books no longer match llama.cpp's cache after an earlier error (",
-        broken_.message(), "); start a new session"));
-  }
+  EVOKE_RETURN_IF_ERROR(CheckNotBroken());
   const policy::PolicyInfo& info = policy_->info();
   const uint32_t every =
       options_.recovery_every_tokens > 0 ? options_.recovery_every_tokens
@@ -293,7 +296,7 @@ absl::Status LlamaPolicySession::Decode(llama_token token) {
 }
 
 absl::Status LlamaPolicySession::RecoverAtPromptEnd() {
-  if (!broken_.ok()) return Decode(0);  // The same FAILED_PRECONDITION.
+  EVOKE_RETURN_IF_ERROR(CheckNotBroken());
   if (!policy_->info().recovers || capture_ == nullptr || capture_->recovery_query().empty()) {
     return absl::OkStatus();
   }

@@ -197,6 +197,8 @@ class LlamaPolicySession {
 
  private:
   LlamaPolicySession() = default;
+  // FAILED_PRECONDITION once an earlier error left the books behind the cache.
+  absl::Status CheckNotBroken() const;
   // Books, statistics and summaries for the token just decoded at `pos`.
   absl::Status AccountDecoded(llama_pos pos);
 
