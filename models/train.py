@@ -73,18 +73,23 @@ def generate(taskgen, split, length, first_seed, count, tmpdir, tasks=ALL_TASKS)
     return tokens, roles
 
 
-def weighted_loss(logits, tokens, roles):
-    """Next-token CE; answers weigh 1, the rest together half the answers."""
+def weighted_loss(logits, tokens, roles, first_weight=1.0):
+    """Next-token CE; answer tokens weigh 1 (the first of each answer, the one
+    that needs the lookup, first_weight), the rest together half the answers."""
     target = tokens[:, 1:]
     role = torch.from_numpy(roles[:, 1:].astype(np.int64))
     ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1),
                          reduction="none").view_as(target)
-    answer = (role == 2).float()
+    is_answer = role == 2
+    answer = is_answer.float()
+    if first_weight != 1.0:
+        first = is_answer & ~torch.from_numpy(roles[:, :-1] == 2)
+        answer = answer + (first_weight - 1.0) * first.float()
     n_answer = answer.sum().clamp(min=1.0)
-    other = 1.0 - answer
+    other = 1.0 - is_answer.float()
     w = answer + other * (0.5 * n_answer / other.sum().clamp(min=1.0))
     loss = (ce * w).sum() / w.sum()
-    answer_ce = (ce * answer).sum() / n_answer
+    answer_ce = (ce * is_answer.float()).sum() / is_answer.float().sum().clamp(min=1.0)
     return loss, answer_ce
 
 
@@ -114,8 +119,12 @@ def exact_match(model, tokens, roles, chunk):
     return hits / max(total, 1), total
 
 
-def lr_at(step, warmup, base_lr):
-    return base_lr * min(1.0, (step + 1) / warmup)
+def lr_at(step, warmup, base_lr, stage_step=0, stage_steps=1, min_ratio=1.0):
+    """Linear warmup over the first steps of the run, then per stage a cosine
+    from base_lr down to min_ratio * base_lr (min_ratio 1: constant)."""
+    frac = min(1.0, stage_step / max(stage_steps, 1))
+    cosine = min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac))
+    return base_lr * min(1.0, (step + 1) / warmup) * cosine
 
 
 def main():
@@ -126,6 +135,10 @@ def main():
     ap.add_argument("--config", default="{}", help="JSON overrides of llama_model.Config")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--first-answer-weight", type=float, default=1.0,
+                    help="loss weight of each answer's first token (the lookup)")
+    ap.add_argument("--min-lr-ratio", type=float, default=1.0,
+                    help="each stage's learning rate decays by a cosine to this ratio")
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--advance-at", type=float, default=0.97,
                     help="held-out exact match that ends a stage early")
@@ -218,8 +231,10 @@ def main():
             toks = torch.from_numpy(pool_tokens[i:i + batch])
             model.train()
             logits = model(toks, chunk=args.chunk)
-            loss, answer_ce = weighted_loss(logits, toks, pool_roles[i:i + batch])
-            lr = lr_at(state["step"], args.warmup, args.lr)
+            loss, answer_ce = weighted_loss(logits, toks, pool_roles[i:i + batch],
+                                             args.first_answer_weight)
+            lr = lr_at(state["step"], args.warmup, args.lr, state["stage_step"], max_steps,
+                       args.min_lr_ratio)
             for g in opt.param_groups:
                 g["lr"] = lr
             opt.zero_grad(set_to_none=True)
