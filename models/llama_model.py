@@ -37,7 +37,7 @@ class Config:
     n_head: int = 4
     n_head_kv: int = 2
     n_ff: int = 384
-    rope_freq_base: float = 500.0
+    rope_freq_base: float = 100000.0
     rms_eps: float = 1e-5
     n_ctx_train: int = 4096
 

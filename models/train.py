@@ -37,8 +37,8 @@ from llama_model import Config, Llama  # noqa: E402
 # length:batch:max steps[:tasks]: a curriculum from short to long contexts,
 # starting with dense recall drills (tasks separated by '+'; default all four).
 ALL_TASKS = "niah,multifact,agentic,recall"
-DEFAULT_STAGES = ("128:32:2500:recall,256:16:2000,512:8:2000,1024:4:2000,2048:2:2000,"
-                  "4096:1:3000")
+DEFAULT_STAGES = ("128:32:6000:recall,256:16:3000,512:8:3000,1024:4:3000,2048:2:3000,"
+                  "4096:1:4000")
 QUICK_STAGES = "128:16:60"
 
 
@@ -137,7 +137,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--first-answer-weight", type=float, default=1.0,
                     help="loss weight of each answer's first token (the lookup)")
-    ap.add_argument("--min-lr-ratio", type=float, default=1.0,
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1,
                     help="each stage's learning rate decays by a cosine to this ratio")
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--advance-at", type=float, default=0.97,
@@ -192,7 +192,9 @@ def main():
         print(f"weights from {args.init_from} (step {ck['state']['step']})", flush=True)
     if os.path.exists(latest):
         ck = torch.load(latest)
-        if ck["config"] != json.loads(cfg.to_json()):
+        # The curriculum may be extended on resume: the trained context
+        # (n_ctx_train, written to the GGUF) follows the stages given now.
+        if {**ck["config"], "n_ctx_train": cfg.n_ctx_train} != json.loads(cfg.to_json()):
             sys.exit(f"train.py: {latest} holds another config: {ck['config']}")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
