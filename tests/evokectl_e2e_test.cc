@@ -5,6 +5,11 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <utility>
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "gmock/gmock.h"
 #include "tests/e2e_fixture.h"
@@ -104,6 +109,53 @@ TEST_F(EvokectlTest, ErrorsAreOneLineAndNonZero) {
   r = Ctl({"ls", "--limit", "-1"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--limit"));
+}
+
+// A Unix socket bound at PATH; listening (never accepting) when `listen` is
+// set, else closed again, which leaves a stale socket file behind.
+int BindUnixSocket(const std::string& path, bool listen) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  EXPECT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << path;
+  if (listen) {
+    EXPECT_EQ(::listen(fd, 8), 0);
+    return fd;
+  }
+  ::close(fd);
+  return -1;
+}
+
+TEST_F(EvokectlTest, UnreachableSocketsFailFastNamingPathAndReason) {
+  // Each of these took the whole 10 s connect wait and said only "cannot
+  // reach evoked"; now each fails within evokectl's 2 s connect limit (the
+  // bound below leaves room for a loaded machine), in one line.
+  const std::string dir = dir_.Join("a-directory");
+  std::filesystem::create_directory(dir);
+  const std::string file = dir_.Join("a-file");
+  std::ofstream(file) << "not a socket\n";
+  const std::string stale = dir_.Join("stale.sock");
+  BindUnixSocket(stale, /*listen=*/false);
+  const std::string silent = dir_.Join("silent.sock");
+  const int silent_fd = BindUnixSocket(silent, /*listen=*/true);
+  const std::pair<std::string, std::string> cases[] = {
+      {dir, "it is a directory, not a socket"},
+      {file, "it is a regular file, not a socket"},
+      {stale, "nothing listens on it (a stale socket file"},
+      {silent, "a process accepts connections there but did not answer within 2s"},
+  };
+  for (const auto& [path, reason] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    CommandResult r = RunEvokectl(path, {"stat"});
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.exit_code, 4) << path << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("cannot reach evoked at unix:" + path + ": " + reason));
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_LT(seconds, 6.0) << path;
+  }
+  ::close(silent_fd);
 }
 
 TEST_F(EvokectlTest, SocketFromEnvironment) {

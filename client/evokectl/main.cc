@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <google/protobuf/struct.pb.h>
@@ -30,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "client/evokectl/exit_codes.h"
 #include "client/evokectl/progress.h"
+#include "client/evokectl/socket_probe.h"
 #include "client/evokectl/top.h"
 #include "common/byte_size.h"
 #include "common/checksum.h"
@@ -602,30 +604,24 @@ int Run(int argc, char** argv) {
     for (const std::string& h : verify_ids) verify_parsed.push_back(ParseId(h));
 
     const std::string target = ResolveTarget(socket);
-    if (std::error_code ec;
-        absl::StartsWith(target, "unix:") && !std::filesystem::exists(target.substr(5), ec)) {
-      if (ec == std::errc::permission_denied) {
-        Check(absl::PermissionDeniedError(absl::StrCat(
-            "cannot reach evoked at ", target,
-            ": permission denied on its directory (is this user in the socket's group?)")));
-      }
-      Check(absl::UnavailableError(absl::StrCat(
-          "cannot reach evoked at ", target,
-          ": no such socket (is it running? set --socket or EVOKE_SOCKET)")));
-    }
-    // Connecting to a Unix socket needs write permission on it; gRPC would
-    // report the refusal as UNAVAILABLE after its connect wait.
-    if (absl::StartsWith(target, "unix:") &&
-        ::access(target.substr(5).c_str(), W_OK) != 0 && errno == EACCES) {
-      Check(absl::PermissionDeniedError(absl::StrCat(
-          "cannot reach evoked at ", target,
-          ": permission denied on the socket (is this user in the socket's group?)")));
-    }
+    // A missing path, a directory, a regular file, a stale socket or a
+    // listener that never answers: each fails at once (or within
+    // kUnixConnectSeconds), in one line that names the path and the reason.
+    const bool unix_target = absl::StartsWith(target, "unix:");
+    if (unix_target) Check(ctl::ProbeUnixSocket(target.substr(5)));
     ClientOptions options;
     options.target = socket;
     options.call_timeout = absl::Seconds(timeout_s);
-    options.connect_timeout = absl::Seconds(std::min(timeout_s, 10.0));
-    std::unique_ptr<Client> client = Check(Client::Connect(options));
+    options.connect_timeout =
+        absl::Seconds(std::min(timeout_s, unix_target ? ctl::kUnixConnectSeconds : 10.0));
+    absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
+    if (unix_target && connected.status().code() == absl::StatusCode::kUnavailable) {
+      Check(absl::UnavailableError(absl::StrCat(
+          "cannot reach evoked at ", target, ": a process accepts connections there but did not "
+          "answer within ", absl::FormatDuration(options.connect_timeout),
+          " (is evoked stuck, or is this another program's socket?)")));
+    }
+    std::unique_ptr<Client> client = Check(std::move(connected));
 
     if (*stat) {
       const v1::StatResponse s = Check(client->Stat());
