@@ -454,7 +454,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (impl->metrics != nullptr) {
     KvTierService* service = impl->service.get();
     impl->metrics->Serve([service](v1::StatResponse* s) { service->AdminStat(s); },
-                         &impl->rpc_metrics);
+                         &impl->rpc_metrics, options.metrics_namespaces);
     EVOKE_LOG_FIELDS(LogLevel::kInfo,
                      absl::StrCat("serving /metrics on http://", impl->metrics->address(),
                                   "/metrics"),

@@ -308,10 +308,13 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
              absl::StrCat("Serve Prometheus /metrics on HOST:PORT over plain HTTP (port 0: "
                           "any free port; empty: off; default ",
                           DaemonOptions::kDefaultMetricsAddress,
-                          "). Exposes namespace names: keep it on loopback unless that "
-                          "network may see them"))
+                          "); aggregates only unless --metrics-namespaces"))
           ->expected(0, 1)
           ->type_name("HOST:PORT");
+  app.add_flag("--metrics-namespaces", o->metrics_namespaces,
+               "Per-namespace series on /metrics (each tenant's namespace name, blocks and "
+               "bytes, readable by anyone who can reach /metrics; default: off, aggregates "
+               "only)");
   app.add_option("--tls-cert", o->tls_cert,
                  "PEM certificate chain of the TCP listener");
   app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");
@@ -448,6 +451,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "policy = ", str(o.policy), "\n",
       "tcp-listen = ", str(o.tcp_listen), "\n",
       "metrics-address = ", str(o.metrics_address), "\n",
+      "metrics-namespaces = ", o.metrics_namespaces ? "true" : "false", "\n",
       "tls-cert = ", str(o.tls_cert), "\n",
       "tls-key = ", str(o.tls_key), "\n",
       "max-mapped-bytes = ", size(o.max_mapped_bytes), "\n",

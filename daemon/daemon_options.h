@@ -127,9 +127,9 @@ struct DaemonOptions {
   std::string tcp_listen;
 
   // Where to serve Prometheus /metrics over plain HTTP, "HOST:PORT" (port 0:
-  // the kernel picks one; Stat and the log say which). Empty: off. The
-  // figures name every namespace (tenant), so keep it on loopback unless
-  // the network it is on may see them (docs/METRICS.md). When the default
+  // the kernel picks one; Stat and the log say which). Empty: off. With
+  // --metrics-namespaces the figures name every namespace (tenant); without
+  // it they are aggregates (docs/METRICS.md). When the default
   // address is busy (another evoked on the host), evoked warns and serves
   // without /metrics; an address given with --metrics-address (or in the
   // config file) that cannot be bound stops the start instead.
@@ -139,6 +139,12 @@ struct DaemonOptions {
   // Whether metrics_address was given (flag or config file) rather than
   // left at its default. Set by ParseDaemonFlags; not a flag of its own.
   bool metrics_address_given = false;
+  // Per-namespace series on /metrics (evoke_namespace_*, labelled with each
+  // tenant's namespace name, blocks and bytes). Off, /metrics shows
+  // aggregates only: anyone who can reach it (any local user on loopback)
+  // would otherwise learn every tenant's name and usage.
+  // Default: false.
+  bool metrics_namespaces = false;
 
   // PEM certificate chain and private key of the TCP listener. Required with
   // --tcp-listen, refused without it.

@@ -136,6 +136,10 @@ TEST(DaemonFlagsTest, MetricsAddressDefaultsToLoopbackAndKnowsWhenGiven) {
   ASSERT_OK(Parse({}, &o));
   EXPECT_EQ(o.metrics_address, "127.0.0.1:9464");
   EXPECT_FALSE(o.metrics_address_given);
+  EXPECT_FALSE(o.metrics_namespaces);
+  DaemonOptions per_namespace;
+  ASSERT_OK(Parse({"--metrics-namespaces"}, &per_namespace));
+  EXPECT_TRUE(per_namespace.metrics_namespaces);
   DaemonOptions port0;
   ASSERT_OK(Parse({"--metrics-address", "127.0.0.1:0"}, &port0));
   EXPECT_EQ(port0.metrics_address, "127.0.0.1:0");
@@ -303,7 +307,7 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-regions-per-lease",
                           "max-region-bytes", "cuda-register-chunk-bytes", "summary-layer",
-                          "log-level", "policy", "tcp-listen", "metrics-address",
+                          "log-level", "policy", "tcp-listen", "metrics-address", "metrics-namespaces",
                           "tls-cert", "tls-key",
                           "max-mapped-bytes", "max-mappings", "max-mapped-bytes-per-uid",
                           "fd-connection-deadline-ms", "lease-idle-ms", "metadata-bytes",
@@ -358,6 +362,7 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.remote_op_timeout_ms, b.remote_op_timeout_ms);
   EXPECT_EQ(a.remote_required, b.remote_required);
   EXPECT_EQ(a.remote_sessions, b.remote_sessions);
+  EXPECT_EQ(a.metrics_namespaces, b.metrics_namespaces);
   EXPECT_EQ(a.remote_queue_bytes, b.remote_queue_bytes);
   EXPECT_EQ(a.remote_inflight, b.remote_inflight);
   EXPECT_EQ(a.remote_retry_ms, b.remote_retry_ms);
@@ -471,6 +476,7 @@ TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
     o.remote_op_timeout_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
     o.remote_required = pick(0, 1);
     o.remote_sessions = pick(0, 1);
+    o.metrics_namespaces = pick(0, 1);
     o.remote_queue_bytes = size(0);
     o.remote_inflight = static_cast<uint32_t>(pick(1, 1024));
     o.remote_retry_ms = static_cast<uint32_t>(pick(1, 1u << 20));

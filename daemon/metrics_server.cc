@@ -293,7 +293,7 @@ void AddRpcs(const RpcMetrics& rpcs, Families* f) {
 }  // namespace
 
 std::vector<MetricFamily> BuildMetricFamilies(const v1::StatResponse& stat,
-                                              const RpcMetrics& rpcs) {
+                                              const RpcMetrics& rpcs, bool per_namespace) {
   Families f;
   f.Gauge("evoke_build_info", "Always 1; the version as a label.", 1,
           {{"version", stat.version()}});
@@ -303,7 +303,9 @@ std::vector<MetricFamily> BuildMetricFamilies(const v1::StatResponse& stat,
   AddCounters(stat.counters(), &f);
   AddLeases(stat.leases(), &f);
   AddDisk(stat.disk_health(), &f);
-  AddNamespaces(stat, &f);
+  f.Gauge("evoke_namespaces", "Namespaces holding blocks or with a quota.",
+          static_cast<double>(stat.namespaces_size()));
+  if (per_namespace) AddNamespaces(stat, &f);
   if (stat.remote().enabled()) AddRemote(stat.remote(), &f);
   AddRpcs(rpcs, &f);
   return f.Take();
@@ -311,17 +313,19 @@ std::vector<MetricFamily> BuildMetricFamilies(const v1::StatResponse& stat,
 
 class MetricsServer::Collector final : public prometheus::Collectable {
  public:
-  Collector(std::function<void(v1::StatResponse*)> stat, const RpcMetrics* rpcs)
-      : stat_(std::move(stat)), rpcs_(rpcs) {}
+  Collector(std::function<void(v1::StatResponse*)> stat, const RpcMetrics* rpcs,
+            bool per_namespace)
+      : stat_(std::move(stat)), rpcs_(rpcs), per_namespace_(per_namespace) {}
   std::vector<MetricFamily> Collect() const override {
     v1::StatResponse stat;
     stat_(&stat);
-    return BuildMetricFamilies(stat, *rpcs_);
+    return BuildMetricFamilies(stat, *rpcs_, per_namespace_);
   }
 
  private:
   const std::function<void(v1::StatResponse*)> stat_;
   const RpcMetrics* const rpcs_;
+  const bool per_namespace_;
 };
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Bind(const std::string& address) {
@@ -349,8 +353,9 @@ MetricsServer::~MetricsServer() {
   if (collector_ != nullptr) exposer_->RemoveCollectable(collector_);
 }
 
-void MetricsServer::Serve(std::function<void(v1::StatResponse*)> stat, const RpcMetrics* rpcs) {
-  collector_ = std::make_shared<Collector>(std::move(stat), rpcs);
+void MetricsServer::Serve(std::function<void(v1::StatResponse*)> stat, const RpcMetrics* rpcs,
+                          bool per_namespace) {
+  collector_ = std::make_shared<Collector>(std::move(stat), rpcs, per_namespace);
   exposer_->RegisterCollectable(collector_);
 }
 

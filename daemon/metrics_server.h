@@ -24,9 +24,12 @@ class Exposer;
 namespace evoke {
 
 // The families of one scrape, built from `stat` (an admin StatResponse) and
-// `rpcs`. Exposed for tests.
+// `rpcs`. The evoke_namespace_* series (each tenant's namespace name and
+// usage) only with `per_namespace`; otherwise the count of namespaces alone.
+// Exposed for tests.
 std::vector<prometheus::MetricFamily> BuildMetricFamilies(const v1::StatResponse& stat,
-                                                          const RpcMetrics& rpcs);
+                                                          const RpcMetrics& rpcs,
+                                                          bool per_namespace);
 
 class MetricsServer {
  public:
@@ -40,8 +43,10 @@ class MetricsServer {
 
   // Serve starts answering scrapes with `stat` (fills an admin
   // StatResponse; called on the HTTP server's thread) and `rpcs`, which
-  // must outlive this object. Once.
-  void Serve(std::function<void(v1::StatResponse*)> stat, const RpcMetrics* rpcs);
+  // must outlive this object; per-namespace series only with
+  // `per_namespace` (--metrics-namespaces). Once.
+  void Serve(std::function<void(v1::StatResponse*)> stat, const RpcMetrics* rpcs,
+             bool per_namespace);
 
   // "HOST:PORT" as bound, the port resolved.
   const std::string& address() const { return address_; }

@@ -134,8 +134,11 @@ std::string PromtoolPath() {
 
 class MetricsTest : public E2eTest {
  protected:
-  void SetUp() override {
-    StartDaemon({"--metrics-address", "127.0.0.1:0"});
+  // Per-namespace series on (the dashboard's namespace panels read them);
+  // MetricsDefaultTest checks the default, aggregates only.
+  void SetUp() override { Start({"--metrics-address", "127.0.0.1:0", "--metrics-namespaces"}); }
+  void Start(const std::vector<std::string>& args) {
+    StartDaemon(args);
     address_ = Stat().metrics_address();
     ASSERT_THAT(address_, StartsWith("127.0.0.1:"));
     port_ = PortOf(address_);
@@ -152,6 +155,26 @@ std::string Rpc(const std::string& method, const std::string& code) {
 }
 std::string RpcCount(const std::string& method) {
   return absl::StrCat("evoke_rpc_duration_seconds_count{method=\"", method, "\"}");
+}
+
+class MetricsDefaultTest : public MetricsTest {
+ protected:
+  void SetUp() override { Start({"--metrics-address", "127.0.0.1:0"}); }
+};
+
+TEST_F(MetricsDefaultTest, NamespacesAreCountedButNeverNamed) {
+  // /metrics on loopback is readable by every local user, including those
+  // the access policy keeps off the socket: by default it must not tell
+  // them which tenants exist or what each stores.
+  ASSERT_OK(SaveBlocks(*client_, {SessionBlock("private-session", 0, 16)}));
+  const Scrape s = ScrapeNow();
+  ASSERT_FALSE(s.text.empty());
+  EXPECT_EQ(s["evoke_namespaces"], 1);
+  EXPECT_EQ(s["evoke_tier_blocks{tier=\"1\"}"], 1);
+  EXPECT_THAT(s.text, Not(HasSubstr("namespace=\""))) << s.text;
+  for (const std::string& family : s.families) {
+    EXPECT_FALSE(absl::StartsWith(family, "evoke_namespace_")) << family;
+  }
 }
 
 TEST_F(MetricsTest, AddressIsReportedAndLogged) {
@@ -283,6 +306,7 @@ TEST_F(MetricsTest, WorkloadMovesEachCounterByItsAmount) {
   EXPECT_EQ(delta("evoke_tier_blocks{tier=\"1\"}"), 7);
   EXPECT_EQ(delta("evoke_tier_payload_bytes{tier=\"1\"}"), 7.0 * static_cast<double>(r0.payload.size()));
   EXPECT_EQ(after["evoke_namespace_blocks{namespace=\"test\"}"], 7);
+  EXPECT_EQ(after["evoke_namespaces"], 1);
   EXPECT_EQ(after["evoke_leases"], 1);
   EXPECT_EQ(after["evoke_rings"], 1);
   EXPECT_GE(after["evoke_regions{kind=\"shm\"}"], 1);
