@@ -8,8 +8,8 @@ checkpoints need one because they rotate halves instead).
 Tensors and their GGUF names:
   tok_embeddings [V, d]          token_embd.weight
   layers[i].attn_norm [d]        blk.i.attn_norm.weight
-  layers[i].wq [H*hd, d]         blk.i.attn_q.weight
-  layers[i].wk [KV*hd, d]        blk.i.attn_k.weight
+  layers[i].wq [H*hd, d]         blk.i.attn_q.weight   (.bias [H*hd] with qk_bias)
+  layers[i].wk [KV*hd, d]        blk.i.attn_k.weight   (.bias [KV*hd] with qk_bias)
   layers[i].wv [KV*hd, d]        blk.i.attn_v.weight
   layers[i].wo [d, H*hd]         blk.i.attn_output.weight
   layers[i].ffn_norm [d]         blk.i.ffn_norm.weight
@@ -19,6 +19,14 @@ Tensors and their GGUF names:
   norm [d]                       output_norm.weight
   output [V, d]                  output.weight
 (A torch Linear weight is [out, in], which is ggml's ne0 = in, ne1 = out.)
+
+qk_bias adds a bias to the query and key projections, before RoPE, as
+llama.cpp's LLM_ARCH_LLAMA applies its optional attn_q.bias / attn_k.bias.
+Without it, a head can attend by position only through a direction that
+every token's embedding shares, which the model must first learn; with it,
+positional heads (the previous-token heads that retrieval is built on) have
+a direct parameter. K stays a rotation of a position-free vector, so
+re-anchoring a saved block by one RoPE rotation is still exact.
 """
 
 import dataclasses
@@ -40,6 +48,7 @@ class Config:
     rope_freq_base: float = 100000.0
     rms_eps: float = 1e-5
     n_ctx_train: int = 4096
+    qk_bias: bool = False
 
     @property
     def head_dim(self):
@@ -80,8 +89,8 @@ class Layer(torch.nn.Module):
         d, hd = cfg.n_embd, cfg.head_dim
         self.cfg = cfg
         self.attn_norm = torch.nn.Parameter(torch.ones(d))
-        self.wq = torch.nn.Linear(d, cfg.n_head * hd, bias=False)
-        self.wk = torch.nn.Linear(d, cfg.n_head_kv * hd, bias=False)
+        self.wq = torch.nn.Linear(d, cfg.n_head * hd, bias=cfg.qk_bias)
+        self.wk = torch.nn.Linear(d, cfg.n_head_kv * hd, bias=cfg.qk_bias)
         self.wv = torch.nn.Linear(d, cfg.n_head_kv * hd, bias=False)
         self.wo = torch.nn.Linear(cfg.n_head * hd, d, bias=False)
         self.ffn_norm = torch.nn.Parameter(torch.ones(d))
@@ -137,6 +146,9 @@ class Llama(torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
+        # Matrices N(0, 0.02), the residual outputs scaled down by depth;
+        # the qk_bias vectors keep PyTorch's Linear default (uniform in
+        # +-1/sqrt(n_embd)), as the runs that chose qk_bias had them.
         std = 0.02
         for name, p in self.named_parameters():
             if p.dim() == 2:
@@ -182,7 +194,8 @@ def load_gguf(path):
                  n_ff=int(val("llama.feed_forward_length")),
                  rope_freq_base=float(val("llama.rope.freq_base")),
                  rms_eps=float(val("llama.attention.layer_norm_rms_epsilon")),
-                 n_ctx_train=int(val("llama.context_length")))
+                 n_ctx_train=int(val("llama.context_length")),
+                 qk_bias="blk.0.attn_q.bias" in {t.name for t in r.tensors})
     model = Llama(cfg)
     by_name = {t.name: t for t in r.tensors}
     with torch.no_grad():
@@ -198,8 +211,13 @@ def gguf_parameters(model):
     """(gguf name, torch parameter) pairs, as gguf_tensors names them."""
     out = [("token_embd.weight", model.tok_embeddings.weight)]
     for i, l in enumerate(model.layers):
-        out += [(f"blk.{i}.attn_norm.weight", l.attn_norm), (f"blk.{i}.attn_q.weight", l.wq.weight),
-                (f"blk.{i}.attn_k.weight", l.wk.weight), (f"blk.{i}.attn_v.weight", l.wv.weight),
+        out += [(f"blk.{i}.attn_norm.weight", l.attn_norm), (f"blk.{i}.attn_q.weight", l.wq.weight)]
+        if l.wq.bias is not None:
+            out += [(f"blk.{i}.attn_q.bias", l.wq.bias)]
+        out += [(f"blk.{i}.attn_k.weight", l.wk.weight)]
+        if l.wk.bias is not None:
+            out += [(f"blk.{i}.attn_k.bias", l.wk.bias)]
+        out += [(f"blk.{i}.attn_v.weight", l.wv.weight),
                 (f"blk.{i}.attn_output.weight", l.wo.weight),
                 (f"blk.{i}.ffn_norm.weight", l.ffn_norm),
                 (f"blk.{i}.ffn_gate.weight", l.w_gate.weight),

@@ -10,7 +10,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 source "$HERE/train_env.sh"
-/usr/bin/python3 "$HERE/train.py" --quick --taskgen "$BUILD/eval/evoke-taskgen" --ckpt-dir "$WORK/run"
+# With q/k biases (llama_model.qk_bias), so that their export and llama.cpp's
+# loading of them are checked too.
+/usr/bin/python3 "$HERE/train.py" --quick --taskgen "$BUILD/eval/evoke-taskgen" --ckpt-dir "$WORK/run" \
+  --config '{"qk_bias": true}'
 PYTHONPATH="$BUILD/_deps/llama.cpp/src/gguf-py" /usr/bin/python3 "$HERE/export_gguf.py" \
   --ckpt "$WORK/run/latest.pt" --vocab "$WORK/run/vocab.txt" --out "$WORK/quick.gguf" \
   --reference "$WORK/quick.ref" --taskgen "$BUILD/eval/evoke-taskgen" --ref-length 256

@@ -194,7 +194,9 @@ def main():
         ck = torch.load(latest)
         # The curriculum may be extended on resume: the trained context
         # (n_ctx_train, written to the GGUF) follows the stages given now.
-        if {**ck["config"], "n_ctx_train": cfg.n_ctx_train} != json.loads(cfg.to_json()):
+        # (Checkpoints from before qk_bias existed have none.)
+        if ({"qk_bias": False, **ck["config"], "n_ctx_train": cfg.n_ctx_train}
+                != json.loads(cfg.to_json())):
             sys.exit(f"train.py: {latest} holds another config: {ck['config']}")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
