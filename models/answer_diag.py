@@ -24,22 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_model import Config, Llama  # noqa: E402
-from train import read_shard  # noqa: E402
-
-
-def runs(roles, role):
-    """[first, last) of every maximal run of `role`."""
-    out, i, n = [], 0, len(roles)
-    while i < n:
-        if roles[i] == role:
-            j = i
-            while j < n and roles[j] == role:
-                j += 1
-            out.append((i, j))
-            i = j
-        else:
-            i += 1
-    return out
+from train import read_shard, role_runs  # noqa: E402
 
 
 def main():
@@ -78,12 +63,12 @@ def main():
             for bi in range(batch.shape[0]):
                 tk, rl, p = tokens[b0 + bi], roles[b0 + bi], probs[bi]
                 facts = []  # (first token, adjective, noun, digits)
-                for i, j in runs(rl, 1):
+                for i, j in role_runs(rl, 1):
                     value = tuple(x for x in tk[i:j] if x in digits)
                     words_ = [x for x in tk[i:j] if x not in digits]
                     if value and len(words_) >= 3:
                         facts.append((i, words_[-3], words_[-2], value))
-                for i, j in runs(rl, 2):
+                for i, j in role_runs(rl, 2):
                     answer = tuple(tk[i:j])
                     before = [f for f in facts if f[0] < i]
                     right = [f for f in before if f[3] == answer]

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_model import load_gguf  # noqa: E402
-from train import read_shard  # noqa: E402
+from train import read_shard, role_runs  # noqa: E402
 
 
 def pyramid_budgets(n_layers, mean, beta=20.0):
@@ -76,21 +76,6 @@ def layer_masks(T, budgets, sinks):
     s = torch.arange(T)[None, :]
     causal = s <= t
     return [causal & ((s < sinks) | (t - s < max(1, b - sinks))) for b in budgets]
-
-
-def probes_of(roles):
-    """[(first, last)) spans of answer tokens (role 2)."""
-    spans, i = [], 0
-    while i < len(roles):
-        if roles[i] == 2:
-            j = i
-            while j < len(roles) and roles[j] == 2:
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            i += 1
-    return spans
 
 
 def main():
@@ -134,7 +119,7 @@ def main():
                 for i in range(toks.shape[0]):
                     r = roles[b + i]
                     ok = pred[i, :-1] == tokens[b + i, 1:]
-                    spans = probes_of(r)
+                    spans = role_runs(r, 2)
                     passed = sum(bool(ok[s - 1:e - 1].all()) for s, e in spans)
                     hits += passed
                     total += len(spans)

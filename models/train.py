@@ -63,6 +63,22 @@ def read_shard(path):
     return tokens.reshape(count, length).astype(np.int64), roles.reshape(count, length)
 
 
+def role_runs(roles, role):
+    """[first, last) of every maximal run of `role` in one session's roles
+    (2: the answers, 1: the facts)."""
+    spans, i, n = [], 0, len(roles)
+    while i < n:
+        if roles[i] == role:
+            j = i
+            while j < n and roles[j] == role:
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
 def generate(taskgen, split, length, first_seed, count, tmpdir, tasks=ALL_TASKS):
     path = os.path.join(tmpdir, f"{split}-{length}-{first_seed}-{count}.bin")
     subprocess.run([taskgen, "--split", split, "--tasks", tasks, "--length", str(length),
