@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_model import Config, Llama  # noqa: E402
+from train import make_optimizer  # noqa: E402
 
 VOCAB = 200
 IS, QUERY = 1, 2
@@ -69,11 +70,7 @@ def main():
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     model = Llama(Config(n_vocab=VOCAB, n_ctx_train=128, **json.loads(args.config)))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = make_optimizer(model, args.lr, 0.05)
     started = time.time()
     for step in range(1, args.steps + 1):
         x, w = batch(rng, args.batch, 128, 8, 0 if step <= args.gap0_steps else args.gap)

@@ -10,9 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <map>
 #include <string>
