@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   std::vector<evoke::eval::TaskKind> kinds;
   for (const std::string& t : tasks) {
     auto k = evoke::eval::ParseTaskKind(t);
-    if (!k.ok() || *k == evoke::eval::TaskKind::kRecall || *k == evoke::eval::TaskKind::kCopy) {
+    if (!k.ok() || evoke::eval::TrainingOnly(*k)) {
       return Usage("--tasks: '" + t + "' is not one of niah, multifact, agentic");
     }
     if (context < evoke::eval::MinSessionLength(*k)) {

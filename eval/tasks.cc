@@ -531,6 +531,64 @@ void MakeCopy(Rng& rng, uint32_t length, Session& s) {
   b.Filler(filler - done, false);
 }
 
+// Training only: bind drills. Facts "[ADJ] NOUN D D D ." (the value right
+// after its key), each stated again at a random later point with its value
+// graded. One-word keys are distinct nouns; two-word keys include look-alikes
+// (DrawFacts), and every fact is stated again, look-alikes too.
+void MakeBind(Rng& rng, uint32_t length, bool two_words, Session& s) {
+  const Vocabulary& v = GetVocabulary();
+  const uint32_t fact_len = two_words ? 6 : 5;
+  const uint32_t n = std::clamp<uint32_t>(Fit(length, 0.85, 2 * fact_len), 1, 24);
+  const uint32_t n_alike = two_words ? n / 3 : 0;
+  std::vector<Fact> facts = DrawFacts(rng, n - n_alike, n_alike, /*agentic=*/false);
+  if (!two_words) {
+    std::vector<int32_t> nouns = v.key_nouns();
+    rng.Shuffle(nouns);
+    for (size_t i = 0; i < facts.size(); ++i) facts[i].key.noun = nouns[i];
+  }
+  s.n_facts = n;
+  rng.Shuffle(facts);
+  const uint32_t filler = length - 1 - 2 * n * fact_len;
+  struct Event {
+    uint32_t cut;
+    int again;  // 0: the fact, 1: its restatement.
+    size_t fact;
+  };
+  std::vector<Event> events;
+  for (size_t i = 0; i < facts.size(); ++i) {
+    const uint32_t cut = rng.Between(0, filler * 7 / 10);
+    events.push_back({cut, 0, i});
+    events.push_back({rng.Between(cut, filler), 1, i});
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.cut != b.cut ? a.cut < b.cut : a.again < b.again;
+  });
+  Builder b(rng, s);
+  b.Token(Vocabulary::kBos);
+  std::vector<uint32_t> fact_first(facts.size());
+  uint32_t done = 0;
+  for (const Event& e : events) {
+    b.Filler(e.cut - done, false);
+    done = e.cut;
+    const Fact& f = facts[e.fact];
+    const uint8_t key_role = e.again ? 0 : 1;
+    if (!e.again) fact_first[e.fact] = b.size();
+    if (two_words) b.Token(f.key.adjective, key_role);
+    b.Token(f.key.noun, key_role);
+    if (e.again) {
+      Probe p;
+      p.answer_first = b.size();
+      p.answer.assign(f.value.begin(), f.value.end());
+      p.fact_first = fact_first[e.fact];
+      p.fact_last = p.fact_first + fact_len;
+      s.probes.push_back(std::move(p));
+    }
+    b.Value(f.value, e.again ? 2 : 1);
+    b.Word(".");
+  }
+  b.Filler(filler - done, false);
+}
+
 void MakeAgentic(Rng& rng, uint32_t length, Session& s) {
   const uint32_t n_calls = std::clamp<uint32_t>(
       std::min<uint32_t>(rng.Between(3, 6), Fit(length, 0.4, kToolFactLen + kCallLen)), 1, 6);
@@ -643,18 +701,28 @@ absl::string_view TaskKindName(TaskKind kind) {
       return "recall";
     case TaskKind::kCopy:
       return "copy";
+    case TaskKind::kBind1:
+      return "bind1";
+    case TaskKind::kBind2:
+      return "bind2";
   }
   return "?";
+}
+
+bool TrainingOnly(TaskKind kind) {
+  return kind == TaskKind::kRecall || kind == TaskKind::kCopy || kind == TaskKind::kBind1 ||
+         kind == TaskKind::kBind2;
 }
 
 absl::StatusOr<TaskKind> ParseTaskKind(absl::string_view name) {
   for (TaskKind k :
        {TaskKind::kNiah, TaskKind::kMultiFact, TaskKind::kAgentic, TaskKind::kRecall,
-        TaskKind::kCopy}) {
+        TaskKind::kCopy, TaskKind::kBind1, TaskKind::kBind2}) {
     if (name == TaskKindName(k)) return k;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown task '", name, "' (tasks: niah, multifact, agentic, recall, copy)"));
+      absl::StrCat("unknown task '", name,
+                   "' (tasks: niah, multifact, agentic, recall, copy, bind1, bind2)"));
 }
 
 uint32_t MinSessionLength(TaskKind kind) {
@@ -669,6 +737,9 @@ uint32_t MinSessionLength(TaskKind kind) {
       return 1 + kFactLen + kQuestionLen + kMinFiller + 40;
     case TaskKind::kCopy:
       return 64;
+    case TaskKind::kBind1:
+    case TaskKind::kBind2:
+      return 32;
   }
   return 0;
 }
@@ -691,6 +762,8 @@ absl::StatusOr<Session> MakeSession(Split split, TaskKind kind, uint32_t length,
     MakeRecall(rng, length, s);
   } else if (kind == TaskKind::kCopy) {
     MakeCopy(rng, length, s);
+  } else if (kind == TaskKind::kBind1 || kind == TaskKind::kBind2) {
+    MakeBind(rng, length, kind == TaskKind::kBind2, s);
   } else {
     MakeNiahOrMultiFact(rng, length, kind == TaskKind::kNiah, s);
   }

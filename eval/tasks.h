@@ -31,6 +31,14 @@
 //   copy       (training only) spans of filler that occur twice, the second
 //              time graded: the induction pattern retrieval builds on. No
 //              probes.
+//   bind1      (training only) the lookup on its simplest form: facts
+//              "NOUN D D D ." (a one-word key, the value right after it),
+//              each stated again later with its value graded.
+//   bind2      (training only) the same with two-word keys, "ADJ NOUN D D D
+//              .", a third of them look-alikes (one word shared with another
+//              key), so the lookup must match both words. bind1 then bind2
+//              then recall is a curriculum: the value right after its key is
+//              the form a lookup is learned on first (models/README.md).
 //
 // A probe is graded by exact match of its answer tokens (greedy decoding).
 // Filler is a random sentence grammar over its own words: no digit and no key
@@ -52,11 +60,16 @@
 
 namespace evoke::eval {
 
-enum class TaskKind { kNiah, kMultiFact, kAgentic, kRecall, kCopy };
+// New kinds go last: a kind's number seeds its sessions.
+enum class TaskKind { kNiah, kMultiFact, kAgentic, kRecall, kCopy, kBind1, kBind2 };
 enum class Split { kTrain, kEval };
 
-// TaskKindName is "niah", "multifact", "agentic", "recall" or "copy".
+// TaskKindName is "niah", "multifact", "agentic", "recall", "copy", "bind1"
+// or "bind2".
 absl::string_view TaskKindName(TaskKind kind);
+// TrainingOnly: the drills (recall, copy, bind1, bind2), which evoke-eval
+// does not measure policies on.
+bool TrainingOnly(TaskKind kind);
 // ParseTaskKind is the inverse; INVALID_ARGUMENT naming the string.
 absl::StatusOr<TaskKind> ParseTaskKind(absl::string_view name);
 

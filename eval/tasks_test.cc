@@ -182,6 +182,50 @@ TEST(TasksTest, CopyDrillsRepeatSpansAndGradeTheSecondOccurrence) {
   }
 }
 
+TEST(TasksTest, BindDrillsRestateEachFactWithItsValueGraded) {
+  for (TaskKind kind : {TaskKind::kBind1, TaskKind::kBind2}) {
+    const uint32_t key_words = kind == TaskKind::kBind1 ? 1 : 2;
+    uint32_t look_alikes = 0;
+    for (uint32_t length : {MinSessionLength(kind), 128u, 512u}) {
+      for (uint64_t seed = 0; seed < 10; ++seed) {
+        Session s = Make(Split::kTrain, kind, length, seed);
+        ASSERT_EQ(s.tokens.size(), length);
+        EXPECT_TRUE(TrainingOnly(kind));
+        EXPECT_EQ(s.probes.size(), s.n_facts) << "every fact is stated again";
+        for (const Probe& p : s.probes) {
+          // The fact is "[ADJ] NOUN D D D ." and the restatement repeats its
+          // key right before the graded value.
+          ASSERT_EQ(p.fact_last - p.fact_first, key_words + 4);
+          ASSERT_LT(p.fact_last, p.answer_first);
+          for (uint32_t i = 0; i < 3; ++i) {
+            EXPECT_EQ(s.tokens[p.fact_first + key_words + i], p.answer[i]);
+            EXPECT_EQ(s.tokens[p.answer_first + i], p.answer[i]);
+            EXPECT_EQ(s.roles[p.answer_first + i], 2);
+            EXPECT_EQ(s.roles[p.fact_first + key_words + i], 1);
+          }
+          for (uint32_t i = 0; i < key_words; ++i) {
+            EXPECT_EQ(s.tokens[p.answer_first - key_words + i], s.tokens[p.fact_first + i]);
+          }
+          // No other fact has the same key; look-alikes share one word.
+          int same = 0;
+          for (const Probe& q : s.probes) {
+            const int32_t* a = &s.tokens[p.fact_first];
+            const int32_t* b = &s.tokens[q.fact_first];
+            const int shared = (a[0] == b[0]) + (key_words == 2 && a[1] == b[1]);
+            same += shared == static_cast<int>(key_words);
+            if (&p != &q && key_words == 2 && shared == 1) ++look_alikes;
+          }
+          EXPECT_EQ(same, 1) << TaskKindName(kind) << " seed " << seed;
+        }
+      }
+    }
+    if (kind == TaskKind::kBind2) {
+      EXPECT_GT(look_alikes, 20u);
+    }
+  }
+  EXPECT_FALSE(TrainingOnly(TaskKind::kMultiFact));
+}
+
 TEST(TasksTest, BadArgumentsAreNamed) {
   auto kind = ParseTaskKind("needle");
   ASSERT_FALSE(kind.ok());
