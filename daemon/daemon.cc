@@ -149,6 +149,18 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonOptions& 
 #endif
 }
 
+// NeedsMeanKeys: the daemon adds a MEAN_KEYS summary to canonical blocks
+// saved without one (and with room for one more summary).
+bool NeedsMeanKeys(const v1::BlockMeta& meta) {
+  if (meta.fingerprint().layout() != v1::LAYOUT_CANONICAL_V1 || meta.summaries_size() >= 8) {
+    return false;
+  }
+  for (const v1::Summary& s : meta.summaries()) {
+    if (s.kind() == v1::SUMMARY_MEAN_KEYS) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 class Daemon::Impl {
@@ -278,13 +290,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   tier_options.summarize = [layer_option = options.summary_layer](
                                const v1::BlockMeta& meta, const uint8_t* payload,
                                uint64_t size) -> std::optional<v1::Summary> {
-    if (meta.fingerprint().layout() != v1::LAYOUT_CANONICAL_V1 ||
-        meta.summaries_size() >= 8) {
-      return std::nullopt;
-    }
-    for (const v1::Summary& s : meta.summaries()) {
-      if (s.kind() == v1::SUMMARY_MEAN_KEYS) return std::nullopt;
-    }
+    if (!NeedsMeanKeys(meta)) return std::nullopt;
     uint32_t layer = DefaultSummaryLayer(meta);
     if (layer_option >= 0 && static_cast<uint32_t>(layer_option) >= meta.layer_begin() &&
         static_cast<uint32_t>(layer_option) < meta.layer_end()) {
@@ -296,6 +302,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       return std::nullopt;
     }
     return std::move(s).value();
+  };
+  // Charged at the quota check: a float per KV head and dimension, and the
+  // summary's own fields and framing.
+  tier_options.summary_bound = [](const v1::BlockMeta& meta) -> uint64_t {
+    if (!NeedsMeanKeys(meta)) return 0;
+    return 4ull * meta.fingerprint().n_kv_heads() * meta.fingerprint().head_dim() + 64;
   };
   tier_options.limits.max_block_bytes = options.max_block_bytes;
   tier_options.metadata_bytes = options.metadata_bytes;

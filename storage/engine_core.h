@@ -16,6 +16,7 @@
 #include "common/copy_pool.h"
 #include "storage/block_index.h"
 #include "storage/host_tier.h"
+#include "storage/quota_ledger.h"
 #include "storage/spill_record.pb.h"
 #include "storage/tier.h"
 #include "storage/tier_manager.h"
@@ -76,6 +77,8 @@ struct EngineCore {
   // in the index, never served.
   absl::flat_hash_map<BlockId, std::string> invalid_records ABSL_GUARDED_BY(mu);
   StorageCounters counters ABSL_GUARDED_BY(mu);
+  // What Saves between their quota check and their commit have reserved.
+  QuotaLedger quotas ABSL_GUARDED_BY(mu);
 };
 
 }  // namespace evoke

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -110,13 +111,23 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
     plans[i].digest = DigestFingerprint(items[i].meta->fingerprint());
     EVOKE_RETURN_IF_ERROR(WithItem(CheckFits(items[i].size), i, ItemPart::kBlock));
   }
-  EVOKE_RETURN_IF_ERROR(EnforceQuotas(items, plans, durable, deadline));
+  QuotaLedger::Hold hold;
+  EVOKE_RETURN_IF_ERROR(EnforceQuotas(items, plans, durable, deadline, &hold));
+  // Whatever path the Save leaves by, its reservation is settled (CommitSave
+  // settles all but the durable tier-2 part).
+  absl::Cleanup settle = [this, &hold] {
+    if (hold.empty()) return;
+    absl::MutexLock lock(&core_.mu);
+    core_.quotas.Settle(&hold);
+    core_.writes_cv.SignalAll();  // Saves waiting for reserved tier-1 room.
+  };
   EVOKE_RETURN_IF_ERROR(ReserveForSave(items, deadline, &plans));
   absl::Status copied = CopyIn(items, source, &plans);
   if (copied.ok()) EVOKE_FAILPOINT("save.copied");
   std::vector<SavedBlock> results;
   std::vector<size_t> pin_later;  // Items deduplicated against spilled blocks.
-  EVOKE_RETURN_IF_ERROR(CommitSave(items, owner, std::move(copied), &plans, &results, &pin_later));
+  EVOKE_RETURN_IF_ERROR(
+      CommitSave(items, owner, std::move(copied), &plans, &results, &pin_later, &hold));
   if (!pin_later.empty()) {
     std::vector<BlockId> ids;
     for (size_t i : pin_later) ids.push_back(plans[i].id);
@@ -131,79 +142,104 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
   return results;
 }
 
-// Phase 1 (locked): classify each id, reserve tier-1 room for new bytes (one
-// contiguous range when possible, so copies coalesce), and insert
-// placeholders so that concurrent saves of an id serialize.
+// Phase 1 (locked): check the metadata budget and the namespaces' quotas,
+// counting what other Saves have reserved and not yet committed, and
+// reserve this Save's share in the same critical section (`hold`).
 absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
                                             absl::Span<const SavePlan> plans, bool durable,
-                                            absl::Time deadline) {
+                                            absl::Time deadline, QuotaLedger::Hold* hold) {
   if (core_.options.metadata_bytes == 0 && !core_.options.quota) return absl::OkStatus();
-  struct Need {
-    size_t first = 0;  // The first item of the namespace, for the error.
-    uint64_t tier1 = 0, tier2 = 0, meta = 0;
-  };
-  for (int attempt = 0;; ++attempt) {
+  // Outside the lock: sizes of the metadata as it will be stored.
+  std::vector<uint64_t> item_meta(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    item_meta[i] = MetadataBytes(*items[i].meta) +
+                   (core_.options.summary_bound ? core_.options.summary_bound(*items[i].meta) : 0);
+  }
+  for (int attempt = 0;;) {
     std::vector<std::pair<std::string, uint64_t>> write_back;  // ns, bytes.
     {
       absl::MutexLock lock(&core_.mu);
-      absl::flat_hash_map<std::string, Need> needs;
+      bool wait_for_commits = false;
+      absl::flat_hash_map<std::string, QuotaNeed> needs;
+      absl::flat_hash_map<std::string, size_t> first_of;  // For the error.
       uint64_t meta_total = 0;
       std::optional<size_t> first_fresh;
       for (size_t i = 0; i < items.size(); ++i) {
         const IndexEntry* e = core_.index.Find(plans[i].id);
         if (e != nullptr && e->bytes_available()) continue;  // Deduplicated.
         if (!first_fresh) first_fresh = i;
-        const uint64_t meta = MetadataBytes(*items[i].meta);
-        auto [it, added] = needs.try_emplace(items[i].meta->fingerprint().namespace_());
-        if (added) it->second.first = i;
-        it->second.tier1 += items[i].size;
-        if (durable) it->second.tier2 += items[i].size;
-        it->second.meta += meta;
-        meta_total += meta;
+        const std::string& ns = items[i].meta->fingerprint().namespace_();
+        first_of.try_emplace(ns, i);
+        QuotaNeed& need = needs[ns];
+        need.tier1 += items[i].size;
+        if (durable) need.tier2 += items[i].size;
+        need.metadata += item_meta[i];
+        meta_total += item_meta[i];
       }
       if (!first_fresh) return absl::OkStatus();
       const uint64_t budget = core_.options.metadata_bytes;
-      if (budget > 0 && core_.index.metadata_bytes() + meta_total > budget) {
+      const uint64_t meta_used = core_.index.metadata_bytes() + core_.quotas.pending_metadata();
+      if (budget > 0 && meta_used + meta_total > budget) {
         return ItemError(absl::StatusCode::kResourceExhausted, *first_fresh, ItemPart::kBlock,
-                         absl::StrCat("the metadata budget is full (", core_.index.metadata_bytes(),
-                                      " of ", budget, " bytes in use, ", meta_total,
+                         absl::StrCat("the metadata budget is full (", meta_used, " of ", budget,
+                                      " bytes in use or reserved, ", meta_total,
                                       " more asked): delete blocks or sessions, or raise "
                                       "--metadata-bytes"));
       }
-      if (!core_.options.quota) return absl::OkStatus();
-      // Not a structured binding: clang 14 cannot capture one in a lambda.
-      for (const auto& entry : needs) {
-        const std::string& ns = entry.first;
-        const Need& need = entry.second;
-        const NamespaceQuota q = core_.options.quota(ns);
-        NamespaceUsage u = core_.index.Usage(ns);
-        auto over = [&](absl::string_view what, uint64_t used, uint64_t more, uint64_t quota) {
-          return ItemError(absl::StatusCode::kResourceExhausted, need.first, ItemPart::kBlock,
-                           absl::StrCat("namespace \"", ns, "\" is over its ", what, " quota (",
-                                        used, " of ", quota, " bytes in use, ", more,
-                                        " more asked)"));
-        };
-        if (q.metadata_bytes > 0 && u.metadata_bytes + need.meta > q.metadata_bytes) {
-          return over("metadata", u.metadata_bytes, need.meta, q.metadata_bytes);
+      if (core_.options.quota) {
+        // Not a structured binding: clang 14 cannot capture one in a lambda.
+        for (const auto& entry : needs) {
+          const std::string& ns = entry.first;
+          const QuotaNeed& need = entry.second;
+          const NamespaceQuota q = core_.options.quota(ns);
+          const NamespaceUsage u = core_.index.Usage(ns);
+          const QuotaNeed pending = core_.quotas.Pending(ns);
+          auto over = [&](absl::string_view what, uint64_t used, uint64_t more, uint64_t quota) {
+            return ItemError(absl::StatusCode::kResourceExhausted, first_of[ns], ItemPart::kBlock,
+                             absl::StrCat("namespace \"", ns, "\" is over its ", what,
+                                          " quota (", used, " of ", quota,
+                                          " bytes in use or reserved, ", more, " more asked)"));
+          };
+          const uint64_t meta_ns = u.metadata_bytes + pending.metadata;
+          if (q.metadata_bytes > 0 && meta_ns + need.metadata > q.metadata_bytes) {
+            return over("metadata", meta_ns, need.metadata, q.metadata_bytes);
+          }
+          const uint64_t tier2_ns = u.tier2_bytes + pending.tier2;
+          if (q.tier2_bytes > 0 && need.tier2 > 0 && tier2_ns + need.tier2 > q.tier2_bytes) {
+            return over("tier-2", tier2_ns, need.tier2, q.tier2_bytes);
+          }
+          const uint64_t tier1_ns = u.tier1_bytes + pending.tier1;
+          if (q.tier1_bytes == 0 || tier1_ns + need.tier1 <= q.tier1_bytes) continue;
+          if (need.tier1 > q.tier1_bytes) {
+            return over("tier-1", tier1_ns, need.tier1, q.tier1_bytes);
+          }
+          const uint64_t excess = tier1_ns + need.tier1 - q.tier1_bytes;
+          const uint64_t freed = EvictCleanOf(ns, excess);
+          if (freed >= excess) continue;
+          if (pending.tier1 > 0 && absl::Now() < deadline) {
+            // Saves in flight hold the room; once committed, their blocks
+            // can leave tier 1 like any other.
+            wait_for_commits = true;
+            continue;
+          }
+          if (attempt >= 3 || absl::Now() >= deadline) {
+            return over("tier-1", core_.index.Usage(ns).tier1_bytes + pending.tier1, need.tier1,
+                        q.tier1_bytes);
+          }
+          write_back.emplace_back(ns, excess - freed);
         }
-        if (q.tier2_bytes > 0 && need.tier2 > 0 && u.tier2_bytes + need.tier2 > q.tier2_bytes) {
-          return over("tier-2", u.tier2_bytes, need.tier2, q.tier2_bytes);
-        }
-        if (q.tier1_bytes == 0 || u.tier1_bytes + need.tier1 <= q.tier1_bytes) continue;
-        if (need.tier1 > q.tier1_bytes) {
-          return over("tier-1", u.tier1_bytes, need.tier1, q.tier1_bytes);
-        }
-        const uint64_t excess = u.tier1_bytes + need.tier1 - q.tier1_bytes;
-        const uint64_t freed = EvictCleanOf(ns, excess);
-        if (freed >= excess) continue;
-        if (attempt >= 3 || absl::Now() >= deadline) {
-          return over("tier-1", core_.index.Usage(ns).tier1_bytes, need.tier1, q.tier1_bytes);
-        }
-        write_back.emplace_back(ns, excess - freed);
       }
-      if (write_back.empty()) return absl::OkStatus();
+      if (wait_for_commits) {
+        core_.writes_cv.WaitWithDeadline(&core_.mu, deadline);
+        continue;
+      }
+      if (write_back.empty()) {
+        *hold = core_.quotas.Charge(needs);
+        return absl::OkStatus();
+      }
     }
     for (const auto& [ns, want] : write_back) EVOKE_RETURN_IF_ERROR(WriteBackOf(ns, want));
+    ++attempt;
   }
 }
 
@@ -380,8 +416,13 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
 absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOwner owner,
                                          absl::Status failure, std::vector<SavePlan>* plans,
                                          std::vector<SavedBlock>* results,
-                                         std::vector<size_t>* pin_later) {
+                                         std::vector<size_t>* pin_later,
+                                         QuotaLedger::Hold* hold) {
   absl::MutexLock lock(&core_.mu);
+  // Committed blocks are in the index's usage from here on, aborted ones
+  // never will be: either way the reservation of tier 1 and metadata ends
+  // with this critical section (tier 2 when the blocks are on disk).
+  core_.quotas.SettleCommitted(hold);
   for (size_t i = 0; i < items.size() && failure.ok(); ++i) {
     const SavePlan& p = (*plans)[i];
     if (p.fresh) continue;

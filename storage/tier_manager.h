@@ -64,6 +64,11 @@ struct TierManagerOptions {
   std::function<std::optional<v1::Summary>(const v1::BlockMeta& meta,
                                            const uint8_t* payload, uint64_t size)>
       summarize;
+  // At most how many metadata bytes `summarize` adds to a block with this
+  // meta: Saves are charged it against quotas and the metadata budget at
+  // their check, before the summary exists. Unset: 0 (set it with
+  // `summarize`, or summaries overrun quotas).
+  std::function<uint64_t(const v1::BlockMeta& meta)> summary_bound;
   // Extra threads that copy and checksum payloads larger than 2 MiB in
   // parallel (1 MiB pieces). 0: every copy on the calling thread.
   // Default: 2.

@@ -99,11 +99,13 @@ class TierManagerImpl final : public TierManager {
  private:
   // Save, in three phases.
   // EnforceQuotas refuses a Save past the metadata budget or a namespace's
-  // quota. Over a tier-1 quota it first makes room from the namespace's own
-  // blocks: clean ones leave tier 1, dirty ones are written back first.
+  // quota, counting what concurrent Saves have reserved, and reserves this
+  // Save's share in `hold` (core_.quotas). Over a tier-1 quota it first
+  // makes room from the namespace's own blocks: clean ones leave tier 1,
+  // dirty ones are written back first.
   absl::Status EnforceQuotas(absl::Span<const SaveItem> items,
                              absl::Span<const SavePlan> plans, bool durable,
-                             absl::Time deadline);
+                             absl::Time deadline, QuotaLedger::Hold* hold);
   // EvictCleanOf drops up to `want` bytes of `ns`'s clean, unread, unpinned
   // tier-1 copies, coldest first; returns the bytes freed.
   uint64_t EvictCleanOf(absl::string_view ns, uint64_t want)
@@ -117,7 +119,8 @@ class TierManagerImpl final : public TierManager {
                       std::vector<SavePlan>* plans);
   absl::Status CommitSave(absl::Span<const SaveItem> items, PinOwner owner,
                           absl::Status failure, std::vector<SavePlan>* plans,
-                          std::vector<SavedBlock>* results, std::vector<size_t>* pin_later);
+                          std::vector<SavedBlock>* results, std::vector<size_t>* pin_later,
+                          QuotaLedger::Hold* hold);
   absl::Status WriteDurably(std::vector<SavePlan>& plans, std::vector<SavedBlock>* results);
 
   // Tier 3. RemoteMisses returns the indexes of `ids` this host holds no

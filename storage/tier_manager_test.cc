@@ -4,6 +4,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -106,6 +108,7 @@ class TierManagerTest : public ::testing::Test {
     options.spill_bytes = spill_bytes;
     options.max_wait_for_room = wait;
     options.spill_batch_bytes = 256 * kKiB;
+    if (configure_) configure_(options);
     auto tm = TierManager::Open(options, std::move(arena).value(), std::move(flaky));
     ASSERT_OK(tm);
     tm_ = std::move(tm).value();
@@ -134,6 +137,8 @@ class TierManagerTest : public ::testing::Test {
 
   TierStats Stat() { return tm_->Stats(); }
 
+  // Applied to the options by Open, when set.
+  std::function<void(TierManagerOptions&)> configure_;
   evoke::testing::TempDir dir_;
   PinnedArena* arena_ = nullptr;
   FlakySpillStore* flaky_ = nullptr;
@@ -591,6 +596,101 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverExceedBudget) {
   const TierStats st = Stat();
   EXPECT_EQ(st.counters.saves, uint64_t{kThreads * kBlocksPerThread});
   EXPECT_GT(st.counters.spills, 0u);
+}
+
+// Quotas are exact under concurrency: 64 threads across 3 namespaces save
+// (half of them durably) until refused, while a watcher samples usage. No
+// namespace ever holds more than its metadata or tier-2 quota, the daemon-
+// wide metadata budget holds as well, summaries the engine adds at commit
+// included; and every reservation is settled (dropping a namespace's
+// blocks frees its quota for new Saves).
+TEST_F(TierManagerTest, ConcurrentSavesNeverOverrunQuotas) {
+  constexpr uint64_t kMetaQuota = 20000;
+  constexpr uint64_t kTier2Quota = 48 * kKiB;
+  constexpr uint64_t kBudget = 50000;  // Below the three quotas together.
+  constexpr uint32_t kSummaryFloats = 512;
+  configure_ = [&](TierManagerOptions& o) {
+    o.metadata_bytes = kBudget;
+    o.quota = [](absl::string_view) {
+      NamespaceQuota q;
+      q.metadata_bytes = kMetaQuota;
+      q.tier2_bytes = kTier2Quota;
+      return q;
+    };
+    o.summarize = [](const v1::BlockMeta&, const uint8_t*, uint64_t) {
+      v1::Summary s;
+      s.set_kind(v1::SUMMARY_MEAN_KEYS);
+      for (uint32_t i = 0; i < kSummaryFloats; ++i) s.add_values(1.0f + i);
+      return std::optional<v1::Summary>(std::move(s));
+    };
+    o.summary_bound = [](const v1::BlockMeta&) -> uint64_t { return 4 * kSummaryFloats + 64; };
+  };
+  Open(8 * kMiB);
+  const std::vector<std::string> spaces = {"a", "b", "c"};
+  std::atomic<bool> done{false};
+  std::atomic<int> refused{0}, saved{0}, other_errors{0};
+  absl::Mutex mu;
+  std::map<std::string, NamespaceUsage> peak;
+  uint64_t peak_total = 0;
+  std::thread watcher([&] {
+    while (!done) {
+      absl::MutexLock lock(&mu);
+      for (const std::string& ns : spaces) {
+        const NamespaceUsage u = tm_->Usage(ns);
+        peak[ns].metadata_bytes = std::max(peak[ns].metadata_bytes, u.metadata_bytes);
+        peak[ns].tier2_bytes = std::max(peak[ns].tier2_bytes, u.tier2_bytes);
+      }
+      peak_total = std::max(peak_total, tm_->Stats().metadata_bytes);
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 64; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string& ns = spaces[t % 3];
+      v1::LayoutFingerprint fp = evoke::testing::OpaqueFingerprint(ns);
+      for (int i = 0, refusals = 0; i < 40 && refusals < 3; ++i) {
+        const v1::BlockMeta meta = evoke::testing::SessionMeta(
+            fp, "t" + std::to_string(t), i, 16, 0, 1, 0);
+        const std::string payload = Payload(t * 1000 + i, 4 * kKiB);
+        const SaveItem item{&meta, payload.size(), false};
+        HostSaveSource source({payload});
+        const absl::Status s =
+            tm_->Save({&item, 1}, source, /*durable=*/t % 2 == 0, absl::InfiniteFuture(), kOwner)
+                .status();
+        if (s.ok()) {
+          ++saved;
+        } else if (s.code() == absl::StatusCode::kResourceExhausted) {
+          ++refused;
+          ++refusals;
+        } else {
+          ADD_FAILURE() << s;
+          ++other_errors;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  done = true;
+  watcher.join();
+  EXPECT_EQ(other_errors.load(), 0);
+  EXPECT_GT(saved.load(), 0);
+  EXPECT_GT(refused.load(), 0);
+  for (const std::string& ns : spaces) {
+    const NamespaceUsage u = tm_->Usage(ns);
+    EXPECT_LE(peak[ns].metadata_bytes, kMetaQuota) << ns;
+    EXPECT_LE(peak[ns].tier2_bytes, kTier2Quota) << ns;
+    EXPECT_LE(u.metadata_bytes, kMetaQuota) << ns;
+  }
+  EXPECT_LE(peak_total, kBudget);
+  EXPECT_LE(Stat().metadata_bytes, kBudget);
+  // Nothing stays reserved: with namespace a emptied, a's Saves fit again.
+  for (int t = 0; t < 64; t += 3) {
+    ASSERT_OK(tm_->DropSession("a", "t" + std::to_string(t)).status());
+  }
+  EXPECT_EQ(tm_->Usage("a").metadata_bytes, 0u);
+  const v1::BlockMeta meta =
+      evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint("a"), "again", 0, 16, 0, 1, 0);
+  ASSERT_OK(Save(meta, Payload(7, 4 * kKiB), false, /*durable=*/true).status());
 }
 
 }  // namespace

@@ -13,11 +13,17 @@
 //   load:NS:HEX  describe:HEX  lookup:HEX  delete:HEX  verify:HEX  pin:HEX
 //   list:NS  list-all  drop:NS:SESSION  recover:NS:SESSION  stat  flush
 //   verify-all
+//   save-many:NS:SESSION:N:THREADS:TOKENS  N session blocks of TOKENS tokens
+//                             from THREADS threads at once (extra: saved=
+//                             refused= other=, refused: RESOURCE_EXHAUSTED;
+//                             finite keys, so the daemon adds summaries)
 #include <grp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -145,6 +151,36 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
       const grpc::Status s = stub->Stat(&ctx, v1::StatRequest(), &resp);
       Print(verb, s,
             "has_counters=" + std::to_string(resp.has_counters() || resp.has_pinned()));
+    } else if (verb == "save-many") {
+      const v1::LayoutFingerprint fp = SmallFingerprint(f.at(1));
+      const std::string session = f.at(2);
+      const int n = std::stoi(f.at(3)), threads = std::stoi(f.at(4));
+      const uint32_t tokens = static_cast<uint32_t>(std::stoul(f.at(5)));
+      std::atomic<int> next{0}, saved{0}, refused{0}, other{0};
+      std::vector<std::thread> workers;
+      for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&] {
+          for (int i = next++; i < n; i = next++) {
+            TestBlock b = SessionBlock(session, static_cast<uint64_t>(i), tokens, fp);
+            // Finite f16 keys (high bytes below 0x40), so the daemon adds its
+            // MEAN_KEYS summary to the metadata.
+            for (size_t k = 1; k < b.payload.size(); k += 2) b.payload[k] &= 0x3f;
+            v1::SaveRequest req;
+            v1::SaveBlock* block = req.add_blocks();
+            *block->mutable_meta() = b.meta;
+            block->set_inline_bytes(b.payload);
+            v1::SaveResponse resp;
+            grpc::ClientContext one;
+            one.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+            const grpc::Status s = stub->Save(&one, req, &resp);
+            ++(s.ok() ? saved : s.error_code() == grpc::RESOURCE_EXHAUSTED ? refused : other);
+          }
+        });
+      }
+      for (std::thread& w : workers) w.join();
+      Print(verb, grpc::Status::OK,
+            "saved=" + std::to_string(saved.load()) + " refused=" +
+                std::to_string(refused.load()) + " other=" + std::to_string(other.load()));
     } else if (verb == "flush") {
       v1::FlushRequest req;
       v1::FlushResponse resp;
