@@ -351,6 +351,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   LeaseManagerOptions lease_options;
   lease_options.max_leases = options.max_leases;
+  lease_options.max_leases_per_uid = options.max_leases_per_uid;
   lease_options.max_regions_per_lease = options.max_regions_per_lease;
   lease_options.max_region_bytes = options.max_region_bytes;
   lease_options.max_mapped_bytes = options.max_mapped_bytes;
@@ -382,6 +383,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   KvTierServiceOptions service_options;
   service_options.limits.block.max_block_bytes = options.max_block_bytes;
   service_options.max_message_bytes = options.max_message_bytes;
+  service_options.max_calls_per_uid = options.ResolvedMaxCallsPerUid();
   service_options.data_dir = data_dir;
   service_options.version = EVOKE_VERSION;
   service_options.fd_socket = fd_socket;

@@ -281,6 +281,15 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--max-leases", o->max_leases, "Open leases at once")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-leases-per-uid", o->max_leases_per_uid,
+                 "Open leases of one uid (0 = a quarter of --max-leases)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-calls-per-uid", o->max_calls_per_uid,
+                 "RPCs of one uid queued or running at once; workers serve uids in turn "
+                 "(0 = 4 x --worker-threads)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-regions-per-lease", o->max_regions_per_lease,
                  "Regions one lease may register")
       ->capture_default_str()
@@ -326,7 +335,8 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   AddSize(app, "max-mapped-bytes-per-uid", &o->max_mapped_bytes_per_uid,
-          "Client shared memory mapped at once by one uid (0 = --max-mapped-bytes)");
+          "Client shared memory mapped at once by one uid (0 = a quarter of "
+          "--max-mapped-bytes)");
   app.add_option("--fd-connection-deadline-ms", o->fd_connection_deadline_ms,
                  "Total time one fd-socket connection has, however slowly it sends")
       ->capture_default_str()
@@ -443,6 +453,8 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "shutdown-grace-ms = ", o.shutdown_grace_ms, "\n",
       "fd-socket = ", str(o.fd_socket), "\n",
       "max-leases = ", o.max_leases, "\n",
+      "max-leases-per-uid = ", o.max_leases_per_uid, "\n",
+      "max-calls-per-uid = ", o.max_calls_per_uid, "\n",
       "max-regions-per-lease = ", o.max_regions_per_lease, "\n",
       "max-region-bytes = ", size(o.max_region_bytes), "\n",
       "cuda-register-chunk-bytes = ", size(o.cuda_register_chunk_bytes), "\n",

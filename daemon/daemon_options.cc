@@ -109,6 +109,10 @@ absl::Status DaemonOptions::Validate() const {
     return Invalid("summary-layer", absl::StrCat(summary_layer, " must be -1 or a layer index"));
   }
   if (max_leases == 0) return Invalid("max-leases", "must be > 0");
+  if (max_leases_per_uid > max_leases) {
+    return Invalid("max-leases-per-uid",
+                   absl::StrCat(max_leases_per_uid, " exceeds --max-leases ", max_leases));
+  }
   if (max_regions_per_lease == 0) return Invalid("max-regions-per-lease", "must be > 0");
   if (max_region_bytes == 0) return Invalid("max-region-bytes", "must be > 0");
   if (!tcp_listen.empty()) {
@@ -190,7 +194,12 @@ std::string DaemonOptions::ResolvedFdSocket() const {
 }
 
 uint64_t DaemonOptions::ResolvedMaxMappedBytesPerUid() const {
-  return max_mapped_bytes_per_uid == 0 ? max_mapped_bytes : max_mapped_bytes_per_uid;
+  return max_mapped_bytes_per_uid == 0 ? std::max<uint64_t>(1, max_mapped_bytes / 4)
+                                       : max_mapped_bytes_per_uid;
+}
+
+uint32_t DaemonOptions::ResolvedMaxCallsPerUid() const {
+  return max_calls_per_uid == 0 ? 4 * ResolvedWorkerThreads() : max_calls_per_uid;
 }
 
 uint32_t DaemonOptions::ResolvedWorkerThreads() const {

@@ -90,6 +90,17 @@ struct DaemonOptions {
 
   // Open leases at once. Default: 4096.
   uint32_t max_leases = 4096;
+  // Open leases of one uid, so that no uid can take them all (TCP
+  // principals share one count). 0: a quarter of max_leases.
+  // Default: 0.
+  uint32_t max_leases_per_uid = 0;
+
+  // RPCs of one uid queued or running on the worker threads at once; past
+  // it a call is RESOURCE_EXHAUSTED at once. Workers serve uids in turn
+  // (round robin), so a uid with many calls queued delays another uid's
+  // call by at most one call of its own. 0: 4 x the worker threads.
+  // Default: 0.
+  uint32_t max_calls_per_uid = 0;
 
   // Regions (shared memory or CUDA) one lease may register. Default: 256.
   uint32_t max_regions_per_lease = 256;
@@ -161,7 +172,7 @@ struct DaemonOptions {
   uint32_t max_mappings = 16384;
 
   // Client shared memory mapped at once by the processes of one uid. 0 means
-  // the same as max_mapped_bytes (one uid may use it all).
+  // a quarter of max_mapped_bytes (no uid can map it all).
   // Default: 0.
   uint64_t max_mapped_bytes_per_uid = 0;
 
@@ -232,9 +243,11 @@ struct DaemonOptions {
   uint32_t ResolvedWorkerThreads() const;
   // ResolvedFdSocket returns fd_socket, or the default next to `socket`.
   std::string ResolvedFdSocket() const;
-  // ResolvedMaxMappedBytesPerUid returns max_mapped_bytes_per_uid, or
-  // max_mapped_bytes when it is 0.
+  // ResolvedMaxMappedBytesPerUid returns max_mapped_bytes_per_uid, or a
+  // quarter of max_mapped_bytes when it is 0.
   uint64_t ResolvedMaxMappedBytesPerUid() const;
+  // ResolvedMaxCallsPerUid returns max_calls_per_uid, or 4 x the workers.
+  uint32_t ResolvedMaxCallsPerUid() const;
 };
 
 // SplitHostPort splits "HOST:PORT" ("[v6]:PORT" for an IPv6 literal, host

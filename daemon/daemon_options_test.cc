@@ -103,9 +103,10 @@ TEST(DaemonOptionsTest, HardeningDefaults) {
   EXPECT_EQ(o.max_mapped_bytes, 64ull << 30);
   EXPECT_EQ(o.max_mappings, 16384u);
   EXPECT_EQ(o.max_mapped_bytes_per_uid, 0u);
-  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 64ull << 30);
+  // No uid may map it all by default: a quarter each.
+  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 16ull << 30);
   o.max_mapped_bytes = 8ull << 30;
-  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 8ull << 30);
+  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 2ull << 30);
   o.max_mapped_bytes_per_uid = 1ull << 30;
   EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 1ull << 30);
   EXPECT_EQ(o.fd_connection_deadline_ms, 2000u);
@@ -305,7 +306,8 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "low-watermark", "max-block-bytes", "max-message-bytes",
                           "worker-threads", "copy-threads", "lock-memory", "spill-sync",
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
-                          "fd-socket", "max-leases", "max-regions-per-lease",
+                          "fd-socket", "max-leases", "max-leases-per-uid",
+                          "max-calls-per-uid", "max-regions-per-lease",
                           "max-region-bytes", "cuda-register-chunk-bytes", "summary-layer",
                           "log-level", "policy", "tcp-listen", "metrics-address",
                           "metrics-namespaces", "tls-cert", "tls-key",

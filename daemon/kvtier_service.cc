@@ -66,13 +66,32 @@ grpc::ServerUnaryReactor* FinishInline(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+using Lane = KvTierService::CallLane;
+
+// RESOURCE_EXHAUSTED for a call past its uid's cap on calls in flight.
+absl::Status TooManyCalls(const Lane& lane) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("uid ", lane.uid, " has ", lane.limit,
+                   " calls queued or running, the limit per uid (--max-calls-per-uid); "
+                   "retry when one finishes"));
+}
+
+// Runs `task` on the executor in `lane`'s turn, or finishes `reactor` with
+// TooManyCalls.
+void SubmitOrRefuse(Executor* executor, const Lane& lane, grpc::ServerUnaryReactor* reactor,
+                    Executor::Task task) {
+  if (!executor->TrySubmit(lane.uid, lane.limit, std::move(task))) {
+    reactor->Finish(ToGrpc(TooManyCalls(lane)));
+  }
+}
+
 // Runs `fn` on the executor and finishes the reactor from there.
 template <typename Fn>
-grpc::ServerUnaryReactor* FinishOnExecutor(Executor* executor,
+grpc::ServerUnaryReactor* FinishOnExecutor(Executor* executor, const Lane& lane,
                                            grpc::CallbackServerContext* context,
                                            Fn fn) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  executor->Submit([reactor, fn = std::move(fn)]() mutable {
+  SubmitOrRefuse(executor, lane, reactor, [reactor, fn = std::move(fn)]() mutable {
     reactor->Finish(ToGrpc(fn()));
   });
   return reactor;
@@ -235,7 +254,7 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
                                                  v1::RecoverResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   // CPU work proportional to the scope's size: off the reactor.
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     RecoveryQuery query;
     switch (request->scope_case()) {
       case v1::RecoverRequest::kSession:
@@ -350,6 +369,10 @@ void KvTierService::Forget(LeaseReactor* reactor) {
   reactors_.erase(reactor);
 }
 
+KvTierService::CallLane KvTierService::LaneOf(const Caller& caller) const {
+  return CallLane{OwnerUid(caller), options_.max_calls_per_uid};
+}
+
 absl::StatusOr<Lease> KvTierService::FindLease(const Caller& caller,
                                                absl::string_view lease_id) const {
   EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(lease_id));
@@ -394,7 +417,7 @@ grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
     grpc::CallbackServerContext* context, const v1::RegisterCudaRegionRequest* request,
     v1::RegisterRegionResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     if (request->size() > leases_->options().max_region_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -418,7 +441,7 @@ grpc::ServerUnaryReactor* KvTierService::UnregisterRegion(
     grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse*) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     return leases_->RemoveRegion(lease.id, request->region_id());
   });
@@ -495,7 +518,7 @@ grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext*
                                                     const v1::AttachRingRequest* request,
                                                     v1::AttachRingResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     EVOKE_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
                            leases_->GetRegion(lease.id, request->region_id(), "ring"));
@@ -523,7 +546,7 @@ grpc::ServerUnaryReactor* KvTierService::SaveBytes(grpc::CallbackServerContext* 
   const absl::Time deadline = DeadlineOf(context);
   EVOKE_CALLER_OR_FINISH(caller, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  executor_->Submit([=, this] {
+  SubmitOrRefuse(executor_, LaneOf(*caller), reactor, [=, this] {
     reactor->Finish(SaveRaw(*caller, *request, deadline, response));
   });
   return reactor;
@@ -534,7 +557,8 @@ grpc::ServerUnaryReactor* KvTierService::LoadBytes(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  executor_->Submit([=, this] { reactor->Finish(LoadRaw(*caller, *request, response)); });
+  SubmitOrRefuse(executor_, LaneOf(*caller), reactor,
+                 [=, this] { reactor->Finish(LoadRaw(*caller, *request, response)); });
   return reactor;
 }
 
@@ -595,14 +619,14 @@ grpc::ServerUnaryReactor* KvTierService::Lookup(grpc::CallbackServerContext* con
   // A local lookup never blocks (memory only): it runs on the reactor; a
   // fleet-wide one waits for the network and goes to the executor.
   if (request->namespace_().empty()) return FinishInline(context, lookup);
-  return FinishOnExecutor(executor_, context, lookup);
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, lookup);
 }
 
 grpc::ServerUnaryReactor* KvTierService::Delete(grpc::CallbackServerContext* context,
                                                 const v1::DeleteRequest* request,
                                                 v1::DeleteResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
@@ -616,7 +640,7 @@ grpc::ServerUnaryReactor* KvTierService::DropSession(
     grpc::CallbackServerContext* context, const v1::DropSessionRequest* request,
     v1::DropSessionResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     if (request->namespace_().empty()) {
       return absl::InvalidArgumentError("namespace: is required");
     }
@@ -636,7 +660,7 @@ grpc::ServerUnaryReactor* KvTierService::Pin(grpc::CallbackServerContext* contex
                                              v1::PinResponse*) {
   const absl::Time deadline = DeadlineOf(context);
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
@@ -795,7 +819,7 @@ grpc::ServerUnaryReactor* KvTierService::Verify(grpc::CallbackServerContext* con
                                                 const v1::VerifyRequest* request,
                                                 v1::VerifyResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 0, options_.limits.max_ids, true));
@@ -810,7 +834,7 @@ grpc::ServerUnaryReactor* KvTierService::Flush(grpc::CallbackServerContext* cont
                                                const v1::FlushRequest* request,
                                                v1::FlushResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishOnExecutor(executor_, context, [=, this]() -> absl::Status {
+  return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
     EVOKE_RETURN_IF_ERROR(NeedsAdmin(*caller, "Flush"));
     EVOKE_ASSIGN_OR_RETURN(const FlushResult flushed, tiers_->Flush(request->evict()));
     ToProto(flushed, response);

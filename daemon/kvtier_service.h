@@ -2,6 +2,8 @@
 #ifndef EVOKE_DAEMON_KVTIER_SERVICE_H_
 #define EVOKE_DAEMON_KVTIER_SERVICE_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -55,6 +57,9 @@ struct KvTierServiceOptions {
   RpcMetrics* rpc_metrics = nullptr;
   // Where /metrics is served (Stat's `metrics_address`); empty: off.
   std::string metrics_address;
+  // Calls of one uid queued or running on the executor at once (TCP
+  // principals share one count); past it RESOURCE_EXHAUSTED. 0: no cap.
+  uint32_t max_calls_per_uid = 0;
 };
 
 // KvTierService validates each request (INVALID_ARGUMENT naming the field),
@@ -73,6 +78,13 @@ struct KvTierServiceOptions {
 // Thread-safe. `tiers` and `executor` must outlive the service.
 class KvTierService final : public v1::KvTier::CallbackService {
  public:
+  // Whose turn a call takes on the executor (the caller's uid; TCP
+  // principals share one) and the cap on that uid's calls (0: none).
+  struct CallLane {
+    uid_t uid;
+    uint32_t limit;
+  };
+
   // `leases`, `copiers` and `recovery` must outlive the service.
   KvTierService(TierManager* tiers, Executor* executor, LeaseManager* leases,
                 DeviceCopiers* copiers, const RecoveryIndex* recovery,
@@ -170,6 +182,8 @@ class KvTierService final : public v1::KvTier::CallbackService {
   // FindLease resolves a lease_id of the caller's own uid (NOT_FOUND for
   // another's, as for an unknown one).
   absl::StatusOr<Lease> FindLease(const Caller& caller, absl::string_view lease_id) const;
+  // The caller's turn on the executor (its uid) and its cap on calls.
+  CallLane LaneOf(const Caller& caller) const;
   void Forget(LeaseReactor* reactor);
   absl::StatusOr<std::shared_ptr<const Caller>> Identify(
       const grpc::CallbackServerContext& context) const;

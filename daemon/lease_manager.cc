@@ -22,7 +22,7 @@ MappingLimits LimitsOf(const LeaseManagerOptions& o) {
   const uint64_t kernel_safe = DefaultMaxMappings();
   l.max_mappings = o.max_mappings == 0 ? kernel_safe : std::min(o.max_mappings, kernel_safe);
   l.max_mappings_per_uid = o.max_mappings_per_uid == 0
-                               ? std::max<uint64_t>(1, l.max_mappings / 2)
+                               ? std::max<uint64_t>(1, l.max_mappings / 4)
                                : std::min(o.max_mappings_per_uid, l.max_mappings);
   return l;
 }
@@ -33,6 +33,9 @@ constexpr absl::string_view kUnknownLease = "lease_id: unknown or ended lease";
 
 LeaseManager::LeaseManager(const LeaseManagerOptions& options, TierManager* tiers)
     : options_(options),
+      max_leases_per_uid_(options.max_leases_per_uid == 0
+                              ? std::max<uint32_t>(1, options.max_leases / 4)
+                              : std::min(options.max_leases_per_uid, options.max_leases)),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       tiers_(tiers),
       budget_(LimitsOf(options)) {}
@@ -46,8 +49,15 @@ absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name, uid_t o
   absl::MutexLock lock(&mu_);
   if (leases_.size() >= options_.max_leases) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("too many open leases (", options_.max_leases, ")"));
+        absl::StrCat("too many open leases (", options_.max_leases, ", --max-leases)"));
   }
+  uint32_t& mine = leases_per_uid_[owner_uid];
+  if (mine >= max_leases_per_uid_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", owner_uid, " holds ", mine, " open leases, the limit per uid (",
+                     max_leases_per_uid_, ", --max-leases-per-uid); end one first"));
+  }
+  ++mine;
   LeaseState& state = leases_[id];
   state.owner = next_owner_++;
   state.owner_uid = owner_uid;
@@ -66,10 +76,16 @@ void LeaseManager::End(const BlockId& id) {
     auto it = leases_.find(id);
     if (it == leases_.end()) return;
     state = std::move(it->second);
-    leases_.erase(it);
+    Forget(it);
     ++expired_;
   }
   Release(std::move(state));
+}
+
+void LeaseManager::Forget(absl::flat_hash_map<BlockId, LeaseState>::iterator it) {
+  auto u = leases_per_uid_.find(it->second.owner_uid);
+  if (u != leases_per_uid_.end() && --u->second == 0) leases_per_uid_.erase(u);
+  leases_.erase(it);
 }
 
 void LeaseManager::Release(LeaseState state) {
@@ -132,7 +148,7 @@ size_t LeaseManager::ExpireIdle() {
                        LogField("client", it->second.client_name),
                        LogField("idle", absl::FormatDuration(now - it->second.last_used)));
       idle.push_back(std::move(it->second));
-      leases_.erase(it++);
+      Forget(it++);
       ++expired_;
     }
   }

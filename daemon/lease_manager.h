@@ -27,6 +27,9 @@ namespace evoke {
 struct LeaseManagerOptions {
   // Open leases at once. Default: 4096.
   uint32_t max_leases = 4096;
+  // Open leases of one uid (TCP principals share one), so that no uid can
+  // take every lease. 0: a quarter of max_leases (at least 1).
+  uint32_t max_leases_per_uid = 0;
   // Regions one lease may register. Default: 256.
   uint32_t max_regions_per_lease = 256;
   // Largest region. Default: 64 GiB.
@@ -42,7 +45,7 @@ struct LeaseManagerOptions {
   // well under vm.max_map_count. 0: DefaultMaxMappings(), i.e. min(16384,
   // vm.max_map_count / 4); larger values are lowered to it too.
   uint64_t max_mappings = 0;
-  // Mappings of one uid. 0: half of max_mappings.
+  // Mappings of one uid. 0: a quarter of max_mappings (at least 1).
   uint64_t max_mappings_per_uid = 0;
   // A lease unused for this long (no request resolved it, see Find) is
   // ended by ExpireIdle. Default: infinite (a lease ends with its stream).
@@ -78,7 +81,8 @@ class LeaseManager {
   // Grant opens a lease for a client running as `owner_uid` (the peer's
   // uid, from SO_PEERCRED): only that uid may register shared memory under
   // it (AddSharedMemoryRegion). The default, the daemon's own uid, is for
-  // callers that do not know the peer. RESOURCE_EXHAUSTED past max_leases;
+  // callers that do not know the peer. RESOURCE_EXHAUSTED past max_leases
+  // or max_leases_per_uid;
   // UNAVAILABLE if the system cannot provide randomness.
   absl::StatusOr<Lease> Grant(absl::string_view client_name, uid_t owner_uid = geteuid());
   // End closes a lease (idempotent).
@@ -120,6 +124,8 @@ class LeaseManager {
   absl::Status RemoveRegion(const BlockId& lease, uint64_t region_id);
 
   const LeaseManagerOptions& options() const { return options_; }
+  // The per-uid lease cap in force (max_leases_per_uid resolved).
+  uint32_t max_leases_per_uid() const { return max_leases_per_uid_; }
   v1::LeaseStat Stats() const;
   // What the shared-memory regions map now, in all and per uid, and the caps
   // in force (max_mappings resolved).
@@ -140,12 +146,18 @@ class LeaseManager {
   // mu_ held.
   void Release(LeaseState state);
 
+  // Forget drops an ended lease's entry and its uid's count.
+  void Forget(absl::flat_hash_map<BlockId, LeaseState>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const LeaseManagerOptions options_;
+  const uint32_t max_leases_per_uid_;
   const Clock* const clock_;
   TierManager* const tiers_;
   MappingBudget budget_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<BlockId, LeaseState> leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uid_t, uint32_t> leases_per_uid_ ABSL_GUARDED_BY(mu_);
   PinOwner next_owner_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t expired_ ABSL_GUARDED_BY(mu_) = 0;

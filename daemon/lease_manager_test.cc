@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/chain_hash.h"
 #include "gmock/gmock.h"
@@ -21,6 +22,7 @@ namespace {
 
 using ::evoke::testing::FakeClock;
 using ::evoke::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A region that only counts as registered memory.
@@ -214,10 +216,39 @@ TEST_F(LeaseManagerTest, MappingCapsCountAcrossLeasesAndPerUid) {
   EXPECT_EQ(leases.Stats().shm_regions(), 5u);
 }
 
+// One uid cannot take every lease: by default it gets a quarter of them,
+// and ending one gives its share back.
+TEST_F(LeaseManagerTest, LeasesAreCappedPerUid) {
+  LeaseManagerOptions options;
+  options.max_leases = 16;
+  LeaseManager leases(options, tiers_.get());
+  EXPECT_EQ(leases.max_leases_per_uid(), 4u);
+  std::vector<Lease> mine;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(Lease l, leases.Grant("hog", 1000));
+    mine.push_back(l);
+  }
+  EXPECT_THAT(leases.Grant("hog", 1000),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("uid 1000"), HasSubstr("--max-leases-per-uid"))));
+  for (uid_t other : {2000u, 3000u, 4000u}) {
+    for (int i = 0; i < 4; ++i) ASSERT_OK(leases.Grant("other", other).status());
+  }
+  // All 16 are taken now: the global cap answers, naming its flag.
+  EXPECT_THAT(leases.Grant("late", 5000),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-leases)")));
+  leases.End(mine[0].id);
+  ASSERT_OK(leases.Grant("hog", 1000).status());
+  LeaseManagerOptions explicit_cap;
+  explicit_cap.max_leases = 16;
+  explicit_cap.max_leases_per_uid = 10;
+  EXPECT_EQ(LeaseManager(explicit_cap, tiers_.get()).max_leases_per_uid(), 10u);
+}
+
 TEST_F(LeaseManagerTest, MappingCapsDefaultWellUnderTheKernelLimit) {
   LeaseManager dflt(LeaseManagerOptions(), tiers_.get());
   EXPECT_EQ(dflt.mapping_budget().limits().max_mappings, DefaultMaxMappings());
-  EXPECT_EQ(dflt.mapping_budget().limits().max_mappings_per_uid, DefaultMaxMappings() / 2);
+  EXPECT_EQ(dflt.mapping_budget().limits().max_mappings_per_uid, DefaultMaxMappings() / 4);
   LeaseManagerOptions options;
   options.max_mappings = 1ull << 40;  // Lowered to what the kernel allows.
   options.max_mapped_bytes = 1 << 20;

@@ -309,6 +309,15 @@ absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
       SavePlan& p = (*plans)[i];
       const IndexEntry* e = core_.index.Find(p.id);
       in_flight = e != nullptr && e->state == BlockState::kWriting;
+      if (e != nullptr && !in_flight &&
+          e->meta.fingerprint().namespace_() != items[i].meta->fingerprint().namespace_()) {
+        // Ids hash the namespace in, so only a collision of the 128-bit id
+        // lands here; deduplicating (or reviving a breadcrumb) across
+        // namespaces would hand one tenant's bytes to another.
+        return ItemError(absl::StatusCode::kAlreadyExists, i, ItemPart::kId,
+                         absl::StrCat(Name(p.id), " collides with a block of another namespace "
+                                                  "(a 128-bit id collision); not stored"));
+      }
       p.fresh = e == nullptr || !e->bytes_available();
       if (!p.fresh) {
         p.existing_gen = e->gen;

@@ -598,6 +598,30 @@ TEST_F(TierManagerTest, ConcurrentClientsNeverExceedBudget) {
   EXPECT_GT(st.counters.spills, 0u);
 }
 
+// Dedup compares namespaces as well as ids: a block whose id collides with
+// another namespace's block (ids hash the namespace in, so this takes a
+// 128-bit collision, forced here) is refused, and neither the stored bytes
+// nor a breadcrumb of the other namespace change.
+TEST_F(TierManagerTest, AnIdCollisionAcrossNamespacesNeverDeduplicates) {
+  Open(4 * kMiB);
+  const v1::BlockMeta a = evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint("a"),
+                                                      "s", 0, 16, 0, 1, 0);
+  v1::BlockMeta b = evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint("b"), "s", 0,
+                                                16, 0, 1, 0);
+  b.set_id(a.id());  // The forced collision.
+  const std::string bytes_a = Payload(1, 8 * kKiB);
+  ASSERT_OK(Save(a, bytes_a).status());
+  for (const std::string& bytes : {bytes_a, Payload(2, 8 * kKiB)}) {
+    EXPECT_THAT(Save(b, bytes).status(),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("another namespace")));
+  }
+  absl::StatusOr<std::string> loaded = Load(IdOf(a), nullptr, a.fingerprint());
+  ASSERT_OK(loaded.status());
+  EXPECT_EQ(*loaded, bytes_a);
+  EXPECT_EQ(tm_->Usage("b").blocks, 0u);
+  EXPECT_EQ(tm_->Usage("a").blocks, 1u);
+}
+
 // Quotas are exact under concurrency: 64 threads across 3 namespaces save
 // (half of them durably) until refused, while a watcher samples usage. No
 // namespace ever holds more than its metadata or tier-2 quota, the daemon-

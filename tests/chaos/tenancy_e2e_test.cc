@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <string>
 #include <thread>
@@ -41,7 +42,7 @@ class TenancyTest : public E2eTest {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to run tenants as other uids";
   }
 
-  void StartWithPolicy(const std::string& policy) {
+  void StartWithPolicy(const std::string& policy, std::vector<std::string> extra = {}) {
     // Other uids must reach the socket: the directory is searchable and the
     // socket opened to all, so that only the policy decides.
     ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
@@ -51,6 +52,7 @@ class TenancyTest : public E2eTest {
       std::ofstream(path) << policy;
       flags = {"--policy", path};
     }
+    flags.insert(flags.end(), extra.begin(), extra.end());
     StartDaemon(flags);
     ASSERT_EQ(chmod(daemon_->socket().c_str(), 0666), 0);
   }
@@ -310,6 +312,27 @@ TEST_F(TenancyTest, ConcurrentSavesNeverOverrunAQuota) {
     EXPECT_LE(ns.metadata_bytes(), quota) << ns.name() << ": " << ns.blocks() << " blocks";
   }
   EXPECT_EQ(seen, 3);
+}
+
+// Fair shares: one uid cannot hold every lease. With --max-leases 8 a uid
+// gets 2 (a quarter); another uid still gets one (before, the first uid took
+// all 8 and every other uid was RESOURCE_EXHAUSTED).
+TEST_F(TenancyTest, OneUidCannotTakeEveryLease) {
+  StartWithPolicy(kPolicy, {"--max-leases", "8"});
+  std::vector<std::unique_ptr<Client>> hogs;  // The fixture's client holds one.
+  absl::Status refused;
+  for (int i = 0; i < 8 && refused.ok(); ++i) {
+    std::unique_ptr<Client> c = daemon_->Connect();
+    ASSERT_NE(c, nullptr);
+    refused = c->OpenLease("hog");
+    if (refused.ok()) hogs.push_back(std::move(c));
+  }
+  EXPECT_EQ(hogs.size(), 1u);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--max-leases-per-uid"), absl::string_view::npos) << refused;
+  // Alice's lease is granted: her pin of an absent id is NOT_FOUND.
+  const Reply pin = One(kAlice, "pin:0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(pin.code, 5) << pin.message;
 }
 
 // The global metadata budget: a flood of metadata-heavy saves is refused
