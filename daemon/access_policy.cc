@@ -153,6 +153,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> AccessPolicy::ForPeer(
     const PeerCred& peer) const {
   auto c = std::make_shared<Caller>();
   c->uid_ = peer.uid;
+  c->writer_ = absl::StrCat("uid:", peer.uid);
   if (owner_.has_value()) {
     if (peer.uid != *owner_ && peer.uid != 0) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -200,6 +201,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> AccessPolicy::ForToken(
   const v1::Principal& pr = proto_.principals(static_cast<int>(*found));
   auto c = std::make_shared<Caller>();
   c->name_ = absl::StrCat(pr.name(), " (token)");
+  c->writer_ = absl::StrCat("principal:", pr.name());
   c->admin_ = pr.admin();
   for (const std::string& ns : pr.namespaces()) {
     if (ns == "*") {

@@ -39,6 +39,13 @@ class Caller final : public NamespaceScope {
   std::optional<uid_t> uid() const { return uid_; }
   // The namespaces named for it (without "*").
   const absl::flat_hash_set<std::string>& namespaces() const { return namespaces_; }
+  // What a block it saves records as its writer (BlockMeta.writer):
+  // "uid:N" for a Unix peer, "principal:NAME" for a TCP one, "" in-process.
+  const std::string& writer() const { return writer_; }
+  // Tokens (prompts) are shown to admins and to the block's writer only.
+  bool SeesTokensOf(const v1::BlockMeta& meta) const override {
+    return admin_ || (!meta.writer().empty() && meta.writer() == writer_);
+  }
 
  private:
   friend class AccessPolicy;
@@ -47,6 +54,7 @@ class Caller final : public NamespaceScope {
   bool all_namespaces_ = false;
   absl::flat_hash_set<std::string> namespaces_;
   std::optional<uid_t> uid_;
+  std::string writer_;
 };
 
 class AccessPolicy {

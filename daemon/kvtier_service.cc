@@ -458,6 +458,7 @@ absl::Status KvTierService::DoSave(const Caller& caller, const v1::SaveRequest& 
   items.reserve(request.blocks_size());
   for (const v1::SaveBlock& block : request.blocks()) {
     items.push_back(SaveItem{&block.meta(), PayloadLength(block), block.pin()});
+    items.back().writer = caller.writer();
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<SavedBlock>> results = tiers_->Save(
@@ -730,6 +731,7 @@ grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* conte
     for (const BlockInfo& b : blocks) {
       v1::BlockInfo info;
       ToProto(b, &info);
+      if (!caller->SeesTokensOf(b.meta)) info.mutable_meta()->clear_tokens();
       const uint64_t size = info.ByteSizeLong() + 8;
       if (response->blocks_size() > 0 && bytes + size > budget) {
         more = true;

@@ -487,6 +487,28 @@ void MakeRecall(Rng& rng, uint32_t length, Session& s) {
   b.Filler(filler - done, false);
 }
 
+// Each of n items stated twice (copy and bind drills): first at a cut in
+// the first 70% of the filler, again at a later cut. Sorted by cut, a first
+// statement before a repeat at the same cut.
+struct Statement {
+  uint32_t cut;
+  int again;  // 0: the first statement, 1: the repeat.
+  size_t item;
+};
+
+std::vector<Statement> StatedTwice(Rng& rng, size_t n, uint32_t filler) {
+  std::vector<Statement> events;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t cut = rng.Between(0, filler * 7 / 10);
+    events.push_back({cut, 0, i});
+    events.push_back({rng.Between(cut, filler), 1, i});
+  }
+  std::sort(events.begin(), events.end(), [](const Statement& a, const Statement& b) {
+    return a.cut != b.cut ? a.cut < b.cut : a.again < b.again;
+  });
+  return events;
+}
+
 // Training only: copy drills. Spans of filler (8-24 tokens) that occur
 // twice; the second occurrence is graded from its third token on. Every
 // graded token teaches the induction pattern (find where the current
@@ -506,35 +528,25 @@ void MakeCopy(Rng& rng, uint32_t length, Session& s) {
   Builder b(rng, s);
   std::vector<std::vector<int32_t>> spans(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) b.FillerTokens(lengths[i], false, &spans[i]);
-  struct Event {
-    uint32_t cut;
-    int second;
-    size_t span;
-  };
-  std::vector<Event> events;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const uint32_t cut = rng.Between(0, filler * 7 / 10);
-    events.push_back({cut, 0, i});
-    events.push_back({rng.Between(cut, filler), 1, i});
-  }
-  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return a.cut != b.cut ? a.cut < b.cut : a.second < b.second;
-  });
+  const std::vector<Statement> events = StatedTwice(rng, spans.size(), filler);
   b.Token(Vocabulary::kBos);
   uint32_t done = 0;
-  for (const Event& e : events) {
+  for (const Statement& e : events) {
     b.Filler(e.cut - done, false);
     done = e.cut;
-    const std::vector<int32_t>& span = spans[e.span];
-    for (size_t j = 0; j < span.size(); ++j) b.Token(span[j], e.second && j >= 2 ? 2 : 0);
+    const std::vector<int32_t>& span = spans[e.item];
+    for (size_t j = 0; j < span.size(); ++j) b.Token(span[j], e.again && j >= 2 ? 2 : 0);
   }
   b.Filler(filler - done, false);
 }
 
 // Training only: bind drills. Facts "[ADJ] NOUN D D D ." (the value right
-// after its key), each stated again at a random later point with its value
-// graded. One-word keys are distinct nouns; two-word keys include look-alikes
-// (DrawFacts), and every fact is stated again, look-alikes too.
+// after its key), each asked again at a random later point as "? [ADJ] NOUN"
+// with its value graded. The "?" marks the repeat: without a marker (a
+// repeat written like a first statement) the synthetic check's lookup is
+// not learned either (models/README.md). One-word keys are distinct nouns;
+// two-word keys include look-alikes (DrawFacts), and every fact is asked
+// about, look-alikes too.
 void MakeBind(Rng& rng, uint32_t length, bool two_words, Session& s) {
   const Vocabulary& v = GetVocabulary();
   const uint32_t fact_len = two_words ? 6 : 5;
@@ -548,38 +560,26 @@ void MakeBind(Rng& rng, uint32_t length, bool two_words, Session& s) {
   }
   s.n_facts = n;
   rng.Shuffle(facts);
-  const uint32_t filler = length - 1 - 2 * n * fact_len;
-  struct Event {
-    uint32_t cut;
-    int again;  // 0: the fact, 1: its restatement.
-    size_t fact;
-  };
-  std::vector<Event> events;
-  for (size_t i = 0; i < facts.size(); ++i) {
-    const uint32_t cut = rng.Between(0, filler * 7 / 10);
-    events.push_back({cut, 0, i});
-    events.push_back({rng.Between(cut, filler), 1, i});
-  }
-  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return a.cut != b.cut ? a.cut < b.cut : a.again < b.again;
-  });
+  const uint32_t filler = length - 1 - n * (2 * fact_len + 1);
+  const std::vector<Statement> events = StatedTwice(rng, facts.size(), filler);
   Builder b(rng, s);
   b.Token(Vocabulary::kBos);
   std::vector<uint32_t> fact_first(facts.size());
   uint32_t done = 0;
-  for (const Event& e : events) {
+  for (const Statement& e : events) {
     b.Filler(e.cut - done, false);
     done = e.cut;
-    const Fact& f = facts[e.fact];
+    const Fact& f = facts[e.item];
     const uint8_t key_role = e.again ? 0 : 1;
-    if (!e.again) fact_first[e.fact] = b.size();
+    if (!e.again) fact_first[e.item] = b.size();
+    if (e.again) b.Word("?");
     if (two_words) b.Token(f.key.adjective, key_role);
     b.Token(f.key.noun, key_role);
     if (e.again) {
       Probe p;
       p.answer_first = b.size();
       p.answer.assign(f.value.begin(), f.value.end());
-      p.fact_first = fact_first[e.fact];
+      p.fact_first = fact_first[e.item];
       p.fact_last = p.fact_first + fact_len;
       s.probes.push_back(std::move(p));
     }

@@ -33,9 +33,9 @@
 //              probes.
 //   bind1      (training only) the lookup on its simplest form: facts
 //              "NOUN D D D ." (a one-word key, the value right after it),
-//              each stated again later with its value graded.
+//              each asked again later, "? NOUN D D D .", its value graded.
 //   bind2      (training only) the same with two-word keys, "ADJ NOUN D D D
-//              .", a third of them look-alikes (one word shared with another
+//              ." and "? ADJ NOUN D D D .", a third of them look-alikes (one word shared with another
 //              key), so the lookup must match both words. bind1 then bind2
 //              then recall is a curriculum: the value right after its key is
 //              the form a lookup is learned on first (models/README.md).

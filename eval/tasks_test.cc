@@ -193,8 +193,8 @@ TEST(TasksTest, BindDrillsRestateEachFactWithItsValueGraded) {
         EXPECT_TRUE(TrainingOnly(kind));
         EXPECT_EQ(s.probes.size(), s.n_facts) << "every fact is stated again";
         for (const Probe& p : s.probes) {
-          // The fact is "[ADJ] NOUN D D D ." and the restatement repeats its
-          // key right before the graded value.
+          // The fact is "[ADJ] NOUN D D D ." and the repeat, "? [ADJ] NOUN",
+          // names its key right before the graded value.
           ASSERT_EQ(p.fact_last - p.fact_first, key_words + 4);
           ASSERT_LT(p.fact_last, p.answer_first);
           for (uint32_t i = 0; i < 3; ++i) {
@@ -206,6 +206,7 @@ TEST(TasksTest, BindDrillsRestateEachFactWithItsValueGraded) {
           for (uint32_t i = 0; i < key_words; ++i) {
             EXPECT_EQ(s.tokens[p.answer_first - key_words + i], s.tokens[p.fact_first + i]);
           }
+          EXPECT_EQ(s.tokens[p.answer_first - key_words - 1], GetVocabulary().Id("?"));
           // No other fact has the same key; look-alikes share one word.
           int same = 0;
           for (const Probe& q : s.probes) {

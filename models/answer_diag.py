@@ -11,6 +11,7 @@ spreads it over all of them; one that matches a single key word favours
 the look-alikes. This is how the barrier in models/README.md was measured.
 
   models/answer_diag.py --taskgen build/eval/evoke-taskgen --ckpt RUN/latest.pt
+  models/answer_diag.py ... --tasks bind2   # the drills (eval/tasks.h)
 """
 
 import argparse
@@ -53,6 +54,8 @@ def main():
                         str(args.sessions), "--out", shard], check=True)
         tokens, roles = read_shard(shard)
     digits = {i for i, w in enumerate(words) if w.isdigit()}
+    joiners = {words.index(w) for w in ("is", "=")}
+    structure = {words.index(w) for w in (":", "is", "(")}
 
     argmax = {}   # (answer kind, look-alike present, class of the argmax) -> count
     mass = {}     # class -> probabilities on facts' unambiguous first digits
@@ -65,9 +68,13 @@ def main():
                 facts = []  # (first token, adjective, noun, digits)
                 for i, j in role_runs(rl, 1):
                     value = tuple(x for x in tk[i:j] if x in digits)
-                    words_ = [x for x in tk[i:j] if x not in digits]
-                    if value and len(words_) >= 3:
-                        facts.append((i, words_[-3], words_[-2], value))
+                    # The key: the words before the value, less "is" / "="
+                    # (recall facts "code for ADJ NOUN is"; bind drills
+                    # "ADJ NOUN" or "NOUN", the adjective then None).
+                    words_ = [x for x in tk[i:j] if x not in digits and x not in joiners]
+                    if value and words_:
+                        adjective = words_[-2] if len(words_) >= 2 else None
+                        facts.append((i, adjective, words_[-1], value))
                 for i, j in role_runs(rl, 2):
                     answer = tuple(tk[i:j])
                     before = [f for f in facts if f[0] < i]
@@ -91,6 +98,8 @@ def main():
                     q = p[i - 1]
                     top = int(q.argmax())
                     kind = words[tk[i - 1]]
+                    if tk[i - 1] not in structure:
+                        kind = "the key"  # Bind drills: the value follows the key.
                     look = any(cls(f).startswith("same") for f in before)
                     c = "/".join(sorted(by_digit[top])) if top in by_digit else "not a fact's digit"
                     key = (kind, "look-alike" if look else "no look-alike", c)

@@ -152,7 +152,8 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
   // Outside the lock: sizes of the metadata as it will be stored.
   std::vector<uint64_t> item_meta(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    item_meta[i] = MetadataBytes(*items[i].meta) +
+    // The writer replaces the client's (field tag, length, bytes).
+    item_meta[i] = MetadataBytes(*items[i].meta) + 2 + items[i].writer.size() +
                    (core_.options.summary_bound ? core_.options.summary_bound(*items[i].meta) : 0);
   }
   for (int attempt = 0;;) {
@@ -465,6 +466,7 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
       IndexEntry* e = p.entry;
       v1::BlockMeta meta = *items[i].meta;
       if (p.summary) *meta.add_summaries() = std::move(*p.summary);
+      meta.set_writer(items[i].writer);
       meta.set_payload_bytes(items[i].size);
       meta.set_checksum(p.checksum);
       if (!p.revived) meta.set_created_unix_ms(now_ms);
@@ -775,6 +777,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
       }
       core_.index.Touch(e, now_ms);
       (*metas)[i] = e->meta;
+      if (scope != nullptr && !scope->SeesTokensOf(e->meta)) (*metas)[i].clear_tokens();
     }
   }
 
@@ -1098,7 +1101,9 @@ absl::StatusOr<BlockInfo> TierManagerImpl::Describe(const BlockId& id,
     return ItemError(absl::StatusCode::kNotFound, 0, ItemPart::kId,
                      absl::StrCat(Name(id), " not found"));
   }
-  return BlockIndex::Info(*e);
+  BlockInfo info = BlockIndex::Info(*e);
+  if (scope != nullptr && !scope->SeesTokensOf(info.meta)) info.meta.clear_tokens();
+  return info;
 }
 
 std::vector<BlockInfo> TierManagerImpl::List(const ListFilter& filter, const BlockId* after,

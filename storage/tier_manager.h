@@ -108,6 +108,8 @@ struct SaveItem {
   bool pin = false;
   // Fetched from tier 3: not written back to it.
   bool from_remote = false;
+  // Stored as the block's meta.writer (replacing the client's value).
+  std::string writer = std::string();
 };
 
 // Where a Save's payloads come from.

@@ -38,6 +38,12 @@ class NamespaceScope {
   virtual ~NamespaceScope() = default;
   virtual bool SeesAll() const = 0;
   virtual bool Sees(absl::string_view ns) const = 0;
+  // SeesTokensOf: whether a block's tokens (its prompt) are shown to this
+  // caller; reads clear them otherwise (n_tokens stays).
+  virtual bool SeesTokensOf(const v1::BlockMeta& meta) const {
+    (void)meta;
+    return true;
+  }
 };
 
 // TierHealth: a lower tier's degraded modes and start-up recovery.

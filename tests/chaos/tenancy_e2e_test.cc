@@ -262,6 +262,30 @@ TEST_F(TenancyTest, NamespaceQuotasBoundUsage) {
   EXPECT_TRUE(seen);
 }
 
+// A member of a shared namespace sees another member's prefix blocks but
+// not their tokens (the prompt): List and Describe show tokens to the
+// writer and to admins, counts to the others.
+TEST_F(TenancyTest, TokensAreShownToTheWriterAndAdminsOnly) {
+  StartWithPolicy(kPolicy);
+  const Reply saved = One(kAlice, "save-prefix:shared");
+  ASSERT_EQ(saved.code, 0) << saved.message;
+  const std::string id = IdOf(saved);
+  const std::vector<Reply> alice = As(kAlice, {"list:shared", "describe:" + id});
+  const std::vector<Reply> bob = As(kBob, {"list:shared", "describe:" + id});
+  const std::vector<Reply> ops = As(0, {"list:shared", "describe:" + id});
+  for (const std::vector<Reply>* r : {&alice, &bob, &ops}) {
+    EXPECT_EQ((*r)[0].code, 0) << (*r)[0].message;
+    EXPECT_NE((*r)[0].message.find("blocks=1 "), std::string::npos) << (*r)[0].message;
+    EXPECT_EQ((*r)[1].code, 0) << (*r)[1].message;
+    EXPECT_NE((*r)[1].message.find("n_tokens=4 "), std::string::npos) << (*r)[1].message;
+  }
+  EXPECT_NE(alice[0].message.find("tokens=4"), std::string::npos) << alice[0].message;
+  EXPECT_NE(alice[1].message.find(" tokens=4"), std::string::npos) << alice[1].message;
+  EXPECT_NE(ops[0].message.find("tokens=4"), std::string::npos) << ops[0].message;
+  EXPECT_NE(bob[0].message.find("tokens=0"), std::string::npos) << bob[0].message;
+  EXPECT_NE(bob[1].message.find(" tokens=0"), std::string::npos) << bob[1].message;
+}
+
 // Quotas hold exactly: three tenants (distinct uids) save from 64 threads at
 // once into namespaces with metadata quotas. The quota is set 200 bytes
 // short of 18 blocks, so the 18th block fits only if the MEAN_KEYS summary

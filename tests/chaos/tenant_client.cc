@@ -10,8 +10,9 @@
 //   save-session:NS:SESSION   a 4-token session block (extra: id=<hex>)
 //   save-prefix:NS            a 4-token prefix block with its tokens (id=)
 //   save-prefix-bare:NS:HEX   a prefix block without tokens claiming HEX
-//   load:NS:HEX  describe:HEX  lookup:HEX  delete:HEX  verify:HEX  pin:HEX
-//   list:NS  list-all  drop:NS:SESSION  recover:NS:SESSION  stat  flush
+//   load:NS:HEX  describe:HEX (extra: n_tokens= tokens=)  lookup:HEX
+//   delete:HEX  verify:HEX  pin:HEX
+//   list:NS (extra: blocks= tokens=, tokens shown in all)  list-all  drop:NS:SESSION  recover:NS:SESSION  stat  flush
 //   verify-all
 //   save-many:NS:SESSION:N:THREADS:TOKENS  N session blocks of TOKENS tokens
 //                             from THREADS threads at once (extra: saved=
@@ -84,7 +85,10 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
       v1::DescribeRequest req;
       req.set_id(IdBytes(f.at(1)));
       v1::BlockInfo resp;
-      Print(verb, stub->Describe(&ctx, req, &resp));
+      const grpc::Status s = stub->Describe(&ctx, req, &resp);
+      Print(verb, s,
+            "n_tokens=" + std::to_string(resp.meta().n_tokens()) +
+                " tokens=" + std::to_string(resp.meta().tokens_size()));
     } else if (verb == "lookup") {
       v1::LookupRequest req;
       req.add_ids(IdBytes(f.at(1)));
@@ -127,7 +131,10 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
       if (verb == "list") req.set_namespace_(f.at(1));
       v1::ListResponse resp;
       const grpc::Status s = stub->List(&ctx, req, &resp);
-      Print(verb, s, "blocks=" + std::to_string(resp.blocks_size()));
+      int tokens = 0;
+      for (const v1::BlockInfo& b : resp.blocks()) tokens += b.meta().tokens_size();
+      Print(verb, s,
+            "blocks=" + std::to_string(resp.blocks_size()) + " tokens=" + std::to_string(tokens));
     } else if (verb == "drop") {
       v1::DropSessionRequest req;
       req.set_namespace_(f.at(1));
