@@ -50,6 +50,7 @@ std::shared_ptr<const Caller> Caller::Unrestricted() {
     auto c = std::make_shared<Caller>();
     c->name_ = "in-process";
     c->admin_ = true;
+    c->cuda_regions_ = true;
     c->all_namespaces_ = true;
     return c;
   }();
@@ -203,6 +204,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> AccessPolicy::ForToken(
   c->name_ = absl::StrCat(pr.name(), " (token)");
   c->writer_ = absl::StrCat("principal:", pr.name());
   c->admin_ = pr.admin();
+  c->cuda_regions_ = pr.cuda_regions();
   for (const std::string& ns : pr.namespaces()) {
     if (ns == "*") {
       c->all_namespaces_ = true;

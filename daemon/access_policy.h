@@ -42,6 +42,9 @@ class Caller final : public NamespaceScope {
   // What a block it saves records as its writer (BlockMeta.writer):
   // "uid:N" for a Unix peer, "principal:NAME" for a TCP one, "" in-process.
   const std::string& writer() const { return writer_; }
+  // May register CUDA regions: Unix peers, in-process callers, and TCP
+  // principals whose policy entry says cuda_regions.
+  bool may_register_cuda() const { return uid_.has_value() || cuda_regions_; }
   // Tokens (prompts) are shown to admins and to the block's writer only.
   bool SeesTokensOf(const v1::BlockMeta& meta) const override {
     return admin_ || (!meta.writer().empty() && meta.writer() == writer_);
@@ -55,6 +58,7 @@ class Caller final : public NamespaceScope {
   absl::flat_hash_set<std::string> namespaces_;
   std::optional<uid_t> uid_;
   std::string writer_;
+  bool cuda_regions_ = false;
 };
 
 class AccessPolicy {

@@ -418,6 +418,11 @@ grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
     v1::RegisterRegionResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
+    if (!caller->may_register_cuda()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          caller->name(), " may not register CUDA regions over TCP (the access policy's "
+                          "cuda_regions is not set for it)"));
+    }
     EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
     if (request->size() > leases_->options().max_region_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -426,8 +431,8 @@ grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
     }
     EVOKE_ASSIGN_OR_RETURN(
         std::shared_ptr<CudaIpcMapping> mapping,
-        cuda_mappings_.Get(request->ipc_handle(), static_cast<int>(request->device()),
-                           request->size()));
+        cuda_mappings_.Get(lease.owner_uid, request->ipc_handle(),
+                           static_cast<int>(request->device()), request->size()));
     EVOKE_ASSIGN_OR_RETURN(
         uint64_t id,
         leases_->AddRegion(lease.id,

@@ -218,8 +218,8 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Map(int fd, uint64_t size,
 ShmRegion::~ShmRegion() { munmap(data_, size_); }
 
 absl::StatusOr<std::shared_ptr<CudaIpcMapping>> CudaMappings::Get(
-    const std::string& handle, int device, uint64_t size) {
-  const std::string key = absl::StrCat(device, "/", handle);
+    uid_t owner, const std::string& handle, int device, uint64_t size) {
+  const std::string key = absl::StrCat(owner, "/", device, "/", handle);
   absl::MutexLock lock(&mu_);
   auto it = open_.find(key);
   if (it != open_.end()) {

@@ -150,14 +150,18 @@ class CudaRegion final : public Region {
   uint64_t size_;
 };
 
-// CudaMappings opens each (device, IPC handle) once and shares the mapping
+// CudaMappings opens each (uid, device, IPC handle) once and shares the mapping
 // among the regions that use it; the mapping closes when the last of them
 // goes. Thread-safe.
 class CudaMappings {
  public:
   // Get returns the mapping of `handle` on `device`, covering at least
-  // `size` bytes. Errors as CudaIpcMapping::Open.
-  absl::StatusOr<std::shared_ptr<CudaIpcMapping>> Get(const std::string& handle,
+  // `size` bytes, for leases of `owner` (the lease owner's uid): mappings
+  // are shared only between leases of one uid, so presenting another
+  // uid's handle never reaches its open mapping (CUDA refuses to open a
+  // handle twice in one process: the second uid gets that error). Errors
+  // as CudaIpcMapping::Open.
+  absl::StatusOr<std::shared_ptr<CudaIpcMapping>> Get(uid_t owner, const std::string& handle,
                                                       int device, uint64_t size);
 
  private:

@@ -34,11 +34,12 @@
 //   bind1      (training only) the lookup on its simplest form: facts
 //              "NOUN D D D ." (a one-word key, the value right after it),
 //              each asked again later, "? NOUN D D D .", its value graded.
-//   bind2      (training only) the same with two-word keys, "ADJ NOUN D D D
-//              ." and "? ADJ NOUN D D D .", a third of them look-alikes (one word shared with another
-//              key), so the lookup must match both words. bind1 then bind2
-//              then recall is a curriculum: the value right after its key is
-//              the form a lookup is learned on first (models/README.md).
+//   bind2      (training only) the same with two-word keys ("ADJ NOUN D D D
+//              ." and "? ADJ NOUN D D D ."), a third of them look-alikes
+//              (one word shared with another key), so the lookup must match
+//              both words. The drills come before recall in the curriculum:
+//              the value right after its key, and a marked repeat, are the
+//              form a lookup is learned on first (models/README.md).
 //
 // A probe is graded by exact match of its answer tokens (greedy decoding).
 // Filler is a random sentence grammar over its own words: no digit and no key

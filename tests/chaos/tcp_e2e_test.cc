@@ -68,7 +68,7 @@ class TcpTest : public ::testing::Test {
     const std::string policy = absl::StrCat(
         "principals { name: \"alice\" namespaces: \"alice\" token_file: \"",
         dir_->Join("alice.token"), "\" }\n",
-        "principals { name: \"bob\" namespaces: \"bob\" token_file: \"",
+        "principals { name: \"bob\" namespaces: \"bob\" cuda_regions: true token_file: \"",
         dir_->Join("bob.token"), "\" }\n",
         "principals { name: \"ops\" uids: ", geteuid(),
         " namespaces: \"*\" admin: true }\n");
@@ -178,6 +178,24 @@ TEST_F(TcpTest, ATokenGivesItsPrincipalsNamespacesOnly) {
   EXPECT_EQ(both.size(), 1u);
   ASSERT_OK_AND_ASSIGN(v1::ListResponse all, ops->List(v1::ListRequest()));
   EXPECT_GE(all.blocks_size(), 2);
+}
+
+// A CUDA IPC handle names device memory on this host: a TCP principal may
+// register one only where the policy says cuda_regions (bob), and is
+// refused before any handle is opened otherwise (alice).
+TEST_F(TcpTest, CudaRegionsOverTcpOnlyWhereThePolicyAllows) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> alice, Tcp(kAliceToken));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> bob, Tcp(kBobToken));
+  ASSERT_OK(alice->OpenLease("tcp-cuda"));
+  ASSERT_OK(bob->OpenLease("tcp-cuda"));
+  const std::string handle(64, '\x01');
+  EXPECT_THAT(alice->RegisterCudaRegion(handle, 0, 4096).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("cuda_regions")));
+  // Bob passes the policy; what answers is CUDA (no GPU here, or a bogus
+  // handle), never the policy.
+  const absl::Status b = bob->RegisterCudaRegion(handle, 0, 4096).status();
+  EXPECT_FALSE(b.ok());
+  EXPECT_NE(b.code(), absl::StatusCode::kPermissionDenied) << b;
 }
 
 TEST_F(TcpTest, AMissingOrWrongTokenIsUnauthenticated) {
