@@ -9,6 +9,8 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
 #include "storage/engine_core.h"
 #include "storage/spiller.h"
 #include "storage/uploader.h"
