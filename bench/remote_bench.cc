@@ -260,7 +260,8 @@ absl::StatusOr<absl::Duration> RawFetch(const Cluster& cluster, const std::strin
   for (size_t begin = 0; begin < c.ids.size(); begin += per_call) {
     const size_t end = std::min(c.ids.size(), begin + per_call);
     for (const absl::Status& s : tier.Fetch(
-             ns, absl::MakeConstSpan(c.ids).subspan(begin, end - begin), &records, &payloads)) {
+             ns, absl::MakeConstSpan(c.ids).subspan(begin, end - begin), UINT64_MAX, &records,
+             &payloads)) {
       EVOKE_RETURN_IF_ERROR(s);
     }
   }

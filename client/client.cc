@@ -706,9 +706,16 @@ absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> i
 
 absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids,
                                                      absl::string_view ns) {
+  return Lookup(ids, ns, "");
+}
+
+absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids,
+                                                     absl::string_view ns,
+                                                     absl::string_view trust_group) {
   v1::LookupRequest request;
   for (const BlockId& id : ids) request.add_ids(id.ToBytes());
   request.set_namespace_(std::string(ns));
+  request.set_trust_group(std::string(trust_group));
   grpc::ClientContext context;
   impl_->Prepare(&context);
   v1::LookupResponse response;

@@ -175,6 +175,8 @@ absl::Status ValidateFingerprint(const v1::LayoutFingerprint& fp,
   if (auto s = CheckLength(field, "model_revision", fp.model_revision(), 0, 256);
       !s.ok())
     return s;
+  if (auto s = CheckLength(field, "trust_group", fp.trust_group(), 0, 128); !s.ok())
+    return s;
   if (!v1::Layout_IsValid(fp.layout()) || fp.layout() == v1::LAYOUT_UNSPECIFIED) {
     return Invalid(field, "layout",
                    fp.layout() == v1::LAYOUT_UNSPECIFIED
@@ -442,6 +444,39 @@ absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
 absl::Status ValidateBlockForSave(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                   const BlockLimits& limits, absl::string_view field) {
   return ValidateBlock(meta, payload_bytes, limits, field, /*for_save=*/true);
+}
+
+absl::Status CheckRecordIdentity(const BlockId& id, const v1::BlockMeta& meta) {
+  if (meta.id() != id.ToBytes()) return absl::DataLossError("meta.id: differs from the key");
+  if (!meta.has_checksum()) return absl::DataLossError("meta.checksum: is missing");
+  const v1::LayoutFingerprint& fp = meta.fingerprint();
+  switch (meta.kind()) {
+    case v1::BLOCK_KIND_SESSION:
+      if (SessionBlockId(fp.namespace_(), meta.session_id(), meta.sequence()) != id) {
+        return absl::DataLossError("meta.id: is not the id of its session and sequence");
+      }
+      return absl::OkStatus();
+    case v1::BLOCK_KIND_PREFIX: {
+      if (meta.tokens().empty() || static_cast<uint32_t>(meta.tokens_size()) != meta.n_tokens()) {
+        return absl::DataLossError(
+            "meta.tokens: a prefix record must carry its tokens (its id is checked against them)");
+      }
+      BlockId parent;
+      if (!meta.parent_id().empty()) {
+        absl::StatusOr<BlockId> p = Hash128::FromBytes(meta.parent_id());
+        if (!p.ok()) return absl::DataLossError("meta.parent_id: is not 16 bytes");
+        parent = *p;
+      }
+      if (PrefixBlockId(parent, absl::MakeConstSpan(meta.tokens().data(), meta.tokens_size()),
+                        DigestFingerprint(fp)) != id) {
+        return absl::DataLossError(
+            "meta.id: is not PrefixBlockId(parent_id, tokens, fingerprint)");
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return absl::DataLossError("meta.kind: is not a known block kind");
+  }
 }
 
 absl::Status ValidateStoredBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,

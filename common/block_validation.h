@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/hash128.h"
 #include "evoke/v1/block.pb.h"
 
 namespace evoke {
@@ -88,6 +89,13 @@ absl::Status ValidateBlockForSave(const v1::BlockMeta& meta,
 // refuse; the block stays good; a record saved under larger caps stays).
 absl::Status ValidateStoredBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                  const BlockLimits& limits, absl::string_view field);
+
+// CheckRecordIdentity checks what every host checks the same way about a
+// stored record found under `id`, whatever its limits: the record names
+// `id`, carries a checksum, and its id is the one its own content gives (a
+// prefix block's PrefixBlockId over its tokens, which must be there; a
+// session block's SessionBlockId). DATA_LOSS naming the field otherwise.
+absl::Status CheckRecordIdentity(const BlockId& id, const v1::BlockMeta& meta);
 
 }  // namespace evoke
 

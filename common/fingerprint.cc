@@ -84,6 +84,9 @@ std::vector<Field> CanonicalFields(const v1::LayoutFingerprint& raw) {
   f.push_back(UintField("rope.n_ctx_orig", r.n_ctx_orig()));
   f.push_back(UintField("tp_rank", fp.tp_rank()));
   f.push_back(UintField("tp_size", fp.tp_size()));
+  // Last, and hashed only when set: ids of blocks without a group are what
+  // they were before the field existed.
+  f.push_back(StringField("trust_group", fp.trust_group()));
   return f;
 }
 
@@ -141,6 +144,7 @@ FingerprintDigest ComputeDigest(const v1::LayoutFingerprint& fp) {
   static constexpr absl::string_view kDomain = "evoke/fingerprint/v1";
   XXH3_128bits_update(&state, kDomain.data(), kDomain.size());
   for (const Field& field : CanonicalFields(fp)) {
+    if (field.name == "trust_group" && field.canonical.empty()) continue;
     const std::string name_len = EncodeU64(field.name.size());
     const std::string value_len = EncodeU64(field.canonical.size());
     XXH3_128bits_update(&state, name_len.data(), name_len.size());
@@ -204,7 +208,8 @@ std::string DescribeFingerprint(const v1::LayoutFingerprint& raw) {
       fp.layout() == v1::LAYOUT_CANONICAL_V1 ? "canonical_v1"
       : fp.layout() == v1::LAYOUT_OPAQUE     ? "opaque"
                                              : "unspecified",
-      " rope=", rope, " tp=", fp.tp_rank(), "/", fp.tp_size());
+      " rope=", rope, " tp=", fp.tp_rank(), "/", fp.tp_size(),
+      fp.trust_group().empty() ? "" : " trust_group=", fp.trust_group());
 }
 
 }  // namespace evoke

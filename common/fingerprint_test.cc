@@ -82,6 +82,7 @@ TEST(FingerprintTest, EveryFieldChangesTheDigestAndIsNamed) {
          f->set_tp_rank(1);
        }},
       {"tp_size", [](v1::LayoutFingerprint* f) { f->set_tp_size(2); }},
+      {"trust_group", [](v1::LayoutFingerprint* f) { f->set_trust_group("team"); }},
   };
   for (const Case& c : cases) {
     v1::LayoutFingerprint changed = base;

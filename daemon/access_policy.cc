@@ -1,5 +1,6 @@
 #include "daemon/access_policy.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -8,8 +9,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace evoke {
 namespace {
@@ -44,6 +47,28 @@ bool SameToken(absl::string_view a, absl::string_view b) {
 }
 
 }  // namespace
+
+namespace {
+std::string GroupKey(absl::string_view ns, absl::string_view group) {
+  return absl::StrCat(ns, "\x1f", group);
+}
+}  // namespace
+
+bool Caller::InTrustGroup(absl::string_view ns, absl::string_view group) const {
+  if (admin_) return true;
+  if (group.empty()) return !shared_.contains(ns);
+  return principals_.contains(group) || groups_.contains(GroupKey(ns, group));
+}
+
+std::string Caller::TrustGroupsIn(absl::string_view ns) const {
+  std::vector<std::string> names(principals_.begin(), principals_.end());
+  const std::string prefix = GroupKey(ns, "");
+  for (const std::string& key : groups_) {
+    if (absl::StartsWith(key, prefix)) names.push_back(key.substr(prefix.size()));
+  }
+  std::sort(names.begin(), names.end());
+  return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
+}
 
 std::shared_ptr<const Caller> Caller::Unrestricted() {
   static const std::shared_ptr<const Caller> all = [] {
@@ -108,11 +133,17 @@ absl::StatusOr<AccessPolicy> AccessPolicy::Parse(absl::string_view text,
       ++users[ns];
     }
     if (!pr.token_file().empty()) {
-      std::ifstream in(pr.token_file());
-      std::string token;
-      if (!in || !std::getline(in, token)) {
-        return bad(absl::StrCat(field, ".token_file: cannot read ", pr.token_file()));
+      // At most 4 KiB: a token is one short line, and the path could name
+      // anything (a device, a huge file).
+      std::ifstream in(pr.token_file(), std::ios::binary);
+      if (!in) return bad(absl::StrCat(field, ".token_file: cannot read ", pr.token_file()));
+      std::string token(4097, '\0');
+      in.read(token.data(), static_cast<std::streamsize>(token.size()));
+      token.resize(static_cast<size_t>(in.gcount()));
+      if (token.size() > 4096) {
+        return bad(absl::StrCat(field, ".token_file: ", pr.token_file(), " is over 4 KiB"));
       }
+      token = token.substr(0, token.find('\n'));
       token = std::string(absl::StripAsciiWhitespace(token));
       if (token.size() < 16) {
         return bad(absl::StrCat(field, ".token_file: ", pr.token_file(),
@@ -136,7 +167,74 @@ absl::StatusOr<AccessPolicy> AccessPolicy::Parse(absl::string_view text,
                               "(namespaces { name: \"", ns, "\" shared: true })"));
     }
   }
+  EVOKE_RETURN_IF_ERROR(p.CheckTrustGroups(origin));
   return p;
+}
+
+absl::Status AccessPolicy::CheckTrustGroups(absl::string_view origin) const {
+  absl::flat_hash_map<std::string, const v1::Principal*> principals;
+  for (const v1::Principal& pr : proto_.principals()) principals.emplace(pr.name(), &pr);
+  for (int i = 0; i < proto_.namespaces_size(); ++i) {
+    const v1::NamespacePolicy& ns = proto_.namespaces(i);
+    if (ns.trust_groups().empty()) continue;
+    if (!ns.shared()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": namespaces[", i, "].trust_groups: namespace \"", ns.name(),
+          "\" is not shared (trust groups are for shared namespaces)"));
+    }
+    absl::flat_hash_set<std::string> seen;
+    for (int g = 0; g < ns.trust_groups_size(); ++g) {
+      const v1::TrustGroup& group = ns.trust_groups(g);
+      const std::string field = absl::StrCat(origin, ": namespaces[", i, "].trust_groups[", g, "]");
+      if (group.name().empty() || group.name().size() > 128) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".name: must be 1..128 bytes"));
+      }
+      if (principals.contains(group.name())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".name: \"", group.name(),
+                         "\" is a principal's name (each principal is already its own group)"));
+      }
+      if (!seen.insert(group.name()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".name: \"", group.name(), "\" is listed twice"));
+      }
+      for (const std::string& name : group.principals()) {
+        auto it = principals.find(name);
+        if (it == principals.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(field, ".principals: \"", name, "\" is not a principal"));
+        }
+        const auto& uses = it->second->namespaces();
+        if (std::find(uses.begin(), uses.end(), ns.name()) == uses.end() &&
+            std::find(uses.begin(), uses.end(), "*") == uses.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ".principals: \"", name, "\" may not use namespace \"", ns.name(), "\""));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AccessPolicy::Grant(const v1::Principal& pr, Caller* c) const {
+  c->admin_ = c->admin_ || pr.admin();
+  c->cuda_regions_ = c->cuda_regions_ || pr.cuda_regions();
+  c->principals_.insert(pr.name());
+  for (const std::string& ns : pr.namespaces()) {
+    if (ns == "*") {
+      c->all_namespaces_ = true;
+    } else {
+      c->namespaces_.insert(ns);
+    }
+  }
+  for (const v1::NamespacePolicy& ns : proto_.namespaces()) {
+    if (ns.shared()) c->shared_.insert(ns.name());
+    for (const v1::TrustGroup& group : ns.trust_groups()) {
+      for (const std::string& name : group.principals()) {
+        if (name == pr.name()) c->groups_.insert(GroupKey(ns.name(), group.name()));
+      }
+    }
+  }
 }
 
 absl::StatusOr<AccessPolicy> AccessPolicy::Load(const std::string& path) {
@@ -173,14 +271,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> AccessPolicy::ForPeer(
     for (uint32_t g : pr.gids()) match = match || g == peer.gid;
     if (!match) continue;
     names.push_back(pr.name());
-    c->admin_ = c->admin_ || pr.admin();
-    for (const std::string& ns : pr.namespaces()) {
-      if (ns == "*") {
-        c->all_namespaces_ = true;
-      } else {
-        c->namespaces_.insert(ns);
-      }
-    }
+    Grant(pr, c.get());
   }
   if (names.empty()) {
     return absl::PermissionDeniedError(
@@ -203,15 +294,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> AccessPolicy::ForToken(
   auto c = std::make_shared<Caller>();
   c->name_ = absl::StrCat(pr.name(), " (token)");
   c->writer_ = absl::StrCat("principal:", pr.name());
-  c->admin_ = pr.admin();
-  c->cuda_regions_ = pr.cuda_regions();
-  for (const std::string& ns : pr.namespaces()) {
-    if (ns == "*") {
-      c->all_namespaces_ = true;
-    } else {
-      c->namespaces_.insert(ns);
-    }
-  }
+  Grant(pr, c.get());
   return std::shared_ptr<const Caller>(std::move(c));
 }
 

@@ -32,6 +32,18 @@ class Caller final : public NamespaceScope {
   bool Sees(absl::string_view ns) const override {
     return all_namespaces_ || namespaces_.contains(ns);
   }
+  // A block is visible when its namespace is and the caller trusts its
+  // writers: an admin, a member of the block's trust group, or (for a block
+  // without one) anyone outside shared namespaces.
+  bool SeesBlock(const v1::LayoutFingerprint& fp) const override {
+    return Sees(fp.namespace_()) && InTrustGroup(fp.namespace_(), fp.trust_group());
+  }
+  bool SeesEveryBlock() const override { return all_namespaces_ && admin_; }
+  // Whether the caller may write and read blocks of trust group `group` in
+  // `ns` (see SeesBlock). Admins may, for every group.
+  bool InTrustGroup(absl::string_view ns, absl::string_view group) const;
+  // The trust groups the caller belongs to in `ns`, for error messages.
+  std::string TrustGroupsIn(absl::string_view ns) const;
   bool admin() const { return admin_; }
   // "engine-a (uid 1000 gid 1000 pid 42)", for logs and errors.
   const std::string& name() const { return name_; }
@@ -59,6 +71,12 @@ class Caller final : public NamespaceScope {
   std::optional<uid_t> uid_;
   std::string writer_;
   bool cuda_regions_ = false;
+  // Trust: the names of the principals it matched (each a group of one in
+  // every namespace), the declared groups it is in ("ns\x1fgroup"), and the
+  // shared namespaces (where a block must name its group).
+  absl::flat_hash_set<std::string> principals_;
+  absl::flat_hash_set<std::string> groups_;
+  absl::flat_hash_set<std::string> shared_;
 };
 
 class AccessPolicy {
@@ -99,6 +117,11 @@ class AccessPolicy {
   std::vector<std::pair<size_t, std::string>> tokens_;
   absl::flat_hash_map<std::string, size_t> namespaces_;  // name -> index in proto_.
   std::optional<uid_t> owner_;  // OwnerOnly.
+
+  // Adds what principal `pr` grants to `c`.
+  void Grant(const v1::Principal& pr, Caller* c) const;
+  // Checks the namespaces' trust_groups against the principals.
+  absl::Status CheckTrustGroups(absl::string_view origin) const;
 };
 
 }  // namespace evoke

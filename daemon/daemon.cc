@@ -310,6 +310,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return 4ull * meta.fingerprint().n_kv_heads() * meta.fingerprint().head_dim() + 64;
   };
   tier_options.limits.max_block_bytes = options.max_block_bytes;
+  tier_options.staging_bytes = options.staging_bytes;
   tier_options.metadata_bytes = options.metadata_bytes;
   if (!impl->policy->proto().namespaces().empty()) {
     const AccessPolicy* policy = impl->policy.get();

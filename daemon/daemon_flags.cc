@@ -249,6 +249,8 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                  "Tier 1 spills down to this fraction of pinned-bytes")
       ->capture_default_str();
   AddSize(app, "max-block-bytes", &o->max_block_bytes, "Largest payload of one block");
+  AddSize(app, "staging-bytes", &o->staging_bytes,
+          "Heap bytes all Loads may hold for disk reads that miss tier 1");
   AddSize(app, "max-message-bytes", &o->max_message_bytes,
           "Largest gRPC message received or sent");
   app.add_option("--worker-threads", o->worker_threads,
@@ -443,6 +445,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "high-watermark = ", ShortestDouble(o.high_watermark), "\n",
       "low-watermark = ", ShortestDouble(o.low_watermark), "\n",
       "max-block-bytes = ", size(o.max_block_bytes), "\n",
+      "staging-bytes = ", size(o.staging_bytes), "\n",
       "max-message-bytes = ", size(o.max_message_bytes), "\n",
       "worker-threads = ", o.worker_threads, "\n",
       "copy-threads = ", o.copy_threads, "\n",

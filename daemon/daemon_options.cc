@@ -79,6 +79,11 @@ absl::Status DaemonOptions::Validate() const {
   if (max_block_bytes == 0) {
     return Invalid("max-block-bytes", "must be > 0");
   }
+  if (staging_bytes < max_block_bytes) {
+    return Invalid("staging-bytes", absl::StrCat(FormatByteSize(staging_bytes),
+                                                 " is below --max-block-bytes (",
+                                                 FormatByteSize(max_block_bytes), ")"));
+  }
   if (max_message_bytes < max_block_bytes + (1u << 20) ||
       max_message_bytes > (2047ull << 20)) {
     return Invalid("max-message-bytes",

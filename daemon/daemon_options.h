@@ -45,6 +45,12 @@ struct DaemonOptions {
   // Default: 64 MiB.
   uint64_t max_block_bytes = 64ull << 20;
 
+  // Heap bytes that Loads may hold at once, over every call, for blocks read
+  // from disk (or tier 3) that land neither in tier 1 nor in the caller's
+  // memory (scatter lists, CUDA, inline). At least max_block_bytes.
+  // Default: 256 MiB.
+  uint64_t staging_bytes = 256ull << 20;
+
   // Largest gRPC message, received or sent. Must exceed max_block_bytes by
   // at least 1 MiB (room for metadata).
   // Default: 80 MiB.

@@ -237,6 +237,12 @@ TEST(DaemonFlagsTest, BadValuesAreRejectedWithTheFlagName) {
   DaemonOptions p;
   EXPECT_THAT(Parse({"--low-watermark", "0.97"}, &p),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--low-watermark")));
+  // A block must fit the staging budget, or a Load of it from disk could
+  // never be staged.
+  DaemonOptions s;
+  EXPECT_THAT(Parse({"--staging-bytes", "32MiB"}, &s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--staging-bytes: 32 MiB is below --max-block-bytes (64 MiB)")));
 }
 
 TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
@@ -250,6 +256,7 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.low_watermark = 0.7;
   custom.max_block_bytes = 8ull << 20;
   custom.max_message_bytes = (16ull << 20) + 12345;  // Not a round unit.
+  custom.staging_bytes = 48ull << 20;
   custom.worker_threads = 5;
   custom.copy_threads = 3;
   custom.lock_memory = false;
@@ -442,6 +449,7 @@ TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
     o.low_watermark = o.high_watermark * std::uniform_real_distribution<double>(0.001, 0.999)(rng);
     o.max_block_bytes = pick(1, 1ull << 30);
     o.max_message_bytes = pick(o.max_block_bytes + (1u << 20), 2047ull << 20);
+    o.staging_bytes = pick(o.max_block_bytes, 1ull << 40);
     o.worker_threads = static_cast<uint32_t>(pick(0, 256));
     o.copy_threads = static_cast<uint32_t>(pick(0, 64));
     o.lock_memory = pick(0, 1);

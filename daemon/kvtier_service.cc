@@ -125,6 +125,23 @@ absl::Status NeedsNamespace(const Caller& caller, absl::string_view field,
                                                   " may not use namespace \"", ns, "\""));
 }
 
+// A fingerprint's trust group must be one the caller is in (see
+// Caller::InTrustGroup); `field` names the fingerprint.
+absl::Status NeedsTrustGroup(const Caller& caller, absl::string_view field,
+                             const v1::LayoutFingerprint& fp) {
+  const std::string& ns = fp.namespace_();
+  const std::string& group = fp.trust_group();
+  if (caller.InTrustGroup(ns, group)) return absl::OkStatus();
+  if (group.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".trust_group: is required in shared namespace \"", ns, "\"; ", caller.name(),
+        " is in ", caller.TrustGroupsIn(ns)));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ".trust_group: ", caller.name(), " is not in trust group \"", group,
+      "\" of namespace \"", ns, "\" (it is in ", caller.TrustGroupsIn(ns), ")"));
+}
+
 }  // namespace
 
 // One open lease: grants it with the first message and holds it until the
@@ -232,6 +249,9 @@ absl::Status KvTierService::CheckSaveAccess(const v1::SaveRequest& request,
     const std::string& ns = meta.fingerprint().namespace_();
     EVOKE_RETURN_IF_ERROR(NeedsNamespace(
         caller, absl::StrCat("blocks[", i, "].meta.fingerprint.namespace"), ns));
+    // Only a member writes for a group: its copy is what the group loads.
+    EVOKE_RETURN_IF_ERROR(NeedsTrustGroup(
+        caller, absl::StrCat("blocks[", i, "].meta.fingerprint"), meta.fingerprint()));
     // A prefix id is only trusted when it is verified against its token
     // chain; an unverified one could name another writer's block.
     if (meta.kind() == v1::BLOCK_KIND_PREFIX && meta.tokens().empty()) {
@@ -274,6 +294,8 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
                                                   options_.limits.block, "model.fingerprint"));
         EVOKE_RETURN_IF_ERROR(NeedsNamespace(*caller, "model.fingerprint.namespace",
                                              request->model().fingerprint().namespace_()));
+        EVOKE_RETURN_IF_ERROR(
+            NeedsTrustGroup(*caller, "model.fingerprint", request->model().fingerprint()));
         query.scope = ModelScopeKey(DigestFingerprint(request->model().fingerprint()));
         break;
       default:
@@ -617,7 +639,8 @@ grpc::ServerUnaryReactor* KvTierService::Lookup(grpc::CallbackServerContext* con
     const std::vector<BlockLocation> found =
         request->namespace_().empty()
             ? tiers_->Lookup(ids, caller.get())
-            : tiers_->LookupFleet(ids, request->namespace_(), caller.get());
+            : tiers_->LookupFleet(ids, request->namespace_(), request->trust_group(),
+                                  caller.get());
     response->set_n_present(found.size());
     for (BlockLocation where : found) response->add_tiers(ToProto(where));
     return absl::OkStatus();
@@ -726,6 +749,7 @@ grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* conte
     filter.ns = request->namespace_();
     filter.session_id = request->session_id();
     filter.location = LocationFromProto(request->tier());
+    filter.scope = caller.get();  // Other trust groups' blocks are not listed.
     bool more = false;
     const std::vector<BlockInfo> blocks =
         tiers_->List(filter, has_after ? &after : nullptr, page_size, &more);

@@ -232,6 +232,7 @@ void AddRemote(const v1::RemoteStat& r, Families* f) {
       {"evoke_remote_fetched_bytes_total", r.fetched_bytes()},
       {"evoke_remote_misses_total", r.misses()},
       {"evoke_remote_checksum_failures_total", r.checksum_failures()},
+      {"evoke_remote_refused_records_total", r.refused_records()},
       {"evoke_remote_errors_total", r.errors()},
       {"evoke_remote_timeouts_total", r.timeouts()},
       {"evoke_remote_breaker_opens_total", r.breaker_opens()},

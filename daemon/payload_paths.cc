@@ -434,7 +434,12 @@ absl::Status LoadResponseSink::DeliverScattered(size_t i, const uint8_t* bytes, 
       }
       stage = staging_.get();
     } else {
+      // Each waits for its device copy: bounded by draining earlier ones.
+      if (!device_staging_.empty() && device_staging_bytes_ + n > kMaxDeviceStaging) {
+        EVOKE_RETURN_IF_ERROR(Drain());
+      }
       device_staging_.emplace_back(new uint8_t[n]);
+      device_staging_bytes_ += n;
       stage = device_staging_.back().get();
     }
     const uint64_t got = CopyHashingSource(stage, bytes, n);
@@ -478,7 +483,7 @@ absl::Status LoadResponseSink::Deliver(size_t i, const uint8_t* bytes, uint64_t 
   return absl::OkStatus();
 }
 
-absl::Status LoadResponseSink::Finish() {
+absl::Status LoadResponseSink::Drain() {
   const absl::Time t0 = absl::Now();
   // Scattered blocks, verified (and re-anchored) on the host at Deliver: one
   // batch of host-to-device copies per device.
@@ -537,6 +542,12 @@ absl::Status LoadResponseSink::Finish() {
                     " blocks landed, verified and ", reanchored, " re-anchored on ",
                     by_device.size(), " devices ", absl::FormatDuration(absl::Now() - t1));
   }
+  // Done with every source: the caller may free them.
+  device_ops_.clear();
+  delivered_.clear();
+  device_staging_.clear();
+  device_staging_bytes_ = 0;
+  scattered_to_devices_ = 0;
   return absl::OkStatus();
 }
 

@@ -166,7 +166,11 @@ class LoadResponseSink final : public LoadSink {
   // for a GPU there, as they land (DATA_LOSS from Finish); scattered blocks
   // on the host as they are scattered or staged (DATA_LOSS from Deliver).
   bool VerifiesDeliveries() const override { return true; }
-  absl::Status Finish() override;
+  // Drain runs the device copies and landings of the blocks delivered so far
+  // (each verified) and frees the sink's own staging; Finish is the last
+  // Drain.
+  absl::Status Drain() override;
+  absl::Status Finish() override { return Drain(); }
 
   // ApplyNewPositions writes each re-anchored block's new positions into its
   // returned metadata.
@@ -206,6 +210,8 @@ class LoadResponseSink final : public LoadSink {
   std::unique_ptr<uint8_t[]> staging_;
   uint64_t staging_bytes_ = 0;
   std::vector<std::unique_ptr<uint8_t[]>> device_staging_;
+  uint64_t device_staging_bytes_ = 0;  // Past kMaxDeviceStaging: Drain first.
+  static constexpr uint64_t kMaxDeviceStaging = 32ull << 20;
   uint64_t scattered_to_devices_ = 0;  // Blocks, for the log.
   // Scattered CUDA blocks: their slices, one batch per device.
   absl::flat_hash_map<int, std::vector<CopyOp>> device_ops_;

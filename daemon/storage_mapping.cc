@@ -129,6 +129,7 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
     m->set_fetched_bytes(r.fetched_bytes);
     m->set_misses(r.misses);
     m->set_checksum_failures(r.checksum_failures);
+    m->set_refused_records(r.refused_records);
     m->set_errors(r.errors);
     m->set_timeouts(r.timeouts);
     m->set_breaker_opens(r.breaker_opens);

@@ -18,6 +18,8 @@
 #   fuzz_seq_state           llama.cpp sequence-state blobs -> ParseSeqState,
 #                            ToCanonical (client/llama/seq_state.cc builds
 #                            without llama.cpp, so it is compiled in here)
+#   fuzz_access_policy       --policy text -> AccessPolicy::Parse, then the
+#                            rights of callers it accepts (trust groups)
 #   fuzz_ring                a hostile client's command ring (header, entries,
 #                            index moves, wake words) -> RingSet's ring thread,
 #                            with a checking fake RingHandler (its seeds are
@@ -93,6 +95,9 @@ evoke_add_fuzzer(fuzz_seq_state
 evoke_add_fuzzer(fuzz_ring
   SOURCES ${_fuzz_dir}/fuzz_ring.cc ${_src}/daemon/ring_server.cc ${_src}/daemon/region.cc
   DEPS evoke_gpu evoke_common)
+evoke_add_fuzzer(fuzz_access_policy
+  SOURCES ${_fuzz_dir}/fuzz_access_policy.cc ${_src}/daemon/access_policy.cc
+  DEPS evoke_common)
 
 # make_seeds writes the seed corpora (run once; its output is committed):
 #   build-fuzz/fuzz/make_seeds fuzz/corpus

@@ -409,6 +409,7 @@ bool Matches(const IndexEntry& e, const ListFilter& filter) {
   if (!filter.ns.empty() && e.meta.fingerprint().namespace_() != filter.ns) return false;
   if (!filter.session_id.empty() && e.meta.session_id() != filter.session_id) return false;
   if (filter.location && e.location() != *filter.location) return false;
+  if (filter.scope != nullptr && !filter.scope->SeesBlock(e.meta.fingerprint())) return false;
   return true;
 }
 

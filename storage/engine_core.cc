@@ -21,6 +21,7 @@ EngineCore::EngineCore(const TierManagerOptions& opts, std::unique_ptr<PinnedAre
       host(std::move(arena), [this] { room_cv.SignalAll(); }),
       disk(std::move(disk_tier)),
       copier(opts.copy_threads),
+      staging(opts.staging_bytes),
       high_bytes(static_cast<uint64_t>(opts.high_watermark * host.capacity_bytes())),
       low_bytes(static_cast<uint64_t>(opts.low_watermark * host.capacity_bytes())),
       start(clock->Now()) {}
@@ -99,7 +100,14 @@ IndexEntry* EngineCore::CommitPromotion(const BlockId& id, uint64_t gen,
                                              ArenaReservation ram, bool hold) {
   absl::MutexLock lock(&mu);
   IndexEntry* e = index.FindGen(id, gen);
-  if (e == nullptr || e->state != BlockState::kSpilled) return nullptr;  // Frees `ram`.
+  if (e == nullptr) return nullptr;  // Frees `ram`.
+  if (e->state != BlockState::kSpilled) {
+    // Another Load promoted the same generation (the same verified bytes)
+    // meanwhile: share its copy; `ram` is freed.
+    if (!hold || !e->ram_readable()) return nullptr;
+    index.AddReader(e);
+    return e;
+  }
   index.AttachRam(e, std::move(ram));
   ++counters.promotions;
   if (!hold) return nullptr;

@@ -18,6 +18,7 @@
 #include "storage/host_tier.h"
 #include "storage/quota_ledger.h"
 #include "storage/spill_record.pb.h"
+#include "storage/staging_budget.h"
 #include "storage/tier.h"
 #include "storage/tier_manager.h"
 
@@ -51,7 +52,9 @@ struct EngineCore {
   void QuarantineDisk(const BlockId& id, uint64_t gen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu);
   // CommitPromotion makes `ram` (filled from tier 2) the block's tier-1
   // copy, unless the block changed meanwhile (then `ram` is freed). With
-  // `hold`, returns the entry with a reader held (else nullptr).
+  // `hold`, returns the entry with a reader held (else nullptr); when
+  // another Load promoted the same generation first, that entry (its
+  // tier-1 copy holds the same bytes), and `ram` is freed.
   IndexEntry* CommitPromotion(const BlockId& id, uint64_t gen, ArenaReservation ram,
                               bool hold);
 
@@ -67,6 +70,7 @@ struct EngineCore {
   HostTier host;            // Tells room_cv whenever bytes return.
   const std::unique_ptr<Tier> disk;
   CopyPool copier;
+  StagingBudget staging;    // Heap buffers of Loads outside tier 1.
   const uint64_t high_bytes;  // Tier 1 spills past this...
   const uint64_t low_bytes;   // ...down to this.
   const absl::Time start;

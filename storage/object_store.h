@@ -74,8 +74,14 @@ class ObjectStore {
   virtual bool connected() const = 0;
 
   virtual std::vector<absl::Status> Write(absl::Span<const ObjectWrite> writes) = 0;
-  // Read returns each object's data and record in one round trip.
-  virtual std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys) = 0;
+  // Read returns each object's data and record in one round trip. Data past
+  // `max_data_bytes` is never read: such an object is FAILED_PRECONDITION,
+  // with no data.
+  virtual std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys,
+                                       uint64_t max_data_bytes) = 0;
+  // Stat returns each object's data size without reading it (NOT_FOUND for
+  // an absent one).
+  virtual std::vector<absl::StatusOr<uint64_t>> Stat(absl::Span<const ObjectKey> keys) = 0;
   // Exists checks presence without reading data.
   virtual std::vector<absl::Status> Exists(absl::Span<const ObjectKey> keys) = 0;
   // Remove deletes objects; absent ones are OK.

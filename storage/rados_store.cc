@@ -132,13 +132,16 @@ class RadosObjectStore final : public ObjectStore {
     }, [&](size_t i) -> const ObjectKey& { return writes[i].key; }, nullptr);
   }
 
-  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys) override {
+  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys,
+                               uint64_t max_data_bytes) override {
+    // One byte past the limit tells an object over it, without reading it.
+    const uint64_t want = std::min<uint64_t>(max_data_bytes, 1ull << 40) + 1;
     std::vector<ObjectRead> out(keys.size());
     std::vector<absl::Status> statuses = Run(
         keys.size(),
         [&](size_t i, Op& op, librados::IoCtx& io) {
           op.read.getxattr(kRecordAttr, &op.record, &op.record_rv);
-          op.read.read(0, 0, &op.data, &op.data_rv);
+          op.read.read(0, want, &op.data, &op.data_rv);
           return io.aio_operate(keys[i].name, op.completion, &op.read, nullptr);
         },
         [&](size_t i) -> const ObjectKey& { return keys[i]; },
@@ -146,6 +149,11 @@ class RadosObjectStore final : public ObjectStore {
           ObjectRead& r = out[i];
           if (op.record_rv < 0) {
             r.status = FromErrno(op.record_rv, Name(keys[i]));
+            return;
+          }
+          if (op.data.length() > max_data_bytes) {
+            r.status = absl::FailedPreconditionError(absl::StrCat(
+                Name(keys[i]), ": data is larger than ", max_data_bytes, " bytes (not read)"));
             return;
           }
           r.record.resize(op.record.length());
@@ -159,6 +167,24 @@ class RadosObjectStore final : public ObjectStore {
         out[i].data.clear();
         out[i].record.clear();
       }
+    }
+    return out;
+  }
+
+  std::vector<absl::StatusOr<uint64_t>> Stat(absl::Span<const ObjectKey> keys) override {
+    std::vector<uint64_t> sizes(keys.size(), 0);
+    const std::vector<absl::Status> got = Run(
+        keys.size(),
+        [&](size_t i, Op& op, librados::IoCtx& io) {
+          return io.aio_stat(keys[i].name, op.completion, &op.size, &op.mtime);
+        },
+        [&](size_t i) -> const ObjectKey& { return keys[i]; },
+        [&](size_t i, Op& op) { sizes[i] = op.size; });
+    std::vector<absl::StatusOr<uint64_t>> out;
+    out.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out.push_back(got[i].ok() ? absl::StatusOr<uint64_t>(sizes[i])
+                                : absl::StatusOr<uint64_t>(got[i]));
     }
     return out;
   }

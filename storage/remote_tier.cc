@@ -109,6 +109,10 @@ void RemoteTier::Loop() {
 
 std::string RemoteTier::ObjectName(const BlockId& id) { return absl::StrCat("b.", id.ToHex()); }
 
+std::string RemoteTier::RemoteNamespace(absl::string_view ns, absl::string_view trust_group) {
+  return trust_group.empty() ? std::string(ns) : absl::StrCat(ns, "\x1f", trust_group);
+}
+
 std::string RemoteTier::EncodeRecord(const storage::SpillRecord& record) {
   std::string out(kRecordMagic);
   record.AppendToString(&out);
@@ -156,7 +160,8 @@ void RemoteTier::Record(absl::Span<const absl::Status> statuses) {
       }
       if (error.empty()) error = std::string(s.message());
     } else if (s.ok() || s.code() == absl::StatusCode::kNotFound ||
-               s.code() == absl::StatusCode::kAlreadyExists) {
+               s.code() == absl::StatusCode::kAlreadyExists ||
+               s.code() == absl::StatusCode::kFailedPrecondition) {  // Over a size limit.
       succeeded = true;
     } else {
       ++counters_.errors;  // Full, denied: the store answered; not an outage.
@@ -258,7 +263,24 @@ std::vector<absl::Status> RemoteTier::Write(absl::Span<const Block> blocks) {
   return out;
 }
 
+std::vector<absl::StatusOr<uint64_t>> RemoteTier::Sizes(absl::string_view ns,
+                                                        absl::Span<const BlockId> ids) {
+  if (absl::Status admitted = Admit(); !admitted.ok()) {
+    return std::vector<absl::StatusOr<uint64_t>>(ids.size(), admitted);
+  }
+  std::vector<ObjectKey> keys;
+  keys.reserve(ids.size());
+  for (const BlockId& id : ids) keys.push_back(ObjectKey{std::string(ns), ObjectName(id)});
+  std::vector<absl::StatusOr<uint64_t>> got = store_->Stat(keys);
+  std::vector<absl::Status> statuses;
+  statuses.reserve(got.size());
+  for (const absl::StatusOr<uint64_t>& s : got) statuses.push_back(s.status());
+  Record(statuses);
+  return got;
+}
+
 std::vector<absl::Status> RemoteTier::Fetch(absl::string_view ns, absl::Span<const BlockId> ids,
+                                            uint64_t max_payload_bytes,
                                             std::vector<storage::SpillRecord>* records,
                                             std::vector<std::string>* payloads) {
   std::vector<absl::Status> out(ids.size());
@@ -272,7 +294,7 @@ std::vector<absl::Status> RemoteTier::Fetch(absl::string_view ns, absl::Span<con
   std::vector<ObjectKey> keys;
   keys.reserve(ids.size());
   for (const BlockId& id : ids) keys.push_back(ObjectKey{std::string(ns), ObjectName(id)});
-  std::vector<ObjectRead> got = store_->Read(keys);
+  std::vector<ObjectRead> got = store_->Read(keys, max_payload_bytes);
   std::vector<absl::Status> statuses;
   statuses.reserve(got.size());
   for (const ObjectRead& r : got) statuses.push_back(r.status);
@@ -426,6 +448,11 @@ bool RemoteTier::OverBudget() const {
 void RemoteTier::CountChecksumFailure() {
   absl::MutexLock lock(&mu_);
   ++counters_.checksum_failures;
+}
+
+void RemoteTier::CountRefusedRecord() {
+  absl::MutexLock lock(&mu_);
+  ++counters_.refused_records;
 }
 
 void RemoteTier::CountUnavailable() {

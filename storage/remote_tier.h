@@ -77,6 +77,14 @@ class RemoteTier {
   void Stop();
 
   static std::string ObjectName(const BlockId& id);
+  // The tier-3 namespace of a block with fingerprint `fp` (of `ns` and
+  // `trust_group`): the namespace itself, or for a block of a trust group
+  // "NS\x1fGROUP", so that a probe or fetch for one group never reaches
+  // another group's objects.
+  static std::string RemoteNamespace(absl::string_view ns, absl::string_view trust_group);
+  static std::string RemoteNamespace(const v1::LayoutFingerprint& fp) {
+    return RemoteNamespace(fp.namespace_(), fp.trust_group());
+  }
   static std::string EncodeRecord(const storage::SpillRecord& record);
 
   struct Block {
@@ -92,11 +100,17 @@ class RemoteTier {
 
   // Fetch reads blocks of namespace `ns`: one status each, OK with the
   // record and payload filled, NOT_FOUND, DATA_LOSS (a record that does not
-  // parse or names another block, a payload of the wrong size), or
+  // parse or names another block, a payload of the wrong size),
+  // FAILED_PRECONDITION (a payload over `max_payload_bytes`, never read), or
   // UNAVAILABLE. Payloads are not verified here.
   std::vector<absl::Status> Fetch(absl::string_view ns, absl::Span<const BlockId> ids,
+                                  uint64_t max_payload_bytes,
                                   std::vector<storage::SpillRecord>* records,
                                   std::vector<std::string>* payloads);
+  // Sizes returns the payload size of each block of `ns` without reading it
+  // (NOT_FOUND, UNAVAILABLE, or the store's error).
+  std::vector<absl::StatusOr<uint64_t>> Sizes(absl::string_view ns,
+                                              absl::Span<const BlockId> ids);
 
   // ProbeRun returns how many leading `ids` exist in namespace `ns`,
   // checking `window` at a time. UNAVAILABLE when the first window cannot
@@ -122,6 +136,8 @@ class RemoteTier {
   // Write-behind should pause (the pool is past budget_bytes).
   bool OverBudget() const;
   void CountChecksumFailure();
+  // A record this host's limits refuse (left in place for other hosts).
+  void CountRefusedRecord();
   void CountUnavailable();
 
   RemoteStats Stats() const;

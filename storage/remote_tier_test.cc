@@ -24,6 +24,8 @@
 namespace evoke {
 namespace {
 
+constexpr uint64_t kAnySize = UINT64_MAX;  // Fetch without a size limit.
+
 using ::evoke::testing::IsOkAndHolds;
 using ::evoke::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -72,7 +74,8 @@ class MemoryObjectStore final : public ObjectStore {
     }
     return out;
   }
-  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys) override {
+  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys,
+                               uint64_t max_data_bytes) override {
     absl::MutexLock lock(&mu_);
     std::vector<ObjectRead> out;
     for (const ObjectKey& k : keys) {
@@ -82,12 +85,27 @@ class MemoryObjectStore final : public ObjectStore {
         auto it = objects_.find(Key(k));
         if (it == objects_.end()) {
           r.status = absl::NotFoundError("no such object");
+        } else if (it->second.data.size() > max_data_bytes) {
+          r.status = absl::FailedPreconditionError("data is larger than the limit (not read)");
         } else {
           r.data = it->second.data;
           r.record = it->second.record;
+          read_bytes += r.data.size();
         }
       }
       out.push_back(std::move(r));
+    }
+    return out;
+  }
+  std::vector<absl::StatusOr<uint64_t>> Stat(absl::Span<const ObjectKey> keys) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<absl::StatusOr<uint64_t>> out;
+    for (const ObjectKey& k : keys) {
+      absl::Status s = Outage();
+      auto it = objects_.find(Key(k));
+      if (s.ok() && it == objects_.end()) s = absl::NotFoundError("no such object");
+      out.push_back(s.ok() ? absl::StatusOr<uint64_t>(it->second.data.size())
+                           : absl::StatusOr<uint64_t>(s));
     }
     return out;
   }
@@ -151,6 +169,14 @@ class MemoryObjectStore final : public ObjectStore {
     absl::MutexLock lock(&mu_);
     objects_.at(ns + "/" + RemoteTier::ObjectName(id)).data[7] ^= 0x40;
   }
+  void SetData(const std::string& ns, const BlockId& id, std::string data) {
+    absl::MutexLock lock(&mu_);
+    objects_.at(ns + "/" + RemoteTier::ObjectName(id)).data = std::move(data);
+  }
+  std::string RecordOf(const std::string& ns, const BlockId& id) {
+    absl::MutexLock lock(&mu_);
+    return objects_.at(ns + "/" + RemoteTier::ObjectName(id)).record;
+  }
   void SetRecord(const std::string& ns, const BlockId& id, std::string record) {
     absl::MutexLock lock(&mu_);
     objects_.at(ns + "/" + RemoteTier::ObjectName(id)).record = std::move(record);
@@ -161,7 +187,7 @@ class MemoryObjectStore final : public ObjectStore {
   }
 
   // Counters (read under no lock by tests once the store is quiet).
-  uint64_t write_ops = 0, read_ops = 0, exists_ops = 0, payload_bytes_sent = 0;
+  uint64_t write_ops = 0, read_ops = 0, exists_ops = 0, payload_bytes_sent = 0, read_bytes = 0;
   std::atomic<bool> refuse_connect{false};
   const Clock* clock = nullptr;  // Write times (null: the wall clock).
 
@@ -201,7 +227,12 @@ class SharedStore final : public ObjectStore {
   std::vector<absl::Status> Write(absl::Span<const ObjectWrite> w) override {
     return s_->Write(w);
   }
-  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> k) override { return s_->Read(k); }
+  std::vector<ObjectRead> Read(absl::Span<const ObjectKey> k, uint64_t max) override {
+    return s_->Read(k, max);
+  }
+  std::vector<absl::StatusOr<uint64_t>> Stat(absl::Span<const ObjectKey> k) override {
+    return s_->Stat(k);
+  }
   std::vector<absl::Status> Exists(absl::Span<const ObjectKey> k) override {
     return s_->Exists(k);
   }
@@ -258,11 +289,11 @@ TEST_F(RemoteTierTest, WritesFetchesAndDedupsWithoutResendingPayloads) {
 
   std::vector<storage::SpillRecord> records;
   std::vector<std::string> payloads;
-  ASSERT_OK(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0]);
+  ASSERT_OK(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0]);
   EXPECT_EQ(payloads[0], payload);
   EXPECT_EQ(records[0].meta().id(), id.ToBytes());
   // Namespaces are separate: the same id elsewhere is absent.
-  EXPECT_THAT(tier_->Fetch("other", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("other", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kNotFound));
   const RemoteStats s = tier_->Stats();
   EXPECT_EQ(s.objects_written, 1u);
@@ -283,13 +314,13 @@ TEST_F(RemoteTierTest, RefusesRecordsThatDoNotParseOrNameAnotherBlock) {
   std::vector<std::string> payloads;
 
   store_.SetRecord("ns", id, "garbage");
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not parse")));
   store_.SetRecord("ns", id, RemoteTier::EncodeRecord(RecordFor(other, payload.size())));
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("another block")));
   store_.SetRecord("ns", id, RemoteTier::EncodeRecord(RecordFor(id, payload.size() + 1)));
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bytes")));
   EXPECT_TRUE(payloads[0].empty());
   EXPECT_EQ(tier_->Stats().checksum_failures, 3u);
@@ -300,12 +331,12 @@ TEST_F(RemoteTierTest, ATimeoutOpensTheBreakerAndOneProbeClosesIt) {
   std::vector<storage::SpillRecord> records;
   std::vector<std::string> payloads;
   store_.SetMode(MemoryObjectStore::Mode::kSlow);
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("timed out")));
   EXPECT_EQ(store_.read_ops, 1u);
   // Open: the next calls fail at once without reaching the store.
   for (int i = 0; i < 5; ++i) {
-    EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+    EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
                 StatusIs(absl::StatusCode::kUnavailable, HasSubstr("retrying in")));
   }
   EXPECT_EQ(store_.read_ops, 1u);
@@ -314,20 +345,20 @@ TEST_F(RemoteTierTest, ATimeoutOpensTheBreakerAndOneProbeClosesIt) {
   // After the retry interval one probe goes through; it fails: open again,
   // for twice as long.
   clock_.Advance(absl::Milliseconds(1001));
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(store_.read_ops, 2u);
   clock_.Advance(absl::Milliseconds(1500));
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("retrying in")));
   EXPECT_EQ(store_.read_ops, 2u);
   // Back: the probe after 2 s succeeds (a miss is an answer) and closes it.
   store_.SetMode(MemoryObjectStore::Mode::kUp);
   clock_.Advance(absl::Milliseconds(600));
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(tier_->Stats().state, "closed");
-  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, &records, &payloads)[0],
+  EXPECT_THAT(tier_->Fetch("ns", {&id, 1}, kAnySize, &records, &payloads)[0],
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(store_.read_ops, 4u);
 }
@@ -466,7 +497,9 @@ struct Host {
 
 class RemoteEngineTest : public ::testing::Test {
  protected:
-  Host Open(uint64_t queue_bytes = 256ull << 20, bool sessions = false) {
+  // `max_block_bytes`, `staging_bytes`: this host's limits (0: defaults).
+  Host Open(uint64_t queue_bytes = 256ull << 20, bool sessions = false,
+            uint64_t max_block_bytes = 0, uint64_t staging_bytes = 0) {
     Host h;
     RemoteTierOptions ro;
     ro.retry = absl::Milliseconds(20);
@@ -483,6 +516,8 @@ class RemoteEngineTest : public ::testing::Test {
     options.remote_queue_bytes = queue_bytes;
     options.remote_sessions = sessions;
     options.remote_batch_blocks = 4;
+    if (max_block_bytes != 0) options.limits.max_block_bytes = max_block_bytes;
+    if (staging_bytes != 0) options.staging_bytes = staging_bytes;
     auto tm = TierManager::Open(options, std::move(arena).value(),
                                 std::make_unique<evoke::testing::MemoryTier>());
     EXPECT_OK(tm);
@@ -544,7 +579,7 @@ TEST_F(RemoteEngineTest, APrefixSavedOnOneHostIsFoundAndLoadedOnAnother) {
   // B has never seen the chain: the local lookup finds nothing, the
   // fleet-wide one all of it.
   EXPECT_TRUE(b.tiers->Lookup(ids_).empty());
-  EXPECT_EQ(b.tiers->LookupFleet(ids_, "ns"),
+  EXPECT_EQ(b.tiers->LookupFleet(ids_, "ns", ""),
             std::vector<BlockLocation>(8, BlockLocation::kRemote));
   std::vector<std::string> got;
   std::vector<LoadedInfo> infos;
@@ -668,6 +703,62 @@ TEST_F(RemoteEngineTest, ACorruptRemoteCopyIsRefusedCountedRemovedAndNeverServed
   EXPECT_EQ(got, payloads_);
 }
 
+// A host whose limits are stricter than the writer's: the object is never
+// read (its size is checked first), it is left in place for the hosts that
+// accept it (it used to be removed, for every host), and counted.
+TEST_F(RemoteEngineTest, ARecordOverThisHostsLimitIsNeverReadAndLeftInPlace) {
+  Host a = Open();
+  MakeChain(3);  // 32 KiB blocks.
+  ASSERT_OK(SaveChain(a));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  Host strict = Open(256ull << 20, false, /*max_block_bytes=*/16 * kKiB, 16 * kKiB);
+  const uint64_t read_before = store_.read_bytes;
+  std::vector<std::string> got;
+  std::vector<LoadedInfo> infos;
+  const absl::Status s = Load(strict, ids_, &got, &infos);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("--max-block-bytes (16 KiB); left in place")));
+  EXPECT_EQ(ErrorItem(s)->index, 0u);
+  EXPECT_EQ(store_.read_bytes, read_before);
+  for (const BlockId& id : ids_) EXPECT_TRUE(store_.Has("ns", id));
+  EXPECT_EQ(strict.tiers->Stats().remote->refused_records, 1u);
+  EXPECT_EQ(strict.tiers->Stats().remote->checksum_failures, 0u);
+  // A host with room reads all three through a 64 KiB staging budget (two
+  // rounds: 96 KiB do not fit at once).
+  Host small = Open(256ull << 20, false, /*max_block_bytes=*/64 * kKiB, 64 * kKiB);
+  ASSERT_OK(Load(small, ids_, &got, &infos));
+  EXPECT_EQ(got, payloads_);
+}
+
+// A planted remote record: a prefix record without tokens, under an id that
+// readers compute, with other bytes and a matching checksum. It passed the
+// record checks (they verify a prefix id only against tokens that are
+// there); now it is refused, counted and removed, and never served.
+TEST_F(RemoteEngineTest, APrefixRecordWithoutItsTokensIsRefusedAndRemoved) {
+  Host a = Open();
+  MakeChain(2);
+  ASSERT_OK(SaveChain(a));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  const std::string magic = RemoteTier::EncodeRecord(storage::SpillRecord());
+  const std::string encoded = store_.RecordOf("ns", ids_[1]);
+  storage::SpillRecord record;
+  ASSERT_TRUE(record.ParseFromString(encoded.substr(magic.size())));
+  const std::string planted = evoke::testing::Payload(99, payloads_[1].size());
+  record.mutable_meta()->clear_tokens();
+  record.mutable_meta()->set_checksum(PayloadChecksum(planted.data(), planted.size()));
+  store_.SetRecord("ns", ids_[1], RemoteTier::EncodeRecord(record));
+  store_.SetData("ns", ids_[1], planted);
+  Host b = Open();
+  std::vector<std::string> got;
+  std::vector<LoadedInfo> infos;
+  const absl::Status s = Load(b, ids_, &got, &infos);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("must carry its tokens")));
+  EXPECT_EQ(ErrorItem(s)->index, 1u);
+  for (const std::string& p : got) EXPECT_NE(p, planted);
+  EXPECT_FALSE(store_.Has("ns", ids_[1]));
+  EXPECT_EQ(b.tiers->Stats().remote->checksum_failures, 1u);
+}
+
 TEST_F(RemoteEngineTest, AnUnreachableTierMakesRemoteOnlyBlocksUnavailableNotNotFound) {
   Host a = Open();
   Host b = Open();
@@ -695,7 +786,7 @@ TEST_F(RemoteEngineTest, AnUnreachableTierMakesRemoteOnlyBlocksUnavailableNotNot
   ASSERT_OK(Load(b, {&local_id, 1}, &got, &infos));
   EXPECT_EQ(got[0], local_payload);
   // A fleet-wide lookup answers with what B holds.
-  EXPECT_TRUE(b.tiers->LookupFleet(ids_, "ns").empty());
+  EXPECT_TRUE(b.tiers->LookupFleet(ids_, "ns", "").empty());
 
   store_.SetMode(MemoryObjectStore::Mode::kUp);
   EXPECT_TRUE(evoke::testing::WaitUntil([&] { return Load(b, ids_, &got, &infos).ok(); }));
@@ -715,7 +806,7 @@ TEST_F(RemoteEngineTest, ANamespaceOutOfScopeIsNeverAskedFor) {
   // The same answer as for an absent block, and not one call to the store.
   EXPECT_THAT(Load(b, ids_, &got, &infos, &other),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
-  EXPECT_TRUE(b.tiers->LookupFleet(ids_, "ns", &other).empty());
+  EXPECT_TRUE(b.tiers->LookupFleet(ids_, "ns", "", &other).empty());
   EXPECT_EQ(store_.read_ops, reads);
   EXPECT_EQ(store_.exists_ops, exists);
   const OneNamespace ns("ns");
@@ -735,7 +826,7 @@ TEST_F(RemoteEngineTest, AFullQueueDropsTheNewestBlocksAndKeepsTheChainHeads) {
   ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
   for (int i = 0; i < 10; ++i) EXPECT_EQ(store_.Has("ns", ids_[i]), i < 4) << i;
   Host b = Open();
-  EXPECT_EQ(b.tiers->LookupFleet(ids_, "ns").size(), 4u);
+  EXPECT_EQ(b.tiers->LookupFleet(ids_, "ns", "").size(), 4u);
 }
 
 }  // namespace

@@ -457,122 +457,6 @@ absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
   return absl::OkStatus();
 }
 
-std::vector<size_t> TierManagerImpl::RemoteMisses(absl::Span<const BlockId> ids,
-                                                  const v1::LayoutFingerprint& fingerprint,
-                                                  const NamespaceScope* scope) {
-  std::vector<size_t> out;
-  const absl::string_view ns = fingerprint.namespace_();
-  if (core_.options.remote == nullptr ||
-      (scope != nullptr && !scope->SeesAll() && !scope->Sees(ns))) {
-    return out;
-  }
-  absl::MutexLock lock(&core_.mu);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const IndexEntry* e = FindFor(ids[i], scope);
-    if (e == nullptr || !e->bytes_available()) out.push_back(i);
-  }
-  return out;
-}
-
-absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
-                                          absl::Span<const size_t> which,
-                                          const v1::LayoutFingerprint& fingerprint) {
-  RemoteTier* remote = core_.options.remote;
-  const std::string& ns = fingerprint.namespace_();
-  std::vector<BlockId> want;
-  want.reserve(which.size());
-  for (size_t i : which) want.push_back(ids[i]);
-  std::vector<storage::SpillRecord> records;
-  std::vector<std::string> payloads;
-  const std::vector<absl::Status> got = remote->Fetch(ns, want, &records, &payloads);
-  const FingerprintDigest expected = DigestFingerprint(fingerprint);
-  std::vector<SaveItem> items;
-  std::vector<absl::string_view> views;
-  for (size_t k = 0; k < which.size(); ++k) {
-    const size_t i = which[k];
-    const absl::Status& s = got[k];
-    switch (s.code()) {
-      case absl::StatusCode::kOk:
-        break;
-      case absl::StatusCode::kNotFound: {
-        absl::MutexLock lock(&core_.mu);
-        ++core_.counters.misses;
-        // The same answer as for a block no tier holds.
-        return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), " not found"));
-      }
-      case absl::StatusCode::kUnavailable:
-        return ItemError(absl::StatusCode::kUnavailable, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), " is not on this host, and the remote "
-                                      "tier that may hold it cannot be reached: ", s.message()));
-      case absl::StatusCode::kDataLoss: {
-        DropRemoteCopy(ns, ids[i], s);
-        absl::MutexLock lock(&core_.mu);
-        ++core_.counters.checksum_failures;
-        return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), ": its remote copy was refused: ",
-                                      s.message()));
-      }
-      default:
-        return WithItem(s, i, ItemPart::kId);
-    }
-    const v1::BlockMeta& meta = records[k].meta();
-    absl::Status valid = ValidateRecord(ids[i], meta);
-    if (valid.ok() && meta.fingerprint().namespace_() != ns) {
-      valid = absl::DataLossError("its record names another namespace");
-    }
-    if (!valid.ok()) {
-      remote->CountChecksumFailure();
-      DropRemoteCopy(ns, ids[i], valid);
-      absl::MutexLock lock(&core_.mu);
-      ++core_.counters.checksum_failures;
-      return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                       absl::StrCat(Name(ids[i]), ": its remote record was refused: ",
-                                    valid.message()));
-    }
-    if (DigestFingerprint(meta.fingerprint()) != expected) {
-      return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kFingerprint,
-                       absl::StrCat(Name(ids[i]), " was saved with another layout: ",
-                                    FingerprintMismatch(meta.fingerprint(), fingerprint)));
-    }
-    items.push_back(SaveItem{&meta, payloads[k].size(), /*pin=*/false, /*from_remote=*/true});
-    views.push_back(payloads[k]);
-  }
-  // Save hashes its own tier-1 copy against the record's checksum: a remote
-  // payload that does not match is refused there (DATA_LOSS), never served.
-  HostSaveSource source(std::move(views));
-  absl::StatusOr<std::vector<SavedBlock>> saved =
-      Save(items, source, /*durable=*/false, absl::InfiniteFuture(), /*owner=*/0);
-  if (saved.ok()) return absl::OkStatus();
-  absl::Status s = saved.status();
-  const std::optional<ItemRef> item = ErrorItem(s);
-  const size_t i = item && item->index < which.size() ? which[item->index] : which[0];
-  if (s.code() == absl::StatusCode::kDataLoss) {
-    remote->CountChecksumFailure();
-    DropRemoteCopy(ns, ids[i], s);
-    absl::MutexLock lock(&core_.mu);
-    ++core_.counters.checksum_failures;
-    return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                     absl::StrCat(Name(ids[i]), ": its remote copy fails its checksum and was "
-                                  "refused: ", s.message()));
-  }
-  return WithItem(s, i, ItemPart::kId);
-}
-
-void TierManagerImpl::DropRemoteCopy(absl::string_view ns, const BlockId& id,
-                                     const absl::Status& why) {
-  // The one remote object is the only copy tier 3 has, and exclusive writes
-  // would never replace it: remove it, so the next host that computes the
-  // block writes a good one.
-  const BlockId ids[] = {id};
-  const absl::Status removed = core_.options.remote->Remove(ns, ids);
-  // Per request: at most one line a second (the count says how many).
-  EVOKE_LOG_ERROR_EVERY_N_SEC(1, "remote copy of ", Name(id), " in namespace '", ns,
-                              "' refused: ", why.message(),
-                              removed.ok() ? "; removed" : "; could not remove it: ",
-                              removed.message());
-}
-
 absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
                                         const v1::LayoutFingerprint& fingerprint,
                                         LoadSink& sink, std::vector<v1::BlockMeta>* metas,
@@ -626,8 +510,10 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   }
 
   absl::Status failure = sink.Prepare(*metas);
-  std::vector<std::string> staging;  // Deliver-path copies of disk reads.
-  staging.reserve(n);
+  // Deliver-path copies of disk reads, under the staging budget; they live
+  // until Finish, or until the sink drains.
+  StagingBudget::Buffers staging(&core_.staging);
+  const absl::Time staging_deadline = absl::Now() + core_.options.max_wait_for_room;
   uint64_t hits1 = 0, hits2 = 0;
   std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
   for (size_t i = 0; i < n && failure.ok(); ++i) {
@@ -667,8 +553,13 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
       if (promote) {
         target = promote->data();
       } else {
-        staging.emplace_back(p.bytes, '\0');
-        target = reinterpret_cast<uint8_t*>(staging.back().data());
+        absl::StatusOr<uint8_t*> buffer =
+            staging.Take(p.bytes, staging_deadline, [&sink] { return sink.Drain(); });
+        if (!buffer.ok()) {
+          failure = WithItem(buffer.status(), i, ItemPart::kId);
+          break;
+        }
+        target = *buffer;
       }
     }
     absl::Status s =
@@ -696,6 +587,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
       IndexEntry* e = core_.CommitPromotion(ids[i], p.gen, std::move(*promote), dest == nullptr);
       if (e != nullptr) {
         held.push_back(e);
+        target = e->ram.data();  // Ours, or another Load's promotion of the same bytes.
       } else if (dest == nullptr) {
         // The block changed meanwhile and the reservation was freed.
         failure = ItemError(absl::StatusCode::kAborted, i, ItemPart::kId,
@@ -733,8 +625,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
 
 IndexEntry* TierManagerImpl::FindFor(const BlockId& id, const NamespaceScope* scope) const {
   IndexEntry* e = core_.index.FindVisible(id);
-  if (e == nullptr || scope == nullptr || scope->SeesAll() ||
-      scope->Sees(e->meta.fingerprint().namespace_())) {
+  if (e == nullptr || scope == nullptr || scope->SeesBlock(e->meta.fingerprint())) {
     return e;
   }
   return nullptr;
@@ -754,16 +645,19 @@ std::vector<BlockLocation> TierManagerImpl::Lookup(absl::Span<const BlockId> ids
 
 std::vector<BlockLocation> TierManagerImpl::LookupFleet(absl::Span<const BlockId> ids,
                                                         absl::string_view ns,
+                                                        absl::string_view trust_group,
                                                         const NamespaceScope* scope) {
   std::vector<BlockLocation> found = Lookup(ids, scope);
   RemoteTier* remote = core_.options.remote;
-  if (remote == nullptr || found.size() == ids.size() || !CheckOpen().ok() ||
-      (scope != nullptr && !scope->SeesAll() && !scope->Sees(ns))) {
-    return found;
-  }
+  if (remote == nullptr || found.size() == ids.size() || !CheckOpen().ok()) return found;
+  v1::LayoutFingerprint where;
+  where.set_namespace_(std::string(ns));
+  where.set_trust_group(std::string(trust_group));
+  if (scope != nullptr && !scope->SeesBlock(where)) return found;
   // The run goes on where this host's ends (a breadcrumb or a block it
-  // never saw), with what tier 3 holds.
-  absl::StatusOr<size_t> more = remote->ProbeRun(ns, ids.subspan(found.size()));
+  // never saw), with what tier 3 holds for the group.
+  absl::StatusOr<size_t> more =
+      remote->ProbeRun(RemoteTier::RemoteNamespace(where), ids.subspan(found.size()));
   if (more.ok()) found.insert(found.end(), *more, BlockLocation::kRemote);
   return found;
 }
@@ -789,7 +683,7 @@ absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids,
     absl::MutexLock lock(&core_.mu);
     // Records that failed validation at start have no trusted namespace:
     // only a caller that sees everything may remove them.
-    const bool sees_all = scope == nullptr || scope->SeesAll();
+    const bool sees_all = scope == nullptr || scope->SeesEveryBlock();
     for (size_t i = 0; i < ids.size(); ++i) {
       if (FindFor(ids[i], scope) == nullptr &&
           !(sees_all && core_.invalid_records.contains(ids[i]))) {
@@ -844,7 +738,7 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
     // shared by content and stay (expiry removes them).
     if (uploader_ != nullptr && core_.options.remote_sessions &&
         e->meta.kind() == v1::BLOCK_KIND_SESSION) {
-      uploader_->EnqueueRemoval(e->meta.fingerprint().namespace_(), e->id);
+      uploader_->EnqueueRemoval(RemoteTier::RemoteNamespace(e->meta.fingerprint()), e->id);
     }
     core_.index.Remove(e);
     ++core_.counters.deletes;
@@ -972,7 +866,7 @@ std::vector<BlockInfo> TierManagerImpl::List(const ListFilter& filter, const Blo
 absl::StatusOr<VerifyReport> TierManagerImpl::Verify(absl::Span<const BlockId> ids,
                                                     const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  if (scope == nullptr || scope->SeesAll()) return VerifyBlocks(&core_, ids);
+  if (scope == nullptr || scope->SeesEveryBlock()) return VerifyBlocks(&core_, ids);
   if (ids.empty()) {
     return absl::PermissionDeniedError(
         "ids: verifying every block needs admin rights; name the ids to verify");

@@ -50,6 +50,13 @@ struct TierManagerOptions {
   uint64_t spill_bytes = 16ull << 30;
   // Payload bytes written to the spill store per batch. Default: 64 MiB.
   uint64_t spill_batch_bytes = 64ull << 20;
+  // Heap bytes that Loads may hold at once, over every call, for blocks
+  // read from tier 2 that land neither in tier 1 (no room) nor in the
+  // caller's memory (scatter, CUDA and inline sinks). A call past its share
+  // drains its sink first (LoadSink::Drain); one that finds the budget held
+  // by others waits up to max_wait_for_room, then is RESOURCE_EXHAUSTED.
+  // At least limits.max_block_bytes. Default: 256 MiB.
+  uint64_t staging_bytes = 256ull << 20;
   // How long a Save may wait for the spiller to make room in tier 1 before
   // failing with RESOURCE_EXHAUSTED (the call's own deadline also applies).
   // Default: 10 s.
@@ -173,6 +180,11 @@ class LoadSink {
   // bytes are not hashed on the host first; Finish then returns DATA_LOSS
   // when one fails, and the TierManager finds and drops the bad tier-1 copy.
   virtual bool VerifiesDeliveries() const { return false; }
+  // Drain completes the deliveries made so far, so that their bytes may be
+  // freed when it returns (Load calls it before it stages more than its
+  // share of the staging budget). Default: nothing to do (the sink is done
+  // with the bytes when Deliver returns).
+  virtual absl::Status Drain() { return absl::OkStatus(); }
   // Finish completes every delivery (e.g. waits for device copies).
   virtual absl::Status Finish() { return absl::OkStatus(); }
 };
@@ -264,12 +276,13 @@ class TierManager {
   virtual std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids,
                                             const NamespaceScope* scope = nullptr) = 0;
 
-  // LookupFleet is Lookup, then (with a tier 3, and `ns` in scope) the run
-  // goes on with the ids tier 3 holds in namespace `ns` (kRemote), checked
-  // in batches. Blocks for I/O; never fails (a tier 3 that cannot answer
-  // ends the run and is counted).
+  // LookupFleet is Lookup, then (with a tier 3, and `ns` and `trust_group`
+  // in scope) the run goes on with the ids tier 3 holds for that namespace
+  // and group (kRemote), checked in batches. Blocks for I/O; never fails (a
+  // tier 3 that cannot answer ends the run and is counted).
   virtual std::vector<BlockLocation> LookupFleet(absl::Span<const BlockId> ids,
                                                  absl::string_view ns,
+                                                 absl::string_view trust_group,
                                                  const NamespaceScope* scope = nullptr) = 0;
 
   // WaitForRemoteIdle blocks until the write-behind queue is empty and no

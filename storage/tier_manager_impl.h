@@ -61,6 +61,7 @@ class TierManagerImpl final : public TierManager {
   std::vector<BlockLocation> Lookup(absl::Span<const BlockId> ids,
                                     const NamespaceScope* scope) override;
   std::vector<BlockLocation> LookupFleet(absl::Span<const BlockId> ids, absl::string_view ns,
+                                         absl::string_view trust_group,
                                          const NamespaceScope* scope) override;
   bool WaitForRemoteIdle(absl::Duration timeout) override {
     return uploader_ == nullptr || uploader_->WaitForIdle(timeout);
@@ -133,9 +134,14 @@ class TierManagerImpl final : public TierManager {
                                    const NamespaceScope* scope);
   // FetchRemote fetches `which` of `ids` from tier 3, verifies each (record
   // as at start, fingerprint, checksum) and stores it in tier 1 as a Save
-  // would. Errors name the item (its index in `ids`).
+  // would, in rounds whose payloads fit the staging budget; an object over
+  // --max-block-bytes is never read (storage/remote_fetch.cc). Errors name
+  // the item (its index in `ids`).
   absl::Status FetchRemote(absl::Span<const BlockId> ids, absl::Span<const size_t> which,
                            const v1::LayoutFingerprint& fingerprint);
+  // FetchRemoteBatch is FetchRemote for blocks read in one round trip.
+  absl::Status FetchRemoteBatch(absl::Span<const BlockId> ids, absl::Span<const size_t> which,
+                                const v1::LayoutFingerprint& fingerprint);
   // DropRemoteCopy removes a tier-3 object that failed verification.
   void DropRemoteCopy(absl::string_view ns, const BlockId& id, const absl::Status& why);
   absl::Status LoadLocal(absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,

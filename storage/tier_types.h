@@ -38,6 +38,13 @@ class NamespaceScope {
   virtual ~NamespaceScope() = default;
   virtual bool SeesAll() const = 0;
   virtual bool Sees(absl::string_view ns) const = 0;
+  // SeesBlock: whether a block with fingerprint `fp` is visible: its
+  // namespace and, where the scope keeps trust groups, its trust group.
+  virtual bool SeesBlock(const v1::LayoutFingerprint& fp) const {
+    return SeesAll() || Sees(fp.namespace_());
+  }
+  // SeesEveryBlock: every namespace and every trust group (an admin).
+  virtual bool SeesEveryBlock() const { return SeesAll(); }
   // SeesTokensOf: whether a block's tokens (its prompt) are shown to this
   // caller; reads clear them otherwise (n_tokens stays).
   virtual bool SeesTokensOf(const v1::BlockMeta& meta) const {
@@ -96,6 +103,7 @@ struct ListFilter {
   std::string ns;          // Empty: any.
   std::string session_id;  // Empty: any.
   std::optional<BlockLocation> location;  // Empty: any.
+  const NamespaceScope* scope = nullptr;  // Only blocks it sees; null: any.
 };
 
 // One block as Describe and List show it.
@@ -149,6 +157,7 @@ struct RemoteStats {
   uint64_t fetched_bytes = 0;
   uint64_t misses = 0;
   uint64_t checksum_failures = 0;  // Objects refused: bad checksum or record.
+  uint64_t refused_records = 0;    // Records outside this host's limits (kept).
   uint64_t errors = 0;             // Failed operations (timeouts included).
   uint64_t timeouts = 0;
   uint64_t breaker_opens = 0;

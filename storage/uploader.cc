@@ -165,7 +165,7 @@ void Uploader::Round() {
     Job job;
     job.item = item;
     job.record = EngineCore::RecordOf(*e);
-    job.ns = e->meta.fingerprint().namespace_();
+    job.ns = RemoteTier::RemoteNamespace(e->meta.fingerprint());
     job.exclusive = e->meta.kind() != v1::BLOCK_KIND_SESSION;
     job.checksum = e->checksum;
     if (e->ram_readable()) {

@@ -23,12 +23,20 @@ namespace {
 constexpr uint32_t kAlice = 65534;
 constexpr uint32_t kBob = 65533;
 constexpr uint32_t kStranger = 65532;
+constexpr uint32_t kCarol = 65531;
 
+// Alice and bob trust each other's prefixes in "shared" (group "team");
+// carol may use "shared" too, but is trusted by nobody.
 constexpr char kPolicy[] = R"pb(
   principals { name: "alice" uids: 65534 namespaces: "alice" namespaces: "shared" }
   principals { name: "bob" uids: 65533 namespaces: "bob" namespaces: "shared" }
+  principals { name: "carol" uids: 65531 namespaces: "shared" }
   principals { name: "ops" uids: 0 namespaces: "*" admin: true }
-  namespaces { name: "shared" shared: true }
+  namespaces {
+    name: "shared"
+    shared: true
+    trust_groups { name: "team" principals: "alice" principals: "bob" }
+  }
 )pb";
 
 struct Reply {
@@ -170,17 +178,17 @@ TEST_F(TenancyTest, NoOneCanPlantAPrefixBlock) {
   const Reply mine = One(kBob, "save-prefix:bob");
   ASSERT_EQ(mine.code, 0) << mine.message;
   EXPECT_NE(IdOf(mine), x) << "prefix ids are salted by namespace";
-  for (const std::string op : {"save-prefix-bare:bob:", "save-prefix-bare:shared:"}) {
+  for (const std::string op : {"save-prefix-bare:bob:", "save-prefix-bare:shared/bob:"}) {
     const Reply r = One(kBob, op + x);
     EXPECT_EQ(r.code, 3) << r.message;  // INVALID_ARGUMENT
     EXPECT_NE(r.message.find("tokens"), std::string::npos) << r.message;
   }
   // The shared namespace shares verified prefix blocks, and nothing else.
-  const Reply first = One(kAlice, "save-prefix:shared");
+  const Reply first = One(kAlice, "save-prefix:shared/team");
   ASSERT_EQ(first.code, 0) << first.message;
   const std::string s = IdOf(first);
-  const std::vector<Reply> bob =
-      As(kBob, {"save-prefix:shared", "load:shared:" + s, "save-session:shared:s1"});
+  const std::vector<Reply> bob = As(
+      kBob, {"save-prefix:shared/team", "load:shared/team:" + s, "save-session:shared/team:s1"});
   EXPECT_EQ(bob[0].code, 0);
   EXPECT_EQ(IdOf(bob[0]), s);
   EXPECT_EQ(bob[1].code, 0) << bob[1].message;
@@ -267,7 +275,7 @@ TEST_F(TenancyTest, NamespaceQuotasBoundUsage) {
 // writer and to admins, counts to the others.
 TEST_F(TenancyTest, TokensAreShownToTheWriterAndAdminsOnly) {
   StartWithPolicy(kPolicy);
-  const Reply saved = One(kAlice, "save-prefix:shared");
+  const Reply saved = One(kAlice, "save-prefix:shared/team");
   ASSERT_EQ(saved.code, 0) << saved.message;
   const std::string id = IdOf(saved);
   const std::vector<Reply> alice = As(kAlice, {"list:shared", "describe:" + id});
@@ -284,6 +292,59 @@ TEST_F(TenancyTest, TokensAreShownToTheWriterAndAdminsOnly) {
   EXPECT_NE(ops[0].message.find("tokens=4"), std::string::npos) << ops[0].message;
   EXPECT_NE(bob[0].message.find("tokens=0"), std::string::npos) << bob[0].message;
   EXPECT_NE(bob[1].message.find(" tokens=0"), std::string::npos) << bob[1].message;
+}
+
+// Planting (the review's finding): a tenant that saved a prefix first used
+// to decide the bytes every member of the namespace loaded for it (a later
+// saver got deduplicated=1 against the planted copy). Now a prefix is
+// written for a trust group, only by its members, and deduplicated and
+// served only within it; carol (trusted by nobody) keeps her own copy, and
+// cannot tell whether the group ever saw the prompt.
+TEST_F(TenancyTest, APrefixCannotBePlantedAcrossTrustGroups) {
+  StartWithPolicy(kPolicy);
+  // Carol tries to write for the team, then plants into the namespace with
+  // her own bytes (seed 9), before anyone of the team saves the prefix.
+  const std::vector<Reply> carol = As(kCarol, {"save-prefix:shared/team:9", "save-prefix:shared:9",
+                                               "save-prefix:shared/carol:9"});
+  EXPECT_EQ(carol[0].code, 7) << carol[0].message;  // PERMISSION_DENIED
+  EXPECT_NE(carol[0].message.find("trust_group"), std::string::npos) << carol[0].message;
+  EXPECT_EQ(carol[1].code, 3) << carol[1].message;  // INVALID_ARGUMENT: a group is required
+  EXPECT_NE(carol[1].message.find("trust_group: is required"), std::string::npos)
+      << carol[1].message;
+  ASSERT_EQ(carol[2].code, 0) << carol[2].message;
+  const std::string planted = IdOf(carol[2]);
+
+  // The team's first save is not deduplicated against carol's copy.
+  const Reply alice = One(kAlice, "save-prefix:shared/team:7");
+  ASSERT_EQ(alice.code, 0) << alice.message;
+  EXPECT_NE(alice.message.find("dedup=0"), std::string::npos) << alice.message;
+  const std::string x = IdOf(alice);
+  EXPECT_NE(x, planted);
+  // Bob's is, against alice's; and what bob loads is alice's bytes.
+  const std::vector<Reply> bob = As(kBob, {"save-prefix:shared/team:7", "load:shared/team:" + x,
+                                           "load:shared/team:" + planted});
+  EXPECT_EQ(IdOf(bob[0]), x);
+  EXPECT_NE(bob[0].message.find("dedup=1"), std::string::npos) << bob[0].message;
+  ASSERT_EQ(bob[1].code, 0) << bob[1].message;
+  const std::string sent = alice.message.substr(alice.message.find("sent="));
+  EXPECT_EQ(bob[1].message.substr(bob[1].message.find("sum=") + 4),
+            sent.substr(5, sent.find(' ') - 5));
+  EXPECT_EQ(bob[2].code, 5) << bob[2].message;  // Carol's copy is not the team's.
+
+  // Membership stays inside the group: to carol the team's block reads as
+  // an id nobody holds, in every call.
+  const std::string absent = "0123456789abcdef0123456789abcdef";
+  for (const std::string op : {"load:shared/carol:", "describe:", "lookup:", "delete:", "pin:"}) {
+    SCOPED_TRACE(op);
+    const std::vector<Reply> r = As(kCarol, {op + x, op + absent});
+    EXPECT_EQ(r[0].code, r[1].code) << r[0].message;
+    EXPECT_EQ(Shape(r[0].message), Shape(r[1].message));
+  }
+  const Reply listed = One(kCarol, "list:shared");
+  EXPECT_NE(listed.message.find("blocks=1 "), std::string::npos) << listed.message;  // Her own.
+  // The team's copy survived it all.
+  EXPECT_EQ(One(kAlice, "load:shared/team:" + x).code, 0);
+  EXPECT_NE(One(0, "list:shared").message.find("blocks=2 "), std::string::npos);
 }
 
 // Quotas hold exactly: three tenants (distinct uids) save from 64 threads at

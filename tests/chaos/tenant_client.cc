@@ -8,9 +8,11 @@
 //   <op> <grpc status code> <message>[ <extra>]
 // OPs (ids are hex):
 //   save-session:NS:SESSION   a 4-token session block (extra: id=<hex>)
-//   save-prefix:NS            a 4-token prefix block with its tokens (id=)
+//   save-prefix:NS[:SEED]     a 4-token prefix block with its tokens, payload
+//                             from SEED (extra: id= sent=<bytes' sum> dedup=)
+//   NS may be NS/GROUP: the fingerprint's trust_group is GROUP
 //   save-prefix-bare:NS:HEX   a prefix block without tokens claiming HEX
-//   load:NS:HEX  describe:HEX (extra: n_tokens= tokens=)  lookup:HEX
+//   load:NS:HEX (extra: sum=<bytes' sum>)  describe:HEX (extra: n_tokens= tokens=)  lookup:HEX
 //   delete:HEX  verify:HEX  pin:HEX
 //   list:NS (extra: blocks= tokens=, tokens shown in all)  list-all  drop:NS:SESSION  recover:NS:SESSION  stat  flush
 //   verify-all
@@ -23,6 +25,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +46,19 @@ void Print(const std::string& op, const grpc::Status& s, const std::string& extr
               extra.empty() ? "" : " ", extra.c_str());
 }
 
+// "NS" or "NS/GROUP": SmallFingerprint(NS) with trust_group GROUP.
+v1::LayoutFingerprint Fp(const std::string& spec) {
+  const std::vector<std::string> parts = absl::StrSplit(spec, absl::MaxSplits('/', 1));
+  v1::LayoutFingerprint fp = SmallFingerprint(parts[0]);
+  if (parts.size() > 1) fp.set_trust_group(parts[1]);
+  return fp;
+}
+
+// A digest of payload bytes, to tell whose bytes a load returned.
+std::string Sum(const std::string& bytes) {
+  return std::to_string(std::hash<std::string>()(bytes));
+}
+
 std::string IdBytes(const std::string& hex) {
   absl::StatusOr<BlockId> id = BlockId::FromHex(hex);
   return id.ok() ? id->ToBytes() : std::string(16, '\0');
@@ -56,7 +72,7 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     if (verb == "save-session" || verb == "save-prefix" || verb == "save-prefix-bare") {
-      const v1::LayoutFingerprint fp = SmallFingerprint(f.at(1));
+      const v1::LayoutFingerprint fp = Fp(f.at(1));
       TestBlock b;
       if (verb == "save-session") {
         b = SessionBlock(f.at(2), 0, 4, fp);
@@ -67,20 +83,28 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
           b.meta.clear_tokens();
           b.meta.set_id(IdBytes(f.at(2)));
         }
-        b.payload = CanonicalPayload(b.meta, 7);
+        // save-prefix:NS[:SEED]: the payload's bytes depend on SEED.
+        const uint32_t seed =
+            verb == "save-prefix" && f.size() > 2 ? static_cast<uint32_t>(std::stoul(f[2])) : 7;
+        b.payload = CanonicalPayload(b.meta, seed);
       }
       v1::SaveRequest req;
       v1::SaveBlock* block = req.add_blocks();
       *block->mutable_meta() = b.meta;
       block->set_inline_bytes(b.payload);
       v1::SaveResponse resp;
-      Print(verb, stub->Save(&ctx, req, &resp), "id=" + BlockId::FromBytes(b.meta.id())->ToHex());
+      const grpc::Status s = stub->Save(&ctx, req, &resp);
+      Print(verb, s,
+            "id=" + BlockId::FromBytes(b.meta.id())->ToHex() + " sent=" + Sum(b.payload) +
+                " dedup=" + std::to_string(resp.results_size() > 0 &&
+                                           resp.results(0).deduplicated()));
     } else if (verb == "load") {
       v1::LoadRequest req;
       req.add_ids(IdBytes(f.at(2)));
-      *req.mutable_fingerprint() = SmallFingerprint(f.at(1));
+      *req.mutable_fingerprint() = Fp(f.at(1));
       v1::LoadResponse resp;
-      Print(verb, stub->Load(&ctx, req, &resp));
+      const grpc::Status s = stub->Load(&ctx, req, &resp);
+      Print(verb, s, "sum=" + (resp.blocks_size() > 0 ? Sum(resp.blocks(0).inline_bytes()) : ""));
     } else if (verb == "describe") {
       v1::DescribeRequest req;
       req.set_id(IdBytes(f.at(1)));
@@ -147,7 +171,7 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
       req.mutable_session()->set_session_id(f.at(2));
       req.set_kind(v1::SUMMARY_MEAN_KEYS);
       req.set_k(4);
-      const v1::LayoutFingerprint fp = SmallFingerprint(f.at(1));
+      const v1::LayoutFingerprint fp = Fp(f.at(1));
       req.set_n_query_heads(fp.n_kv_heads());
       for (uint32_t i = 0; i < fp.n_kv_heads() * fp.head_dim(); ++i) req.add_queries(1.0f);
       v1::RecoverResponse resp;
@@ -159,7 +183,7 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
       Print(verb, s,
             "has_counters=" + std::to_string(resp.has_counters() || resp.has_pinned()));
     } else if (verb == "save-many") {
-      const v1::LayoutFingerprint fp = SmallFingerprint(f.at(1));
+      const v1::LayoutFingerprint fp = Fp(f.at(1));
       const std::string session = f.at(2);
       const int n = std::stoi(f.at(3)), threads = std::stoi(f.at(4));
       const uint32_t tokens = static_cast<uint32_t>(std::stoul(f.at(5)));

@@ -226,6 +226,15 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(evoke.InvalidArgument) as e:
             self.client.save(bad, blk)
         self.assertIn("id", e.exception.message)
+        # A trust group salts the chain: other ids, which the daemon (C++)
+        # verifies against the same tokens.
+        team = pb.LayoutFingerprint()
+        team.CopyFrom(FP)
+        team.trust_group = "team"
+        grouped = evoke.prefix_metas(team, tokens, 32)
+        self.assertNotEqual(grouped[0].id, metas[0].id)
+        self.client.save(grouped[0], random_block(self.client, self.rng, fp=team))
+        self.assertEqual(self.client.longest_prefix([m.id for m in grouped]), 1)
 
     def test_errors_carry_code_and_message(self):
         out = self.client.block_array(FP, 32)

@@ -260,6 +260,11 @@ class Client {
   // local Lookup.
   absl::StatusOr<std::vector<v1::Tier>> Lookup(absl::Span<const BlockId> ids,
                                                absl::string_view ns);
+  // The same for the copies of trust group `trust_group` (the fingerprint's
+  // trust_group, required in a shared namespace; see docs/ACCESS.md).
+  absl::StatusOr<std::vector<v1::Tier>> Lookup(absl::Span<const BlockId> ids,
+                                               absl::string_view ns,
+                                               absl::string_view trust_group);
 
   absl::Status Delete(absl::Span<const BlockId> ids);
   absl::StatusOr<uint32_t> DropSession(absl::string_view ns,

@@ -181,8 +181,9 @@ class AsyncClient:
 
     # ---------------------------------------------------------- control
 
-    async def lookup(self, ids, namespace=""):
-        r = await self._call("Lookup", pb.LookupRequest(ids=_ids_list(ids), namespace=namespace))
+    async def lookup(self, ids, namespace="", trust_group=""):
+        r = await self._call("Lookup", pb.LookupRequest(ids=_ids_list(ids), namespace=namespace,
+                                                        trust_group=trust_group))
         return list(r.tiers[:r.n_present])
 
     async def recover(self, namespace, session_id, queries, layer, k=8, kind=None,

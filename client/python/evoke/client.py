@@ -479,17 +479,19 @@ class Client:
 
     # ------------------------------------------------------------- control
 
-    def lookup(self, ids, namespace=""):
+    def lookup(self, ids, namespace="", trust_group=""):
         """The tiers of the longest run of leading `ids` whose bytes are
         held (a prefix chain's hit): a list of pb.TIER_* as long as the
-        run."""
+        run. With `namespace`, fleet-wide (tier 3) for the copies of
+        `trust_group` (required in a shared namespace)."""
         response = self._call("Lookup", pb.LookupRequest(ids=_ids_list(ids),
-                                                         namespace=namespace))
+                                                         namespace=namespace,
+                                                         trust_group=trust_group))
         return list(response.tiers[:response.n_present])
 
-    def longest_prefix(self, ids, namespace=""):
+    def longest_prefix(self, ids, namespace="", trust_group=""):
         """How many leading `ids` are held (len(lookup(...)))."""
-        return len(self.lookup(ids, namespace))
+        return len(self.lookup(ids, namespace, trust_group))
 
     def recover(self, namespace, session_id, queries, layer, k=8, kind=None,
                 min_score=None, aggregation=None, exclude_ids=(), require_bytes=False):

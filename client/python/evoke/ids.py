@@ -126,6 +126,10 @@ def _canonical_fields(fp):
     yield "rope.n_ctx_orig", _u64(r.n_ctx_orig)
     yield "tp_rank", _u64(fp.tp_rank)
     yield "tp_size", _u64(fp.tp_size)
+    # Hashed only when set (ids without a group are unchanged).
+    group = getattr(fp, "trust_group", "")
+    if group:
+        yield "trust_group", group.encode()
 
 
 def fingerprint_digest(fp):
