@@ -219,6 +219,9 @@ absl::Status AccessPolicy::CheckTrustGroups(absl::string_view origin) const {
 void AccessPolicy::Grant(const v1::Principal& pr, Caller* c) const {
   c->admin_ = c->admin_ || pr.admin();
   c->cuda_regions_ = c->cuda_regions_ || pr.cuda_regions();
+  c->caps_.leases = std::max(c->caps_.leases, pr.max_leases());
+  c->caps_.calls = std::max(c->caps_.calls, pr.max_calls());
+  c->caps_.rings = std::max(c->caps_.rings, pr.max_rings());
   c->principals_.insert(pr.name());
   for (const std::string& ns : pr.namespaces()) {
     if (ns == "*") {

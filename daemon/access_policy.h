@@ -57,6 +57,13 @@ class Caller final : public NamespaceScope {
   // May register CUDA regions: Unix peers, in-process callers, and TCP
   // principals whose policy entry says cuda_regions.
   bool may_register_cuda() const { return uid_.has_value() || cuda_regions_; }
+  // Its fair-share caps from the policy (0: the daemon's per-uid default).
+  struct Caps {
+    uint32_t leases = 0;
+    uint32_t calls = 0;
+    uint32_t rings = 0;
+  };
+  const Caps& caps() const { return caps_; }
   // Tokens (prompts) are shown to admins and to the block's writer only.
   bool SeesTokensOf(const v1::BlockMeta& meta) const override {
     return admin_ || (!meta.writer().empty() && meta.writer() == writer_);
@@ -71,6 +78,7 @@ class Caller final : public NamespaceScope {
   std::optional<uid_t> uid_;
   std::string writer_;
   bool cuda_regions_ = false;
+  Caps caps_;
   // Trust: the names of the principals it matched (each a group of one in
   // every namespace), the declared groups it is in ("ns\x1fgroup"), and the
   // shared namespaces (where a block must name its group).

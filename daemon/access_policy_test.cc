@@ -150,6 +150,27 @@ TEST(AccessPolicyTest, ReadsAtMost4KiBOfATokenFile) {
   EXPECT_TRUE(AccessPolicy::Parse(policy + good + "\" }", "test").ok());
 }
 
+// Caps from the policy: a uid matched by several principals gets the
+// largest of each; unset stays 0 (the daemon's per-uid default).
+TEST(AccessPolicyTest, CapsAreTheLargestOfTheMatchedPrincipals) {
+  absl::StatusOr<AccessPolicy> policy = AccessPolicy::Parse(R"pb(
+    principals { name: "a" uids: 7 namespaces: "n" max_leases: 3 max_calls: 40 }
+    principals { name: "b" gids: 9 namespaces: "m" max_leases: 5 max_rings: 2 }
+  )pb", "test");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  PeerCred both;
+  both.uid = 7;
+  both.gid = 9;
+  absl::StatusOr<std::shared_ptr<const Caller>> c = policy->ForPeer(both);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->caps().leases, 5u);
+  EXPECT_EQ((*c)->caps().calls, 40u);
+  EXPECT_EQ((*c)->caps().rings, 2u);
+  const auto only_a = Peer(*policy, 7);
+  ASSERT_TRUE(only_a);
+  EXPECT_EQ(only_a->caps().rings, 0u);
+}
+
 // The policy shipped in deploy/ parses, and its engines share prefixes
 // through their trust group.
 TEST(TrustGroupTest, TheShippedPolicyParses) {

@@ -392,7 +392,8 @@ void KvTierService::Forget(LeaseReactor* reactor) {
 }
 
 KvTierService::CallLane KvTierService::LaneOf(const Caller& caller) const {
-  return CallLane{OwnerUid(caller), options_.max_calls_per_uid};
+  return CallLane{OwnerUid(caller),
+                  caller.caps().calls != 0 ? caller.caps().calls : options_.max_calls_per_uid};
 }
 
 absl::StatusOr<Lease> KvTierService::FindLease(const Caller& caller,
@@ -422,7 +423,8 @@ grpc::ServerWriteReactor<v1::LeaseEvent>* KvTierService::OpenLease(
     absl::MutexLock lock(&reactors_mu_);
     lease = closing_ ? absl::StatusOr<Lease>(
                            absl::UnavailableError("evoked is shutting down"))
-                     : leases_->Grant(request->client_name(), OwnerUid(**caller));
+                     : leases_->Grant(request->client_name(), OwnerUid(**caller),
+                                      (*caller)->caps().leases);
   }
   auto reactor = std::make_shared<LeaseReactor>(this, lease, options_.fd_socket,
                                                 leases_->options());
@@ -559,7 +561,8 @@ grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext*
         rings_->Attach(absl::StrCat(lease.id.ToHex(), "/", request->region_id()),
                        lease.owner_uid, std::move(region),
                        MakeServiceRingHandler(this, caller, lease, request->region_id(),
-                                              leases_)));
+                                              leases_),
+                       caller->caps().rings));
     response->set_sq_entries(g.sq_entries);
     response->set_cq_entries(g.cq_entries);
     response->set_arg_bytes(g.arg_bytes);

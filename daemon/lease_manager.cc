@@ -40,7 +40,9 @@ LeaseManager::LeaseManager(const LeaseManagerOptions& options, TierManager* tier
       tiers_(tiers),
       budget_(LimitsOf(options)) {}
 
-absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name, uid_t owner_uid) {
+absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name, uid_t owner_uid,
+                                          uint32_t max_for_uid) {
+  const uint32_t cap = max_for_uid != 0 ? max_for_uid : max_leases_per_uid_;
   char bytes[16];
   if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
     return absl::UnavailableError("no randomness for a lease id");
@@ -52,10 +54,11 @@ absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name, uid_t o
         absl::StrCat("too many open leases (", options_.max_leases, ", --max-leases)"));
   }
   uint32_t& mine = leases_per_uid_[owner_uid];
-  if (mine >= max_leases_per_uid_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("uid ", owner_uid, " holds ", mine, " open leases, the limit per uid (",
-                     max_leases_per_uid_, ", --max-leases-per-uid); end one first"));
+  if (mine >= cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", owner_uid, " holds ", mine, " open leases, the limit per uid (", cap,
+        max_for_uid != 0 ? ", max_leases in the policy" : ", --max-leases-per-uid",
+        "); end one first"));
   }
   ++mine;
   LeaseState& state = leases_[id];

@@ -84,7 +84,9 @@ class LeaseManager {
   // callers that do not know the peer. RESOURCE_EXHAUSTED past max_leases
   // or max_leases_per_uid;
   // UNAVAILABLE if the system cannot provide randomness.
-  absl::StatusOr<Lease> Grant(absl::string_view client_name, uid_t owner_uid = geteuid());
+  // `max_for_uid`: the owner's lease cap from the policy (0: the default).
+  absl::StatusOr<Lease> Grant(absl::string_view client_name, uid_t owner_uid = geteuid(),
+                              uint32_t max_for_uid = 0);
   // End closes a lease (idempotent).
   void End(const BlockId& id);
   // Find resolves the `lease_id` field of a request and marks the lease

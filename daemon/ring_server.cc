@@ -341,7 +341,9 @@ RingSet::~RingSet() { StopAll(); }
 
 absl::StatusOr<ring::RingGeometry> RingSet::Attach(std::string key, uid_t uid,
                                                    std::shared_ptr<Region> region,
-                                                   std::unique_ptr<RingHandler> handler) {
+                                                   std::unique_ptr<RingHandler> handler,
+                                                   uint32_t max_for_uid) {
+  const uint32_t cap = max_for_uid != 0 ? max_for_uid : options_.max_rings_per_uid;
   if (region == nullptr || region->host_data() == nullptr) {
     return absl::FailedPreconditionError("region_id: a ring must be a shared-memory region");
   }
@@ -363,10 +365,10 @@ absl::StatusOr<ring::RingGeometry> RingSet::Attach(std::string key, uid_t uid,
           "rings: ", rings_.size(), " attached, the daemon's limit is ", options_.max_rings));
     }
     uint32_t& mine = per_uid_[uid];
-    if (mine >= options_.max_rings_per_uid) {
-      return absl::ResourceExhaustedError(absl::StrCat("rings: uid ", uid, " has ", mine,
-                                                       " attached, the limit per uid is ",
-                                                       options_.max_rings_per_uid));
+    if (mine >= cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rings: uid ", uid, " has ", mine, " attached, the limit per uid is ", cap,
+          max_for_uid != 0 ? " (max_rings in the policy)" : ""));
     }
     ring = std::make_shared<Ring>(this, key, uid, std::move(region), *g, std::move(handler));
     try {

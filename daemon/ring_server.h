@@ -93,9 +93,11 @@ class RingSet {
   // through `handler`. `key` names the ring (lease and region), so that a
   // region serves at most one ring: FAILED_PRECONDITION for a second.
   // INVALID_ARGUMENT (geometry), RESOURCE_EXHAUSTED (ring limits).
+  // `max_for_uid`: the uid's ring cap from the policy (0: max_rings_per_uid).
   absl::StatusOr<ring::RingGeometry> Attach(std::string key, uid_t uid,
                                             std::shared_ptr<Region> region,
-                                            std::unique_ptr<RingHandler> handler);
+                                            std::unique_ptr<RingHandler> handler,
+                                            uint32_t max_for_uid = 0);
   // StopAll stops serving every ring (each marked kBrokenClosed) and waits
   // for their threads. Attach fails afterwards (UNAVAILABLE).
   void StopAll();

@@ -23,15 +23,7 @@
 #include <string>
 
 #include "daemon/access_policy.h"
-
-#define FUZZ_CHECK(cond)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, \
-              __LINE__);                                                   \
-      abort();                                                             \
-    }                                                                      \
-  } while (0)
+#include "fuzz/fuzz_check.h"
 
 namespace evoke {
 namespace {

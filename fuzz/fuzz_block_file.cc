@@ -22,15 +22,7 @@
 #include "evoke/block_file.h"
 #include "evoke/hash128.h"
 #include "google/protobuf/stubs/logging.h"
-
-#define FUZZ_CHECK(cond)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, \
-              __LINE__);                                                   \
-      abort();                                                             \
-    }                                                                      \
-  } while (0)
+#include "fuzz/fuzz_check.h"
 
 // protobuf logs every string field with invalid UTF-8 it parses; thousands
 // of lines a second would drown the fuzzer's own output.

@@ -24,15 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon_flags.h"
 #include "daemon/daemon_options.h"
-
-#define FUZZ_CHECK(cond)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, \
-              __LINE__);                                                   \
-      abort();                                                             \
-    }                                                                      \
-  } while (0)
+#include "fuzz/fuzz_check.h"
 
 namespace evoke {
 namespace {

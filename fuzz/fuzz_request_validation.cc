@@ -40,14 +40,7 @@ namespace evoke {
 namespace {
 
 // Stops the run with a message: a property the code promises was broken.
-#define FUZZ_CHECK(cond)                                               \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, \
-              __LINE__);                                               \
-      abort();                                                         \
-    }                                                                  \
-  } while (0)
+#include "fuzz/fuzz_check.h"
 
 const RequestLimits& Limits() {
   static const RequestLimits limits;  // The daemon's defaults.

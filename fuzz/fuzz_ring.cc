@@ -87,15 +87,7 @@
 #include "common/ring_format.h"
 #include "daemon/region.h"
 #include "daemon/ring_server.h"
-
-#define FUZZ_CHECK(cond)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, \
-              __LINE__);                                                   \
-      abort();                                                             \
-    }                                                                      \
-  } while (0)
+#include "fuzz/fuzz_check.h"
 
 namespace evoke {
 namespace {

@@ -18,15 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "client/llama/seq_state.h"
 #include "common/block_validation.h"
-
-#define FUZZ_CHECK(cond)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, \
-              __LINE__);                                                   \
-      abort();                                                             \
-    }                                                                      \
-  } while (0)
+#include "fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace evoke;

@@ -39,15 +39,7 @@
 #include "storage/spill_record.pb.h"
 #include "storage/tier.h"
 #include "storage/tier_manager.h"
-
-#define FUZZ_CHECK(cond)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "FUZZ_CHECK failed: %s (%s:%d)\n", #cond, __FILE__, \
-              __LINE__);                                                   \
-      abort();                                                             \
-    }                                                                      \
-  } while (0)
+#include "fuzz/fuzz_check.h"
 
 namespace evoke {
 namespace {

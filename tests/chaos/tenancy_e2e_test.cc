@@ -420,6 +420,29 @@ TEST_F(TenancyTest, OneUidCannotTakeEveryLease) {
   EXPECT_EQ(pin.code, 5) << pin.message;
 }
 
+// The policy sets each principal's caps: here root's (the ops principal)
+// lease cap is 5, above the per-uid default of 2 (a quarter of 8).
+TEST_F(TenancyTest, ThePolicySetsAPrincipalsLeaseCap) {
+  std::string policy = kPolicy;
+  const std::string ops = R"(admin: true })";
+  policy.replace(policy.find(ops), ops.size(), R"(admin: true max_leases: 5 })");
+  StartWithPolicy(policy, {"--max-leases", "8"});
+  std::vector<std::unique_ptr<Client>> held;  // The fixture's client holds one.
+  absl::Status refused;
+  for (int i = 0; i < 8 && refused.ok(); ++i) {
+    std::unique_ptr<Client> c = daemon_->Connect();
+    ASSERT_NE(c, nullptr);
+    refused = c->OpenLease("ops");
+    if (refused.ok()) held.push_back(std::move(c));
+  }
+  EXPECT_EQ(held.size(), 4u);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("max_leases in the policy"), absl::string_view::npos)
+      << refused;
+  // Alice keeps the default and still gets hers.
+  EXPECT_EQ(One(kAlice, "pin:0123456789abcdef0123456789abcdef").code, 5);
+}
+
 // The global metadata budget: a flood of metadata-heavy saves is refused
 // past --metadata-bytes, and the daemon (and listing) keep working.
 TEST_F(TenancyTest, MetadataBudgetStopsAFlood) {
