@@ -222,6 +222,7 @@ void AccessPolicy::Grant(const v1::Principal& pr, Caller* c) const {
   c->caps_.leases = std::max(c->caps_.leases, pr.max_leases());
   c->caps_.calls = std::max(c->caps_.calls, pr.max_calls());
   c->caps_.rings = std::max(c->caps_.rings, pr.max_rings());
+  c->caps_.mapped_bytes = std::max<uint64_t>(c->caps_.mapped_bytes, pr.max_mapped_bytes());
   c->principals_.insert(pr.name());
   for (const std::string& ns : pr.namespaces()) {
     if (ns == "*") {

@@ -62,6 +62,7 @@ class Caller final : public NamespaceScope {
     uint32_t leases = 0;
     uint32_t calls = 0;
     uint32_t rings = 0;
+    uint64_t mapped_bytes = 0;
   };
   const Caps& caps() const { return caps_; }
   // Tokens (prompts) are shown to admins and to the block's writer only.

@@ -424,7 +424,7 @@ grpc::ServerWriteReactor<v1::LeaseEvent>* KvTierService::OpenLease(
     lease = closing_ ? absl::StatusOr<Lease>(
                            absl::UnavailableError("evoked is shutting down"))
                      : leases_->Grant(request->client_name(), OwnerUid(**caller),
-                                      (*caller)->caps().leases);
+                                      (*caller)->caps().leases, (*caller)->caps().mapped_bytes);
   }
   auto reactor = std::make_shared<LeaseReactor>(this, lease, options_.fd_socket,
                                                 leases_->options());

@@ -41,7 +41,7 @@ LeaseManager::LeaseManager(const LeaseManagerOptions& options, TierManager* tier
       budget_(LimitsOf(options)) {}
 
 absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name, uid_t owner_uid,
-                                          uint32_t max_for_uid) {
+                                          uint32_t max_for_uid, uint64_t max_mapped_bytes) {
   const uint32_t cap = max_for_uid != 0 ? max_for_uid : max_leases_per_uid_;
   char bytes[16];
   if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
@@ -63,6 +63,7 @@ absl::StatusOr<Lease> LeaseManager::Grant(absl::string_view client_name, uid_t o
   ++mine;
   LeaseState& state = leases_[id];
   state.owner = next_owner_++;
+  state.max_mapped_bytes = max_mapped_bytes;
   state.owner_uid = owner_uid;
   state.client_name = std::string(client_name.substr(0, 128));
   state.granted = clock_->Now();
@@ -182,6 +183,7 @@ absl::StatusOr<uint64_t> LeaseManager::AddSharedMemoryRegion(absl::string_view l
   UniqueFd owned(fd);  // Until ShmRegion::Map takes it.
   absl::StatusOr<BlockId> id = BlockId::FromBytes(lease_id);
   if (!id.ok()) return absl::NotFoundError(kUnknownLease);
+  uint64_t max_mapped_bytes = 0;
   {
     // The owner check comes first and does not mark the lease used: to
     // another uid, a lease looks exactly like one that does not exist.
@@ -194,10 +196,11 @@ absl::StatusOr<uint64_t> LeaseManager::AddSharedMemoryRegion(absl::string_view l
                       "; refused as unknown");
       return absl::NotFoundError(kUnknownLease);
     }
+    max_mapped_bytes = it->second.max_mapped_bytes;
   }
-  EVOKE_ASSIGN_OR_RETURN(
-      std::unique_ptr<ShmRegion> region,
-      ShmRegion::Map(owned.Release(), size, options_.max_region_bytes, &budget_, peer_uid));
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<ShmRegion> region,
+                         ShmRegion::Map(owned.Release(), size, options_.max_region_bytes,
+                                        &budget_, peer_uid, max_mapped_bytes));
   // The lease may have ended meanwhile: AddRegion then answers NOT_FOUND and
   // the region unmaps here.
   return AddRegion(*id, std::move(region));

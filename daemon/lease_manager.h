@@ -84,9 +84,11 @@ class LeaseManager {
   // callers that do not know the peer. RESOURCE_EXHAUSTED past max_leases
   // or max_leases_per_uid;
   // UNAVAILABLE if the system cannot provide randomness.
-  // `max_for_uid`: the owner's lease cap from the policy (0: the default).
+  // `max_for_uid`: the owner's lease cap from the policy (0: the default);
+  // `max_mapped_bytes`: its mapped-bytes cap from the policy (0: the
+  // default), applied to the regions registered in this lease.
   absl::StatusOr<Lease> Grant(absl::string_view client_name, uid_t owner_uid = geteuid(),
-                              uint32_t max_for_uid = 0);
+                              uint32_t max_for_uid = 0, uint64_t max_mapped_bytes = 0);
   // End closes a lease (idempotent).
   void End(const BlockId& id);
   // Find resolves the `lease_id` field of a request and marks the lease
@@ -137,6 +139,7 @@ class LeaseManager {
   struct LeaseState {
     PinOwner owner;
     uid_t owner_uid = 0;
+    uint64_t max_mapped_bytes = 0;  // The owner's cap from the policy (0: default).
     std::string client_name;
     absl::Time granted;
     // Mutable: const lookups (Find, GetRegion) mark the lease used.

@@ -72,8 +72,10 @@ void MappingBudget::Charge::Return() {
 MappingBudget::MappingBudget(const MappingLimits& limits)
     : state_(std::make_shared<State>(limits)) {}
 
-absl::StatusOr<MappingBudget::Charge> MappingBudget::Reserve(uid_t uid, uint64_t bytes) {
+absl::StatusOr<MappingBudget::Charge> MappingBudget::Reserve(uid_t uid, uint64_t bytes,
+                                                            uint64_t max_bytes_for_uid) {
   const MappingLimits& l = state_->limits;
+  const uint64_t per_uid = max_bytes_for_uid != 0 ? max_bytes_for_uid : l.max_bytes_per_uid;
   absl::MutexLock lock(&state_->mu);
   const Usage total = state_->total;
   auto it = state_->per_uid.find(uid);
@@ -95,12 +97,13 @@ absl::StatusOr<MappingBudget::Charge> MappingBudget::Reserve(uid_t uid, uint64_t
         FormatByteSize(l.max_bytes), " of mapped client memory (--max-mapped-bytes; ",
         FormatByteSize(total.bytes), " mapped)"));
   }
-  if (bytes > l.max_bytes_per_uid - std::min(l.max_bytes_per_uid, mine.bytes)) {
+  if (bytes > per_uid - std::min(per_uid, mine.bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "mapping ", FormatByteSize(bytes), " more would pass uid ", uid, "'s limit of ",
-        FormatByteSize(l.max_bytes_per_uid),
-        " of mapped memory (--max-mapped-bytes-per-uid; ", FormatByteSize(mine.bytes),
-        " mapped)"));
+        FormatByteSize(per_uid), " of mapped memory (",
+        max_bytes_for_uid != 0 ? "max_mapped_bytes in the policy"
+                               : "--max-mapped-bytes-per-uid",
+        "; ", FormatByteSize(mine.bytes), " mapped)"));
   }
   state_->total.bytes += bytes;
   ++state_->total.mappings;
@@ -142,7 +145,8 @@ const char* FileTypeName(uint16_t mode) {
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Map(int fd, uint64_t size,
                                                           uint64_t max_bytes,
-                                                          MappingBudget* budget, uid_t uid) {
+                                                          MappingBudget* budget, uid_t uid,
+                                                          uint64_t max_bytes_for_uid) {
   struct Closer {
     int fd;
     ~Closer() {
@@ -193,7 +197,8 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Map(int fd, uint64_t size,
   }
   MappingBudget::Charge charge;
   if (budget != nullptr) {
-    absl::StatusOr<MappingBudget::Charge> reserved = budget->Reserve(uid, size);
+    absl::StatusOr<MappingBudget::Charge> reserved =
+        budget->Reserve(uid, size, max_bytes_for_uid);
     if (!reserved.ok()) return reserved.status();
     charge = std::move(reserved).value();
   }

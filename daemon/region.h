@@ -92,7 +92,8 @@ class MappingBudget {
   explicit MappingBudget(const MappingLimits& limits);
   // Reserve counts one more mapping of `bytes` for `uid`. RESOURCE_EXHAUSTED
   // naming the cap when it would pass any of the four.
-  absl::StatusOr<Charge> Reserve(uid_t uid, uint64_t bytes);
+  // `max_bytes_for_uid`: the uid's cap from the policy (0: the limits').
+  absl::StatusOr<Charge> Reserve(uid_t uid, uint64_t bytes, uint64_t max_bytes_for_uid = 0);
   Usage Total() const;
   Usage OfUid(uid_t uid) const;
   const MappingLimits& limits() const;
@@ -117,10 +118,13 @@ class MappingBudget {
 // charge returned, on destruction.
 class ShmRegion final : public Region {
  public:
+  // `max_bytes_for_uid`: the uid's mapped-bytes cap from the policy (0: the
+  // budget's).
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Map(int fd, uint64_t size,
                                                         uint64_t max_bytes,
                                                         MappingBudget* budget = nullptr,
-                                                        uid_t uid = 0);
+                                                        uid_t uid = 0,
+                                                        uint64_t max_bytes_for_uid = 0);
   ~ShmRegion() override;
   Kind kind() const override { return Kind::kSharedMemory; }
   uint64_t size() const override { return size_; }

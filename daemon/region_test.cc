@@ -228,6 +228,25 @@ TEST(MappingBudgetTest, CapsCountsAndBytesInAllAndPerUid) {
   EXPECT_EQ(budget.Total().bytes, 1000u);
 }
 
+// A principal's cap from the policy replaces the per-uid flag for its uid
+// (larger or smaller); the daemon-wide cap still holds.
+TEST(MappingBudgetTest, ThePolicysCapReplacesThePerUidFlag) {
+  MappingLimits limits;
+  limits.max_bytes = 1000;
+  limits.max_bytes_per_uid = 100;
+  MappingBudget budget(limits);
+  ASSERT_OK_AND_ASSIGN(MappingBudget::Charge big, budget.Reserve(7, 500, /*for uid=*/600));
+  EXPECT_THAT(budget.Reserve(7, 101, 600),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("limit of 600 B of mapped memory (max_mapped_bytes in the policy")));
+  ASSERT_OK_AND_ASSIGN(MappingBudget::Charge small, budget.Reserve(8, 40, 50));
+  EXPECT_THAT(budget.Reserve(8, 11, 50), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(budget.Reserve(9, 101), StatusIs(absl::StatusCode::kResourceExhausted,
+                                               HasSubstr("--max-mapped-bytes-per-uid")));
+  EXPECT_THAT(budget.Reserve(9, 461, 2000),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-mapped-bytes;")));
+}
+
 TEST(MappingBudgetTest, ChargesMoveAndOutliveTheBudget) {
   MappingLimits limits;
   limits.max_mappings = 1;
