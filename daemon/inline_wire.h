@@ -210,6 +210,14 @@ inline void ReturnSavePayloads(StringPool& pool, v1::SaveRequest* request) {
 
 namespace internal {
 
+// ReadTag reads a field tag as protobuf does: a varint of at most 5 bytes
+// (a longer one, even of a small value, is refused there) naming a field
+// number of at least 1.
+inline bool ReadTag(SliceReader& r, uint64_t* tag) {
+  const size_t start = r.position();
+  return r.ReadVarint(tag) && r.position() - start <= 5 && *tag <= UINT32_MAX && (*tag >> 3) != 0;
+}
+
 inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& pool,
                              v1::SaveRequest* request) {
   SliceReader r(slices);
@@ -217,7 +225,7 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
   std::string skeleton;  // One block without its inline_bytes.
   while (r.remaining() > 0) {
     uint64_t tag;
-    if (!r.ReadVarint(&tag) || tag > UINT32_MAX || (tag >> 3) == 0) return false;
+    if (!ReadTag(r, &tag)) return false;
     const uint32_t field = static_cast<uint32_t>(tag >> 3), wire_type = tag & 7;
     if (field != 1 || wire_type != 2) {
       AppendVarint(&top, tag);
@@ -232,14 +240,17 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
     bool other_payload = false;
     while (r.position() < end) {
       uint64_t t;
-      if (!r.ReadVarint(&t) || t > UINT32_MAX || (t >> 3) == 0) return false;
+      if (!ReadTag(r, &t)) return false;
       const uint32_t f = static_cast<uint32_t>(t >> 3), wt = t & 7;
       if (f == 2 && wt == 2) {
         uint64_t n;
         // Twice (protobuf keeps the last) or beside another payload field
         // (the last one wins): rare enough to leave to protobuf.
+        // The length's own varint may run past the block's end: checked
+        // before the subtraction (it underflowed, and a 12-byte request
+        // asked for an allocation of exabytes).
         if (block->payload_case() == v1::SaveBlock::kInlineBytes || !r.ReadVarint(&n) ||
-            n > end - r.position()) {
+            r.position() > end || n > end - r.position()) {
           return false;
         }
         // Owned by the block from here, so that a decline returns it.

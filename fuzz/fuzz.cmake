@@ -18,6 +18,8 @@
 #   fuzz_seq_state           llama.cpp sequence-state blobs -> ParseSeqState,
 #                            ToCanonical (client/llama/seq_state.cc builds
 #                            without llama.cpp, so it is compiled in here)
+#   fuzz_inline_save         SaveRequest bytes in slices -> the inline Save
+#                            parser (inline_wire.h), against protobuf's parse
 #   fuzz_access_policy       --policy text -> AccessPolicy::Parse, then the
 #                            rights of callers it accepts (trust groups)
 #   fuzz_ring                a hostile client's command ring (header, entries,
@@ -98,6 +100,10 @@ evoke_add_fuzzer(fuzz_ring
 evoke_add_fuzzer(fuzz_access_policy
   SOURCES ${_fuzz_dir}/fuzz_access_policy.cc ${_src}/daemon/access_policy.cc
   DEPS evoke_common)
+# The header-only parser; gRPC only for its Slice type.
+evoke_add_fuzzer(fuzz_inline_save
+  SOURCES ${_fuzz_dir}/fuzz_inline_save.cc
+  DEPS evoke_storage evoke_common gRPC::grpc++)
 
 # make_seeds writes the seed corpora (run once; its output is committed):
 #   build-fuzz/fuzz/make_seeds fuzz/corpus

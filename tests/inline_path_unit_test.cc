@@ -299,6 +299,13 @@ TEST(InlineWireTest, SaveRequestOddEncodingsAreDeclinedOrEqual) {
       // A group (wire type 3) and a bad wire type.
       std::string("\x0b\x0c", 2),
       std::string("\x0f", 1),
+      // A payload length whose varint runs past its block's end (found by
+      // fuzz_inline_save: the remaining length underflowed, and these 12
+      // bytes asked for an allocation of exabytes).
+      std::string("\x0a\x06\x12\xed\xff\xff\xff\xff\xff\x7a\xed\xea", 12),
+      // A tag in a 6-byte varint (value under 2^32): protobuf refuses it; the
+      // parser used to re-encode it and accept (also found by the fuzzer).
+      field(1, std::string("\x80\x81\x80\x80\x80\x00", 6) + "\x01"),  // Field 16, varint.
   };
   for (size_t i = 0; i < odd.size(); ++i) ExpectSameParse(odd[i], absl::StrCat("odd ", i));
 }
@@ -503,21 +510,29 @@ TEST_F(InlineServiceTest, RawSaveKeepsValidationAndChecksums) {
   s = SaveInline({meta}, {std::string()});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_NE(s.error_message().find("blocks[0]"), std::string::npos) << s.error_message();
-  // Garbage bytes: what the generated handler answered (UNIMPLEMENTED).
+  // Garbage bytes: what the generated handler answered (UNIMPLEMENTED). The
+  // second is a payload length whose varint runs past its block: it used to
+  // make the parser allocate exabytes (std::bad_alloc, the daemon gone).
   grpc::GenericStub generic(channel_);
-  const std::string junk = "\x0a\xff\xff\xff\xff\x0f";
-  grpc::Slice slice(junk.data(), junk.size());
-  grpc::ByteBuffer request(&slice, 1), response;
-  grpc::ClientContext context;
-  grpc::Status result;
-  absl::Notification done;
-  generic.UnaryCall(&context, "/evoke.v1.KvTier/Save", grpc::StubOptions(), &request, &response,
-                    [&](grpc::Status st) {
-                      result = st;
-                      done.Notify();
-                    });
-  done.WaitForNotification();
-  EXPECT_EQ(result.error_code(), grpc::StatusCode::UNIMPLEMENTED) << result.error_message();
+  for (const std::string& junk : {std::string("\x0a\xff\xff\xff\xff\x0f"),
+                                 std::string("\x0a\x06\x12\xed\xff\xff\xff\xff\xff\x7a\xed\xea",
+                                             12)}) {
+    grpc::Slice slice(junk.data(), junk.size());
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext context;
+    grpc::Status result;
+    absl::Notification done;
+    generic.UnaryCall(&context, "/evoke.v1.KvTier/Save", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status st) {
+                        result = st;
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    EXPECT_EQ(result.error_code(), grpc::StatusCode::UNIMPLEMENTED) << result.error_message();
+  }
+  // And the service still saves.
+  meta.set_checksum(PayloadChecksum(payload.data(), payload.size()));
+  EXPECT_TRUE(SaveInline({meta}, {payload}).ok());
 }
 
 TEST_F(InlineServiceTest, LoadOverTheResponseLimitIsResourceExhausted) {

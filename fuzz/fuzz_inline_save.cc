@@ -1,0 +1,61 @@
+// fuzz_inline_save: the inline Save parser (daemon/inline_wire.h), which
+// reads every principal's SaveRequest off the wire by hand, from arbitrary
+// bytes cut into arbitrary slices (as gRPC hands them over).
+//
+// Input (FuzzedDataProvider): up to 8 slice lengths, then the request's
+// bytes. The walker must never crash, and must either decline (leaving the
+// request empty: the daemon then parses with protobuf) or produce exactly
+// the message protobuf parses from the same bytes, never one that protobuf
+// refuses; its pooled payloads must go back to the pool.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/inline_wire.h"
+#include "fuzz/fuzz_check.h"
+
+namespace evoke {
+namespace {
+
+void Run(FuzzedDataProvider& in) {
+  std::vector<size_t> cuts;
+  const int n_cuts = in.ConsumeIntegralInRange<int>(0, 8);
+  for (int i = 0; i < n_cuts; ++i) cuts.push_back(in.ConsumeIntegralInRange<size_t>(0, 1 << 16));
+  const std::string wire = in.ConsumeRemainingBytesAsString();
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    const size_t n = std::min(cut, wire.size() - at);
+    if (n == 0) continue;
+    slices.emplace_back(wire.data() + at, n);
+    at += n;
+  }
+  if (at < wire.size()) slices.emplace_back(wire.data() + at, wire.size() - at);
+
+  inline_wire::StringPool pool;
+  v1::SaveRequest got;
+  const bool ok = inline_wire::internal::ParseSaveRequest(slices, pool, &got);
+  v1::SaveRequest expected;
+  const bool protobuf_ok = expected.ParseFromString(wire);
+  if (ok) {
+    FUZZ_CHECK(protobuf_ok);
+    FUZZ_CHECK(got.SerializeAsString() == expected.SerializeAsString());
+  }
+  inline_wire::ReturnSavePayloads(pool, &got);
+  for (const v1::SaveBlock& b : got.blocks()) {
+    FUZZ_CHECK(b.payload_case() != v1::SaveBlock::kInlineBytes ||
+               b.inline_bytes().size() < inline_wire::kPooledPayloadBytes);
+  }
+}
+
+}  // namespace
+}  // namespace evoke
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  evoke::Run(in);
+  return 0;
+}
