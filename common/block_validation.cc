@@ -293,6 +293,19 @@ absl::Status ValidateSummaries(const v1::BlockMeta& meta, const BlockLimits& lim
   return absl::OkStatus();
 }
 
+// ParentOf: a prefix block's parent id (all zeros for the first block).
+absl::StatusOr<BlockId> ParentOf(const v1::BlockMeta& meta) {
+  if (meta.parent_id().empty()) return BlockId();
+  return Hash128::FromBytes(meta.parent_id());
+}
+
+// ChainIdOf: the id a prefix block's own content gives it:
+// PrefixBlockId(parent, tokens, fingerprint).
+BlockId ChainIdOf(const BlockId& parent, const v1::BlockMeta& meta) {
+  return PrefixBlockId(parent, absl::MakeConstSpan(meta.tokens().data(), meta.tokens_size()),
+                       DigestFingerprint(meta.fingerprint()));
+}
+
 absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
                            const BlockLimits& limits, absl::string_view field,
                            bool for_save) {
@@ -373,12 +386,8 @@ absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
       break;
     }
     case v1::BLOCK_KIND_PREFIX: {
-      BlockId parent;
-      if (!meta.parent_id().empty()) {
-        auto p = Hash128::FromBytes(meta.parent_id());
-        if (!p.ok()) return Invalid(m, "parent_id", p.status().message());
-        parent = *p;
-      }
+      absl::StatusOr<BlockId> parent = ParentOf(meta);
+      if (!parent.ok()) return Invalid(m, "parent_id", parent.status().message());
       if (!meta.tokens().empty()) {
         if (static_cast<uint32_t>(meta.tokens_size()) != meta.n_tokens()) {
           return Invalid(m, "tokens",
@@ -386,9 +395,7 @@ absl::Status ValidateBlock(const v1::BlockMeta& meta, uint64_t payload_bytes,
                                       " entries, expected n_tokens = ",
                                       meta.n_tokens()));
         }
-        const BlockId expected = PrefixBlockId(
-            parent, absl::MakeConstSpan(meta.tokens().data(), meta.tokens_size()),
-            DigestFingerprint(fp));
+        const BlockId expected = ChainIdOf(*parent, meta);
         if (*id != expected) {
           return Invalid(m, "id",
                          absl::StrCat("does not match PrefixBlockId(parent_id, "
@@ -461,14 +468,9 @@ absl::Status CheckRecordIdentity(const BlockId& id, const v1::BlockMeta& meta) {
         return absl::DataLossError(
             "meta.tokens: a prefix record must carry its tokens (its id is checked against them)");
       }
-      BlockId parent;
-      if (!meta.parent_id().empty()) {
-        absl::StatusOr<BlockId> p = Hash128::FromBytes(meta.parent_id());
-        if (!p.ok()) return absl::DataLossError("meta.parent_id: is not 16 bytes");
-        parent = *p;
-      }
-      if (PrefixBlockId(parent, absl::MakeConstSpan(meta.tokens().data(), meta.tokens_size()),
-                        DigestFingerprint(fp)) != id) {
+      absl::StatusOr<BlockId> parent = ParentOf(meta);
+      if (!parent.ok()) return absl::DataLossError("meta.parent_id: is not 16 bytes");
+      if (ChainIdOf(*parent, meta) != id) {
         return absl::DataLossError(
             "meta.id: is not PrefixBlockId(parent_id, tokens, fingerprint)");
       }

@@ -513,7 +513,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   // Deliver-path copies of disk reads, under the staging budget; they live
   // until Finish, or until the sink drains.
   StagingBudget::Buffers staging(&core_.staging);
-  const absl::Time staging_deadline = absl::Now() + core_.options.max_wait_for_room;
+  std::optional<absl::Time> staging_deadline;  // Set at the first staged block.
   uint64_t hits1 = 0, hits2 = 0;
   std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
   for (size_t i = 0; i < n && failure.ok(); ++i) {
@@ -553,8 +553,9 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
       if (promote) {
         target = promote->data();
       } else {
+        if (!staging_deadline) staging_deadline = absl::Now() + core_.options.max_wait_for_room;
         absl::StatusOr<uint8_t*> buffer =
-            staging.Take(p.bytes, staging_deadline, [&sink] { return sink.Drain(); });
+            staging.Take(p.bytes, *staging_deadline, [&sink] { return sink.Drain(); });
         if (!buffer.ok()) {
           failure = WithItem(buffer.status(), i, ItemPart::kId);
           break;
