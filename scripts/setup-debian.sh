@@ -25,6 +25,10 @@ PACKAGES=(
   # The shipped model (issue #24): trained with Debian's PyTorch on the CPU
   # (models/train.sh; CI trains a tiny one), fast with OpenBLAS.
   python3-torch libopenblas0-pthread
+  # The Kubernetes manifests' checks (issue #25, tests/k8s): Node.js runs the
+  # OpenAPI schema validation and the admission policy's CEL, with the npm
+  # packages pinned in tests/k8s/package-lock.json.
+  nodejs
 )
 
 missing=()
@@ -33,13 +37,23 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
+# npm: Debian's package, unless the Node.js installed has its own npm.
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The npm packages of tests/k8s, exactly as locked (again only when the lock
+# file changed since the last install).
+K8S_DIR="$(cd "$(dirname "$0")/.." && pwd)/tests/k8s"
+if [ ! -f "$K8S_DIR/node_modules/.package-lock.json" ] ||
+   [ "$K8S_DIR/package-lock.json" -nt "$K8S_DIR/node_modules/.package-lock.json" ]; then
+  echo "setup: npm ci in tests/k8s" >&2
+  npm ci --prefix "$K8S_DIR" --no-audit --no-fund --loglevel=error >/dev/null
+fi
