@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -45,12 +46,19 @@ absl::Status PayloadTooLong(uint64_t payload_len) {
 
 // ReadFully appends exactly `n` bytes of `fd` to `out`; false at end of file
 // (then `*eof` is set) or on an error (errno set).
+// The buffer grows with what arrives (from 1 MiB, doubling), never by what a
+// header declares: a stream that announces a 2 GiB record and then ends
+// costs its own size, not 2 GiB.
 bool ReadFully(int fd, size_t n, std::string* out, bool* eof) {
+  constexpr size_t kFirstChunk = size_t{1} << 20;
   const size_t start = out->size();
-  out->resize(start + n);
   size_t done = 0;
   while (done < n) {
-    const ssize_t r = ::read(fd, out->data() + start + done, n - done);
+    if (out->size() == start + done) {
+      out->resize(start + done + std::min(n - done, std::max(kFirstChunk, done)));
+    }
+    const size_t room = out->size() - start - done;
+    const ssize_t r = ::read(fd, out->data() + start + done, room);
     if (r < 0) {
       if (errno == EINTR) continue;
       out->resize(start + done);
@@ -428,6 +436,7 @@ absl::StatusOr<bool> BlockStreamReader::Next(BlockFile* block) {
     if (meta_len > kMaxBlockFileMetaBytes) {
       return absl::InvalidArgumentError(absl::StrCat(path_, ": ", MetaTooLong(meta_len).message()));
     }
+    if (size_.has_value() && offset_ + meta_len + 8 > *size_) return truncated("metadata");
     EVOKE_ASSIGN_OR_RETURN(got, Read(meta_len + 8, &bytes));
     if (!got) return truncated("metadata");
     const uint64_t payload_len = GetLE(bytes, 16 + meta_len, 8);
@@ -435,6 +444,7 @@ absl::StatusOr<bool> BlockStreamReader::Next(BlockFile* block) {
       return absl::InvalidArgumentError(
           absl::StrCat(path_, ": ", PayloadTooLong(payload_len).message()));
     }
+    if (size_.has_value() && offset_ + payload_len + 8 > *size_) return truncated("payload");
     EVOKE_ASSIGN_OR_RETURN(got, Read(payload_len + 8, &bytes));
     if (!got) return truncated("payload");
     std::string extra;

@@ -12,6 +12,8 @@
 #   fuzz_request_validation  Save/Load/Recover/List/ids requests -> validators,
 #                            valid blocks -> RecoveryIndex Add and Search
 #   fuzz_block_file          evokectl import/export files -> DecodeBlockFile
+#   fuzz_block_stream        evokectl import's streams, from a file or a pipe
+#                            -> BlockStreamReader (built streams with damage)
 #   fuzz_spill_record        records on disk -> TierManager::Open's rebuild,
 #                            then List, Describe, Load, Verify, Recover, Delete
 #   fuzz_daemon_flags        argv and --config file -> ParseDaemonFlags
@@ -82,6 +84,9 @@ evoke_add_fuzzer(fuzz_request_validation
   DEPS evoke_recovery evoke_common)
 evoke_add_fuzzer(fuzz_block_file
   SOURCES ${_fuzz_dir}/fuzz_block_file.cc ${_src}/client/block_file.cc
+  DEPS evoke_common)
+evoke_add_fuzzer(fuzz_block_stream
+  SOURCES ${_fuzz_dir}/fuzz_block_stream.cc ${_src}/client/block_file.cc
   DEPS evoke_common)
 evoke_add_fuzzer(fuzz_spill_record
   SOURCES ${_fuzz_dir}/fuzz_spill_record.cc
