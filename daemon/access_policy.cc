@@ -149,6 +149,16 @@ absl::StatusOr<AccessPolicy> AccessPolicy::Parse(absl::string_view text,
         return bad(absl::StrCat(field, ".token_file: ", pr.token_file(),
                                 " holds a token shorter than 16 characters"));
       }
+      // A call presents "Bearer <token>", which allows no white space or
+      // control byte in the token: such a principal could never be reached.
+      if (std::any_of(token.begin(), token.end(), [](char ch) {
+            const auto u = static_cast<unsigned char>(ch);
+            return absl::ascii_isspace(u) || absl::ascii_iscntrl(u);
+          })) {
+        return bad(absl::StrCat(field, ".token_file: ", pr.token_file(),
+                                " holds a token with white space or a control character inside"
+                                " (a call sends \"Bearer <token>\", which allows neither)"));
+      }
       for (const auto& [other, t] : p.tokens_) {
         if (SameToken(t, token)) {
           return bad(absl::StrCat(field, ".token_file: the same token as principals[",

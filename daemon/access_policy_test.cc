@@ -150,6 +150,23 @@ TEST(AccessPolicyTest, ReadsAtMost4KiBOfATokenFile) {
   EXPECT_TRUE(AccessPolicy::Parse(policy + good + "\" }", "test").ok());
 }
 
+// A token that "Bearer <token>" cannot carry (white space or a control byte
+// inside) is refused at start, not left as a principal no call can reach.
+// Found by fuzz_bearer_token.
+TEST(AccessPolicyTest, RefusesATokenNoCallCouldPresent) {
+  evoke::testing::TempDir dir;
+  const std::string policy = "principals { name: \"t\" namespaces: \"n\" token_file: \"";
+  for (const std::string& token : {std::string("0123456789 abcdef0123"),
+                                   std::string("0123456789\tabcdef0123"),
+                                   std::string("0123456789\0abcdef0123", 21)}) {
+    const std::string path = dir.Join("t.token");
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << token << "\n";
+    EXPECT_THAT(AccessPolicy::Parse(policy + path + "\" }", "test").status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("white space or a control character")));
+  }
+}
+
 // Caps from the policy: a uid matched by several principals gets the
 // largest of each; unset stays 0 (the daemon's per-uid default).
 TEST(AccessPolicyTest, CapsAreTheLargestOfTheMatchedPrincipals) {

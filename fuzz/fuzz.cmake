@@ -24,6 +24,8 @@
 #                            parser (inline_wire.h), against protobuf's parse
 #   fuzz_access_policy       --policy text -> AccessPolicy::Parse, then the
 #                            rights of callers it accepts (trust groups)
+#   fuzz_bearer_token        token files, TCP call metadata -> BearerToken,
+#                            TokenCaller, BearerTokenProcessor
 #   fuzz_ring                a hostile client's command ring (header, entries,
 #                            index moves, wake words) -> RingSet's ring thread,
 #                            with a checking fake RingHandler (its seeds are
@@ -105,6 +107,10 @@ evoke_add_fuzzer(fuzz_ring
 evoke_add_fuzzer(fuzz_access_policy
   SOURCES ${_fuzz_dir}/fuzz_access_policy.cc ${_src}/daemon/access_policy.cc
   DEPS evoke_common)
+evoke_add_fuzzer(fuzz_bearer_token
+  SOURCES ${_fuzz_dir}/fuzz_bearer_token.cc ${_src}/daemon/tcp_auth.cc ${_src}/daemon/peer_listener.cc
+          ${_src}/daemon/access_policy.cc
+  DEPS evoke_common gRPC::grpc++)
 # The header-only parser; gRPC only for its Slice type.
 evoke_add_fuzzer(fuzz_inline_save
   SOURCES ${_fuzz_dir}/fuzz_inline_save.cc
