@@ -16,6 +16,8 @@
 #                            -> BlockStreamReader (built streams with damage)
 #   fuzz_spill_record        records on disk -> TierManager::Open's rebuild,
 #                            then List, Describe, Load, Verify, Recover, Delete
+#   fuzz_remote_record       tier-3 objects another host (or anyone with pool
+#                            access) wrote -> a Load's fetch, Describe, Verify
 #   fuzz_daemon_flags        argv and --config file -> ParseDaemonFlags
 #   fuzz_seq_state           llama.cpp sequence-state blobs -> ParseSeqState,
 #                            ToCanonical (client/llama/seq_state.cc builds
@@ -92,6 +94,9 @@ evoke_add_fuzzer(fuzz_block_stream
   DEPS evoke_common)
 evoke_add_fuzzer(fuzz_spill_record
   SOURCES ${_fuzz_dir}/fuzz_spill_record.cc
+  DEPS evoke_storage evoke_recovery evoke_common)
+evoke_add_fuzzer(fuzz_remote_record
+  SOURCES ${_fuzz_dir}/fuzz_remote_record.cc ${_src}/testing/memory_tier.cc
   DEPS evoke_storage evoke_recovery evoke_common)
 evoke_add_fuzzer(fuzz_daemon_flags
   SOURCES ${_fuzz_dir}/fuzz_daemon_flags.cc ${_src}/daemon/daemon_flags.cc
