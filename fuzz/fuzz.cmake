@@ -24,6 +24,9 @@
 #                            without llama.cpp, so it is compiled in here)
 #   fuzz_inline_save         SaveRequest bytes in slices -> the inline Save
 #                            parser (inline_wire.h), against protobuf's parse
+#   fuzz_ring_service        ring submissions (Save, Load; any meta, flags,
+#                            ids, slices) -> the real RingHandler,
+#                            KvTierService, TierManager and a shm region
 #   fuzz_access_policy       --policy text -> AccessPolicy::Parse, then the
 #                            rights of callers it accepts (trust groups)
 #   fuzz_bearer_token        token files, TCP call metadata -> BearerToken,
@@ -109,6 +112,11 @@ evoke_add_fuzzer(fuzz_seq_state
 evoke_add_fuzzer(fuzz_ring
   SOURCES ${_fuzz_dir}/fuzz_ring.cc ${_src}/daemon/ring_server.cc ${_src}/daemon/region.cc
   DEPS evoke_gpu evoke_common)
+# The real service behind the ring (links the daemon library and gRPC).
+evoke_add_fuzzer(fuzz_ring_service
+  SOURCES ${_fuzz_dir}/fuzz_ring_service.cc ${_src}/testing/memory_tier.cc
+          ${_src}/testing/host_device_copier.cc
+  DEPS evoke_daemon evoke_storage evoke_recovery evoke_gpu evoke_common)
 evoke_add_fuzzer(fuzz_access_policy
   SOURCES ${_fuzz_dir}/fuzz_access_policy.cc ${_src}/daemon/access_policy.cc
   DEPS evoke_common)
