@@ -27,6 +27,9 @@
 #   fuzz_ring_service        ring submissions (Save, Load; any meta, flags,
 #                            ids, slices) -> the real RingHandler,
 #                            KvTierService, TierManager and a shm region
+#   fuzz_fd_channel          one client connection to the fd socket (request
+#                            bytes in pieces, any descriptors) -> the real
+#                            FdChannel, parser and LeaseManager
 #   fuzz_access_policy       --policy text -> AccessPolicy::Parse, then the
 #                            rights of callers it accepts (trust groups)
 #   fuzz_bearer_token        token files, TCP call metadata -> BearerToken,
@@ -116,6 +119,9 @@ evoke_add_fuzzer(fuzz_ring
 evoke_add_fuzzer(fuzz_ring_service
   SOURCES ${_fuzz_dir}/fuzz_ring_service.cc ${_src}/testing/memory_tier.cc
           ${_src}/testing/host_device_copier.cc
+  DEPS evoke_daemon evoke_storage evoke_recovery evoke_gpu evoke_common)
+evoke_add_fuzzer(fuzz_fd_channel
+  SOURCES ${_fuzz_dir}/fuzz_fd_channel.cc ${_src}/testing/memory_tier.cc
   DEPS evoke_daemon evoke_storage evoke_recovery evoke_gpu evoke_common)
 evoke_add_fuzzer(fuzz_access_policy
   SOURCES ${_fuzz_dir}/fuzz_access_policy.cc ${_src}/daemon/access_policy.cc
