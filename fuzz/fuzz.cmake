@@ -18,6 +18,8 @@
 #                            then List, Describe, Load, Verify, Recover, Delete
 #   fuzz_remote_record       tier-3 objects another host (or anyone with pool
 #                            access) wrote -> a Load's fetch, Describe, Verify
+#   fuzz_segment_open        tier-2 payload segment files (real ones, edited)
+#                            -> SegmentLog::Open, Read, Contains, ForEachRecord
 #   fuzz_daemon_flags        argv and --config file -> ParseDaemonFlags
 #   fuzz_seq_state           llama.cpp sequence-state blobs -> ParseSeqState,
 #                            ToCanonical (client/llama/seq_state.cc builds
@@ -104,6 +106,9 @@ evoke_add_fuzzer(fuzz_spill_record
 evoke_add_fuzzer(fuzz_remote_record
   SOURCES ${_fuzz_dir}/fuzz_remote_record.cc ${_src}/testing/memory_tier.cc
   DEPS evoke_storage evoke_recovery evoke_common)
+evoke_add_fuzzer(fuzz_segment_open
+  SOURCES ${_fuzz_dir}/fuzz_segment_open.cc
+  DEPS evoke_storage evoke_common)
 evoke_add_fuzzer(fuzz_daemon_flags
   SOURCES ${_fuzz_dir}/fuzz_daemon_flags.cc ${_src}/daemon/daemon_flags.cc
           ${_src}/daemon/daemon_options.cc

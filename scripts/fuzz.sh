@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-60}
 BUILD_DIR=${EVOKE_FUZZ_BUILD_DIR:-build-fuzz}
 OUT=${EVOKE_FUZZ_OUT:-$BUILD_DIR/fuzz-out}
-ALL_TARGETS="fuzz_request_validation fuzz_block_file fuzz_spill_record fuzz_daemon_flags fuzz_seq_state fuzz_ring fuzz_access_policy fuzz_inline_save fuzz_block_stream fuzz_bearer_token fuzz_remote_record fuzz_ring_service fuzz_fd_channel"
+ALL_TARGETS="fuzz_request_validation fuzz_block_file fuzz_spill_record fuzz_daemon_flags fuzz_seq_state fuzz_ring fuzz_access_policy fuzz_inline_save fuzz_block_stream fuzz_bearer_token fuzz_remote_record fuzz_ring_service fuzz_fd_channel fuzz_segment_open"
 read -r -a TARGETS <<< "${EVOKE_FUZZ_TARGETS:-$ALL_TARGETS}"
 
 for tool in clang-14 clang++-14; do
@@ -70,7 +70,7 @@ for t in "${TARGETS[@]}"; do
   # (evoked's log goes to stderr): fd 2 is closed for the target, and
   # libFuzzer and the sanitizers write their reports to a copy of it.
   case "$t" in
-    fuzz_spill_record|fuzz_remote_record|fuzz_ring_service) common+=(-close_fd_mask=2) ;;
+    fuzz_spill_record|fuzz_remote_record|fuzz_ring_service|fuzz_segment_open) common+=(-close_fd_mask=2) ;;
   esac
   # shellcheck disable=SC2206
   extra=(${EVOKE_FUZZ_ARGS:-})

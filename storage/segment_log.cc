@@ -473,6 +473,16 @@ void SegmentLogImpl::LoadSegment(uint64_t id, const std::string& name,
     if (why.empty() && h.instance != opts_.instance) {
       why = "it belongs to another data directory (instance id differs)";
     }
+    // A file cut inside its header block holds no record, and its header's
+    // promises (size, footer) no longer hold.
+    if (why.empty()) {
+      const uint64_t data_start = RoundUp(kFileHeaderBytes, h.align);
+      absl::StatusOr<uint64_t> size = (*file)->Size();
+      if (size.ok() && *size < data_start) {
+        why = absl::StrCat("file of ", *size, " bytes ends inside its ", data_start,
+                           "-byte header");
+      }
+    }
   }
   if (!why.empty()) {
     file->reset();

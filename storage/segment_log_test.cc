@@ -528,6 +528,26 @@ TEST_F(SegmentLogFileTest, FileHeaderBitFlipQuarantinesTheSegment) {
   EXPECT_GT(c[0].loc.segment, b[0].loc.segment);
 }
 
+// A segment file cut inside its header block (whose header fields still
+// verify) is quarantined, not opened with a valid end past its last byte.
+// Found by fuzz_segment_open.
+TEST_F(SegmentLogFileTest, AFileCutInsideItsHeaderIsQuarantined) {
+  std::unique_ptr<SegmentLog> log = OpenLog();
+  ASSERT_NE(log, nullptr);
+  uint64_t next = 1;
+  ASSERT_OK_AND_ASSIGN(std::vector<Stored> a, AppendBatch(*log, {4000}, &next));
+  log.reset();
+  ASSERT_EQ(::truncate(SegPath(Options().dir, a[0].loc.segment).c_str(), 3568), 0);
+  std::vector<std::string> notes;
+  log = OpenLog(&notes);
+  ASSERT_NE(log, nullptr);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("ends inside its"));
+  EXPECT_EQ(log->Stats().quarantined_segments, 1u);
+  for (const SegmentInfo& info : log->Segments()) EXPECT_LE(info.valid_end, info.size);
+  EXPECT_THAT(ReadBack(*log, a[0].id, a[0].loc), StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST_F(SegmentLogFileTest, SegmentFromAnotherInstanceIsQuarantined) {
   std::unique_ptr<SegmentLog> log = OpenLog();
   ASSERT_NE(log, nullptr);
