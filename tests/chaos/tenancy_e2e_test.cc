@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -441,6 +442,35 @@ TEST_F(TenancyTest, ThePolicySetsAPrincipalsLeaseCap) {
       << refused;
   // Alice keeps the default and still gets hers.
   EXPECT_EQ(One(kAlice, "pin:0123456789abcdef0123456789abcdef").code, 5);
+}
+
+// Fair shares of the workers: with --max-calls-per-uid 2 and one worker, bob
+// floods with saves from 16 threads and is refused past his two calls in
+// flight (RESOURCE_EXHAUSTED naming the flag), while alice's saves, one at a
+// time during the flood, are all served.
+TEST_F(TenancyTest, OneUidsFloodOfCallsDoesNotLockOthersOut) {
+  StartWithPolicy(kPolicy, {"--max-calls-per-uid", "2", "--worker-threads", "1"});
+  std::atomic<bool> flooding{true};
+  Reply flood;
+  std::thread bob([&] {
+    flood = One(kBob, "save-many:bob:s:6000:16:64");
+    flooding = false;
+  });
+  // Alice starts once bob's refusals show that his lane is full.
+  int rounds = 0, during = 0;
+  for (; rounds < 200 && flooding; ++rounds) {
+    const Reply alice = One(kAlice, "save-many:alice:a" + std::to_string(rounds) + ":5:1:64");
+    during += flooding ? 1 : 0;  // Finished while bob was still flooding.
+    EXPECT_EQ(alice.code, 0) << alice.message;
+    EXPECT_NE(alice.message.find("saved=5 refused=0 other=0"), std::string::npos)
+        << alice.message;
+  }
+  bob.join();
+  EXPECT_EQ(flood.code, 0) << flood.message;
+  EXPECT_EQ(flood.message.find("refused=0 "), std::string::npos)
+      << "bob was never refused, so his lane was never full: " << flood.message;
+  EXPECT_GT(during, 0) << "alice never finished a round during the flood";
+  RecordProperty("alice_rounds_during_flood", during);
 }
 
 // The global metadata budget: a flood of metadata-heavy saves is refused
