@@ -3,13 +3,21 @@
 # "trained model" sections from models/evoke-recall.gguf (default OUT_DIR:
 # eval/results). Each step writes JSON (and a chart) with the command that
 # made it; steps whose output exists are skipped, so a stopped run resumes.
+#
+# The shipped model is trained to 2,048 tokens (models/README.md), so the
+# evaluation runs at a 2,048-token context with scaled budgets, as the issue
+# allows: b in {128, 256, 512}, each context at least 4x its budget (at
+# b=512, 24 of 32 blocks of 64 are evicted per session). The claim's cell,
+# b=1,024 at 4,096 tokens (a quarter of the context), is b=512 here. Every
+# table says so.
 #   1. the model's own quality: full context, no eviction, 200 sessions of
-#      each task at 4,096 tokens;
-#   2. the main table: every policy at budgets 512 and 1,024 on 4,096-token
-#      sessions, and 2,048 on 8,192-token ones (each context 4x its budget),
-#      30 sessions a cell;
-#   3. per-layer budgets on the same weights (models/evolkv.sh): EvolKV
-#      tuned vs uniform vs PyramidKV on held-out sessions.
+#      each task at 2,048 tokens (the gate), and 30 at 4,096 (past training);
+#   2. the main table: every policy at b = 128, 256, 512, 30 sessions a cell;
+#   3. PyramidKV (per-layer budgets: the same weights in PyTorch with
+#      per-layer masks, models/layer_eval.py) at the same mean budgets, with
+#      the uniform plan beside it;
+#   4. EvolKV tuned vs uniform vs PyramidKV on held-out sessions
+#      (models/evolkv.sh) at mean 256.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-eval/results}
@@ -27,11 +35,20 @@ step() {  # step NAME COMMAND...: runs COMMAND unless OUT/NAME.json exists
   echo "eval-results: $name took $((SECONDS - t0)) s" | tee -a "$OUT/timing.txt"
 }
 step quality $EVAL --tasks niah,multifact,agentic --policies full --seeds 0-199 \
-  --context 4096 --json "$OUT/quality.json"
-step main-4096 $EVAL --tasks niah,multifact,agentic --policies $POLICIES --budgets 512,1024 \
-  --seeds 0-29 --context 4096 --json "$OUT/main-4096.json" --chart "$OUT/main-4096.svg"
-step main-8192 $EVAL --tasks niah,multifact,agentic --policies $POLICIES --budgets 2048 \
-  --seeds 0-29 --context 8192 --json "$OUT/main-8192.json" --chart "$OUT/main-8192.svg"
+  --context 2048 --json "$OUT/quality.json"
+step quality-4096 $EVAL --tasks niah,multifact,agentic --policies full --seeds 0-29 \
+  --context 4096 --json "$OUT/quality-4096.json"
+step main-2048 $EVAL --tasks niah,multifact,agentic --policies $POLICIES --budgets 128,256,512 \
+  --seeds 0-29 --context 2048 --json "$OUT/main-2048.json" --chart "$OUT/main-2048.svg"
+source models/train_env.sh
+LAYER_EVAL="/usr/bin/python3 models/layer_eval.py --model $MODEL --taskgen $BUILD/eval/evoke-taskgen"
+export PYTHONPATH="$PWD/$BUILD/_deps/llama.cpp/src/gguf-py"
+for b in 128 256 512; do
+  for plan in pyramid uniform; do
+    step "layers-$plan-$b" $LAYER_EVAL --tasks niah,multifact,agentic --seeds 0-29 \
+      --context 2048 --plan $plan --mean $b --json "$OUT/layers-$plan-$b.json"
+  done
+done
 if [ ! -f "$OUT/evolkv/heldout-tuned.json" ]; then
   t0=$SECONDS
   models/evolkv.sh "$OUT/evolkv" 256 2048
