@@ -40,6 +40,9 @@ step quality-4096 $EVAL --tasks niah,multifact,agentic --policies full --seeds 0
   --context 4096 --json "$OUT/quality-4096.json"
 step main-2048 $EVAL --tasks niah,multifact,agentic --policies $POLICIES --budgets 128,256,512 \
   --seeds 0-29 --context 2048 --json "$OUT/main-2048.json" --chart "$OUT/main-2048.svg"
+# The claim check, the InfLLM/EVOKE crossover and the recovery ranks.
+/usr/bin/python3 scripts/eval-summary.py "$OUT/main-2048.json" --claim-budget 512 \
+  > "$OUT/main-2048-summary.md"
 source models/train_env.sh
 LAYER_EVAL="/usr/bin/python3 models/layer_eval.py --model $MODEL --taskgen $BUILD/eval/evoke-taskgen"
 export PYTHONPATH="$PWD/$BUILD/_deps/llama.cpp/src/gguf-py"
