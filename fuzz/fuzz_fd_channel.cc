@@ -38,8 +38,7 @@
 #include "daemon/fd_channel.h"
 #include "daemon/lease_manager.h"
 #include "fuzz/fuzz_check.h"
-#include "storage/pinned_arena.h"
-#include "storage/tier_manager.h"
+#include "fuzz/fuzz_engine.h"
 #include "testing/memory_tier.h"
 
 namespace evoke {
@@ -61,17 +60,9 @@ struct Daemon {
   std::string dir;
 
   Daemon() {
-    PinnedArenaOptions arena_options;
-    arena_options.capacity_bytes = 1 << 20;
-    arena_options.lock_memory = false;
-    absl::StatusOr<std::unique_ptr<PinnedArena>> arena = PinnedArena::Create(arena_options);
-    FUZZ_CHECK(arena.ok());
     TierManagerOptions options;
     options.copy_threads = 0;
-    absl::StatusOr<std::unique_ptr<TierManager>> tm = TierManager::Open(
-        options, std::move(*arena), std::make_unique<testing::MemoryTier>());
-    FUZZ_CHECK(tm.ok());
-    tiers = std::move(*tm);
+    tiers = fuzz::OpenMemoryEngine(options, std::make_unique<testing::MemoryTier>());
     leases = std::make_unique<LeaseManager>(LeaseManagerOptions(), tiers.get());
     char tmpl[] = "/tmp/fuzz_fd_channel.XXXXXX";
     FUZZ_CHECK(::mkdtemp(tmpl) != nullptr);

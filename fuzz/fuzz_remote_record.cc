@@ -36,8 +36,8 @@
 #include "common/checksum.h"
 #include "fuzz/fuzz_blocks.h"
 #include "fuzz/fuzz_check.h"
+#include "fuzz/fuzz_engine.h"
 #include "google/protobuf/stubs/logging.h"
-#include "storage/pinned_arena.h"
 #include "storage/remote_tier.h"
 #include "storage/spill_record.pb.h"
 #include "storage/tier_manager.h"
@@ -62,11 +62,6 @@ Host Open(MemoryObjectStore* store, uint64_t max_block_bytes, uint64_t staging_b
   ro.retry_max = absl::Milliseconds(2);
   h.remote = std::make_unique<RemoteTier>(std::make_unique<SharedStore>(store), ro);
   FUZZ_CHECK(h.remote->Start().ok());
-  PinnedArenaOptions arena_options;
-  arena_options.capacity_bytes = 1 << 20;
-  arena_options.lock_memory = false;
-  absl::StatusOr<std::unique_ptr<PinnedArena>> arena = PinnedArena::Create(arena_options);
-  FUZZ_CHECK(arena.ok());
   TierManagerOptions options;
   options.remote = h.remote.get();
   options.remote_sessions = true;
@@ -74,10 +69,7 @@ Host Open(MemoryObjectStore* store, uint64_t max_block_bytes, uint64_t staging_b
   options.max_wait_for_room = absl::Milliseconds(10);
   if (max_block_bytes != 0) options.limits.max_block_bytes = max_block_bytes;
   if (staging_bytes != 0) options.staging_bytes = staging_bytes;
-  absl::StatusOr<std::unique_ptr<TierManager>> tm = TierManager::Open(
-      options, std::move(*arena), std::make_unique<evoke::testing::MemoryTier>());
-  FUZZ_CHECK(tm.ok());
-  h.tiers = std::move(*tm);
+  h.tiers = fuzz::OpenMemoryEngine(options, std::make_unique<evoke::testing::MemoryTier>());
   return h;
 }
 

@@ -47,10 +47,9 @@
 #include "daemon/ring_service.h"
 #include "fuzz/fuzz_blocks.h"
 #include "fuzz/fuzz_check.h"
+#include "fuzz/fuzz_engine.h"
 #include "google/protobuf/stubs/logging.h"
 #include "recovery/recovery_index.h"
-#include "storage/pinned_arena.h"
-#include "storage/tier_manager.h"
 #include "testing/host_device_copier.h"
 #include "testing/memory_tier.h"
 
@@ -75,18 +74,10 @@ struct Daemon {
   std::unique_ptr<RingHandler> handler;
 
   Daemon() {
-    PinnedArenaOptions arena_options;
-    arena_options.capacity_bytes = 1 << 20;
-    arena_options.lock_memory = false;
-    absl::StatusOr<std::unique_ptr<PinnedArena>> arena = PinnedArena::Create(arena_options);
-    FUZZ_CHECK(arena.ok());
     TierManagerOptions tier_options;
     tier_options.copy_threads = 0;
     tier_options.max_wait_for_room = absl::Milliseconds(5);
-    absl::StatusOr<std::unique_ptr<TierManager>> tm = TierManager::Open(
-        tier_options, std::move(*arena), std::make_unique<testing::MemoryTier>());
-    FUZZ_CHECK(tm.ok());
-    tiers = std::move(*tm);
+    tiers = fuzz::OpenMemoryEngine(tier_options, std::make_unique<testing::MemoryTier>());
     leases = std::make_unique<LeaseManager>(LeaseManagerOptions(), tiers.get());
     copiers = std::make_unique<DeviceCopiers>(&gpus);
     executor = std::make_unique<Executor>(1);

@@ -35,11 +35,11 @@
 #include "common/fingerprint.h"
 #include "google/protobuf/stubs/logging.h"
 #include "recovery/recovery_index.h"
-#include "storage/pinned_arena.h"
 #include "storage/spill_record.pb.h"
 #include "storage/tier.h"
 #include "storage/tier_manager.h"
 #include "fuzz/fuzz_check.h"
+#include "fuzz/fuzz_engine.h"
 
 namespace evoke {
 namespace {
@@ -156,22 +156,16 @@ void Run(FuzzedDataProvider& in) {
     blocks[key] = {std::move(record_bytes), std::move(payload)};
   }
 
-  PinnedArenaOptions arena_options;
-  arena_options.capacity_bytes = 1 << 20;
-  arena_options.lock_memory = false;
-  absl::StatusOr<std::unique_ptr<PinnedArena>> arena = PinnedArena::Create(arena_options);
-  FUZZ_CHECK(arena.ok());
   RecoveryIndex recovery;
   RecoveryFeed feed(&recovery);
   TierManagerOptions options;
   options.observer = &feed;
   options.copy_threads = 0;
   options.max_wait_for_room = absl::Milliseconds(10);
-  absl::StatusOr<std::unique_ptr<TierManager>> opened =
-      TierManager::Open(options, std::move(*arena), std::make_unique<FuzzTier>(blocks));
   // A start never fails because of what is on disk.
-  FUZZ_CHECK(opened.ok());
-  TierManager& tm = **opened;
+  std::unique_ptr<TierManager> opened = fuzz::OpenMemoryEngine(options,
+                                                               std::make_unique<FuzzTier>(blocks));
+  TierManager& tm = *opened;
 
   (void)tm.Stats();
   bool more = false;

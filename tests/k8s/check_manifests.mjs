@@ -166,25 +166,26 @@ function admit(ns, pod) {
   return refusals;
 }
 
-function expectAdmitted(ns, pod, what) {
-  let refusals;
+// The refusals of `pod` in `ns`, or null (a failed check) when a CEL
+// expression does not evaluate.
+function tryAdmit(ns, pod, what) {
   try {
-    refusals = admit(ns, pod);
+    return admit(ns, pod);
   } catch (e) {
     check(false, `${what}: CEL error: ${e.message}`);
-    return;
+    return null;
   }
+}
+
+function expectAdmitted(ns, pod, what) {
+  const refusals = tryAdmit(ns, pod, what);
+  if (refusals === null) return;
   check(refusals.length === 0, `${what}: admitted in ${ns} (refused: ${refusals.join(' | ')})`);
 }
 
 function expectRefused(ns, pod, field, what) {
-  let refusals;
-  try {
-    refusals = admit(ns, pod);
-  } catch (e) {
-    check(false, `${what}: CEL error: ${e.message}`);
-    return;
-  }
+  const refusals = tryAdmit(ns, pod, what);
+  if (refusals === null) return;
   const named = refusals.some((m) => m.includes(field));
   check(refusals.length > 0 && named,
       `${what}: refused in ${ns} naming ${field} (got: ${refusals.join(' | ') || 'admitted'})`);
