@@ -40,9 +40,6 @@ step quality-4096 $EVAL --tasks niah,multifact,agentic --policies full --seeds 0
   --context 4096 --json "$OUT/quality-4096.json"
 step main-2048 $EVAL --tasks niah,multifact,agentic --policies $POLICIES --budgets 128,256,512 \
   --seeds 0-29 --context 2048 --json "$OUT/main-2048.json" --chart "$OUT/main-2048.svg"
-# The claim check, the InfLLM/EVOKE crossover and the recovery ranks.
-/usr/bin/python3 scripts/eval-summary.py "$OUT/main-2048.json" --claim-budget 512 \
-  > "$OUT/main-2048-summary.md"
 source models/train_env.sh
 LAYER_EVAL="/usr/bin/python3 models/layer_eval.py --model $MODEL --taskgen $BUILD/eval/evoke-taskgen"
 export PYTHONPATH="$PWD/$BUILD/_deps/llama.cpp/src/gguf-py"
@@ -57,3 +54,7 @@ if [ ! -f "$OUT/evolkv/heldout-tuned.json" ]; then
   models/evolkv.sh "$OUT/evolkv" 256 2048
   echo "eval-results: evolkv took $((SECONDS - t0)) s" | tee -a "$OUT/timing.txt"
 fi
+# The claim check, the InfLLM/EVOKE crossover, the recovery ranks and the
+# per-layer plans' table.
+/usr/bin/python3 scripts/eval-summary.py "$OUT/main-2048.json" --claim-budget 512 \
+  --layers "$OUT" > "$OUT/main-2048-summary.md"

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""eval-summary.py MAIN.json [--claim-budget B]: the derived figures of
-RESULTS.md from an evoke-eval JSON (scripts/eval-results.sh writes it).
+"""eval-summary.py MAIN.json [--claim-budget B] [--layers DIR]: the derived
+figures of RESULTS.md from an evoke-eval JSON (scripts/eval-results.sh writes
+it), and with --layers the per-layer plans' table from DIR/layers-*.json and
+DIR/evolkv/heldout-*.json (models/layer_eval.py).
 
 Prints, as Markdown:
   1. the claim check at one budget on multi-fact: every recovery-less policy
@@ -14,7 +16,10 @@ Prints, as Markdown:
 """
 
 import argparse
+import glob
 import json
+import math
+import os
 import sys
 
 RECOVERING = ("infllm", "evoke")
@@ -30,10 +35,51 @@ def interval(c):
     return f"[{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def wilson(p, n, z=1.96):
+    """Wilson 95% bounds of a mean p over n sessions, as evoke-eval reports them."""
+    if n == 0:
+        return 0.0, 1.0
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def layers_table(out_dir):
+    """Per-layer plans (uniform, PyramidKV, EvolKV) by mean budget and task."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(out_dir, "layers-*.json")) +
+                       glob.glob(os.path.join(out_dir, "evolkv", "heldout-*.json"))):
+        d = json.load(open(path))
+        runs.append((d["mean_budget"], d["plan"], d["budgets"], d["tasks"], path))
+    if not runs:
+        return
+    tasks = list(runs[0][3].keys())
+    print("\n### Per-layer plans (PyTorch, per-layer masks)\n")
+    print("| mean b | plan | layer budgets | " + " | ".join(tasks) + " |")
+    print("|---:|---|---|" + "---|" * len(tasks))
+    seen = set()
+    for mean, plan, budgets, per_task, path in sorted(runs, key=lambda r: (r[0], r[1])):
+        if (mean, plan, tuple(budgets)) in seen:
+            continue  # evolkv.sh's uniform and PyramidKV rows repeat layers-*-256.
+        seen.add((mean, plan, tuple(budgets)))
+        cells = []
+        for t in tasks:
+            c = per_task.get(t)
+            if c is None:
+                cells.append("-")
+                continue
+            lo, hi = wilson(c["session_mean"], c["sessions"])
+            cells.append(f"{pct(c['session_mean'])} [{100 * lo:.1f}, {100 * hi:.1f}]")
+        name = "EvolKV (tuned)" if "evolkv" in path and "tuned" in path else plan
+        print(f"| {mean:g} | {name} | {budgets} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("json")
     ap.add_argument("--claim-budget", type=int, default=512)
+    ap.add_argument("--layers", help="the directory of layers-*.json and evolkv/")
     args = ap.parse_args()
     d = json.load(open(args.json))
     cells = {(c["task"], c["policy"], c["budget"]): c for c in d["cells"]}
@@ -107,6 +153,8 @@ def main():
                 print(f"| {t} | {p} | {x} | {total} | {pct(resident / total)} | "
                       f"{pct(top(1) / total)} | {pct(top(4) / total)} | {pct(top(8) / total)} | "
                       f"{pct((len(ranks) - top(8)) / total)} | {med} |")
+    if args.layers:
+        layers_table(args.layers)
     return 0
 
 
