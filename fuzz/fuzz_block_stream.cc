@@ -165,7 +165,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool reshaped = false;
     std::vector<std::pair<uint8_t, uint32_t>> ops;
     for (; at + 5 <= rest.size() && ops.size() < 8; at += 5) {
-      ops.emplace_back(static_cast<uint8_t>(rest[at]) % 6, static_cast<uint32_t>(GetLE(rest, at + 1, 4)));
+      ops.emplace_back(static_cast<uint8_t>(rest[at]) % 6,
+                       static_cast<uint32_t>(GetLE(rest, at + 1, 4)));
     }
     for (const auto& [op, arg] : ops) {  // Record-level damage first.
       if (records.empty()) break;

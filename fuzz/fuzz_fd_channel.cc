@@ -7,7 +7,8 @@
 // (a valid "EVKFD001" header with this run's lease id and a size, with a
 // field spoiled, or raw bytes), cut into 1..4 sends, each carrying 0..3
 // descriptors of any kind: a sealed memfd of the declared size or another
-// size (or sealed against shrinking only), an unsealed one, a pipe, a directory, /dev/zero, a socket; then the
+// size (or sealed against shrinking only), an unsealed one, a pipe, a
+// directory, /dev/zero, a socket; then the
 // client half-closes, or not (the channel's deadline answers that one).
 //
 // Checked:

@@ -225,7 +225,8 @@ void Run(FuzzedDataProvider& in) {
   }
   const uint64_t max_block_bytes = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(1, 4096)
                                                     : 0;
-  const uint64_t staging = max_block_bytes == 0 ? 0 : max_block_bytes + in.ConsumeIntegral<uint16_t>();
+  const uint64_t staging =
+      max_block_bytes == 0 ? 0 : max_block_bytes + in.ConsumeIntegral<uint16_t>();
   Host b = Open(&store, max_block_bytes, staging);
   const uint64_t reads_before = store.read_bytes;
   for (size_t i = 0; i < w.ids.size(); ++i) CheckLoad(b, w, {&w.ids[i], 1}, touched);

@@ -143,7 +143,8 @@ ring::RingSlice Slice(FuzzedDataProvider& in, uint64_t region_id, uint64_t want)
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {
     case 0:  // In the region, the size the block needs.
       s.length = want;
-      s.offset = in.ConsumeIntegralInRange<uint64_t>(0, kRegionBytes - std::min(want, kRegionBytes));
+      s.offset =
+          in.ConsumeIntegralInRange<uint64_t>(0, kRegionBytes - std::min(want, kRegionBytes));
       break;
     case 1:  // At its end.
       s.length = want;
@@ -238,7 +239,8 @@ void Run(FuzzedDataProvider& in) {
     const RingRequest& r = requests[i];
     const RingResult& out = results[i];
     if (!Answered(out.status.code())) {
-      fprintf(stderr, "entry %zu (opcode %u): %s\n", i, r.sqe.opcode, out.status.ToString().c_str());
+      fprintf(stderr, "entry %zu (opcode %u): %s\n", i, r.sqe.opcode,
+              out.status.ToString().c_str());
       FUZZ_CHECK(Answered(out.status.code()));
     }
     // A deduplicated Save read nothing: its figures are the stored block's.

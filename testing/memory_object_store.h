@@ -56,7 +56,8 @@ class MemoryObjectStore final : public ObjectStore {
         continue;
       }
       payload_bytes_sent += w.data.size();
-      it->second = Object{std::string(w.data), std::string(w.record), clock ? clock->Now() : absl::Now()};
+      it->second = Object{std::string(w.data), std::string(w.record),
+                          clock ? clock->Now() : absl::Now()};
       out.push_back(absl::OkStatus());
     }
     return out;

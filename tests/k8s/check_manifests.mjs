@@ -193,7 +193,8 @@ function expectRefused(ns, pod, field, what) {
 }
 
 const podOf = (workload) => ({apiVersion: 'v1', kind: 'Pod',
-  metadata: {name: 'p', namespace: workload.metadata.namespace}, spec: workload.spec.template.spec});
+  metadata: {name: 'p', namespace: workload.metadata.namespace},
+  spec: workload.spec.template.spec});
 const clone = (x) => JSON.parse(JSON.stringify(x));
 
 // The shipped pods.
@@ -203,7 +204,8 @@ check(engine !== undefined && daemon !== undefined, 'engine-example and the Daem
 const enginePod = podOf(engine);
 expectAdmitted(engine.metadata.namespace, enginePod, 'the shipped engine pod');
 expectAdmitted('evoke', podOf(daemon), 'the shipped evoked pod');
-check(!JSON.stringify(enginePod).includes('"privileged"'), 'the engine pod needs no privileged mode');
+check(!JSON.stringify(enginePod).includes('"privileged"'),
+    'the engine pod needs no privileged mode');
 
 // Forged identities and host access, in a tenant namespace (inference: 20001).
 const T = 'inference';
