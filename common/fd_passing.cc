@@ -50,7 +50,13 @@ absl::StatusOr<UniqueFd> ConnectUnixSocket(const std::string& path) {
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
-  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  // A Unix socket's connect blocks only while the listener's backlog is
+  // full; a signal then interrupts it before it links, so it is retried.
+  int rc;
+  do {
+    rc = connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
     return absl::UnavailableError(
         absl::StrCat("connect ", path, ": ", std::strerror(errno)));
   }

@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -112,6 +113,7 @@ std::string Serve(const std::string& bytes, bool pipe, Source* src) {
     size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n = ::write(w, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;  // libFuzzer's -timeout alarm.
       if (n <= 0) break;  // The reader stopped early (EPIPE).
       done += static_cast<size_t>(n);
     }

@@ -29,6 +29,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -83,7 +84,13 @@ int Connect(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  FUZZ_CHECK(::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  // libFuzzer's -timeout alarm (SIGALRM, no SA_RESTART) interrupts blocking
+  // calls here: each one is retried.
+  int rc;
+  do {
+    rc = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  FUZZ_CHECK(rc == 0);
   return s;
 }
 
@@ -138,7 +145,11 @@ bool SendWithFds(int sock, const std::string& bytes, const std::vector<int>& fds
     c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
     std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
-  (void)::sendmsg(sock, &msg, MSG_NOSIGNAL);  // The daemon may have closed already.
+  // The daemon may have closed already.
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
   return !bytes.empty();
 }
 
@@ -196,11 +207,16 @@ void Run(FuzzedDataProvider& in) {
   if (in.ConsumeBool()) ::shutdown(sock, SHUT_WR);
 
   // The reply: u32 code, u64 region, u32 length, message.
+  // Read until the daemon closes, or 2 s pass without a byte.
   std::string reply;
   pollfd p{sock, POLLIN, 0};
-  while (::poll(&p, 1, 2000) == 1) {
+  for (;;) {
+    const int ready = ::poll(&p, 1, 2000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready != 1) break;
     char buf[4096];
     const ssize_t r = ::read(sock, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     reply.append(buf, static_cast<size_t>(r));
   }
