@@ -106,42 +106,6 @@ grpc::ServerUnaryReactor* FinishOnExecutor(Executor* executor, const Lane& lane,
   }                                                                             \
   std::shared_ptr<const Caller> caller = *std::move(caller##_or)
 
-// The uid a caller's leases belong to; TCP callers (no uid) share one that
-// no Unix peer has, so their leases take no shared-memory regions.
-uid_t OwnerUid(const Caller& caller) {
-  return caller.uid().value_or(static_cast<uid_t>(-1));
-}
-
-absl::Status NeedsAdmin(const Caller& caller, absl::string_view what) {
-  if (caller.admin()) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat(what, " needs admin rights; ", caller.name(), " is not an admin"));
-}
-
-absl::Status NeedsNamespace(const Caller& caller, absl::string_view field,
-                            absl::string_view ns) {
-  if (caller.Sees(ns)) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(field, ": ", caller.name(),
-                                                  " may not use namespace \"", ns, "\""));
-}
-
-// A fingerprint's trust group must be one the caller is in (see
-// Caller::InTrustGroup); `field` names the fingerprint.
-absl::Status NeedsTrustGroup(const Caller& caller, absl::string_view field,
-                             const v1::LayoutFingerprint& fp) {
-  const std::string& ns = fp.namespace_();
-  const std::string& group = fp.trust_group();
-  if (caller.InTrustGroup(ns, group)) return absl::OkStatus();
-  if (group.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".trust_group: is required in shared namespace \"", ns, "\"; ", caller.name(),
-        " is in ", caller.TrustGroupsIn(ns)));
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      field, ".trust_group: ", caller.name(), " is not in trust group \"", group,
-      "\" of namespace \"", ns, "\" (it is in ", caller.TrustGroupsIn(ns), ")"));
-}
-
 }  // namespace
 
 // One open lease: grants it with the first message and holds it until the
@@ -215,9 +179,10 @@ KvTierService::KvTierService(TierManager* tiers, Executor* executor,
     : tiers_(tiers),
       executor_(executor),
       leases_(leases),
-      copiers_(copiers),
       recovery_(recovery),
       options_(std::move(options)),
+      blocks_(tiers, leases, copiers,
+              BlockServiceOptions{options_.limits, InlineLoadBudget(), options_.policy}),
       payload_pool_(inline_wire::StringPool::Options{options_.inline_pool_bytes,
                                                      options_.inline_pool_buffers}),
       rings_(std::make_unique<RingSet>(options_.rings)) {
@@ -240,33 +205,6 @@ absl::StatusOr<std::shared_ptr<const Caller>> KvTierService::Identify(
     const grpc::CallbackServerContext& context) const {
   if (!options_.identify) return Caller::Unrestricted();
   return options_.identify(context);
-}
-
-absl::Status KvTierService::CheckSaveAccess(const v1::SaveRequest& request,
-                                            const Caller& caller) const {
-  for (int i = 0; i < request.blocks_size(); ++i) {
-    const v1::BlockMeta& meta = request.blocks(i).meta();
-    const std::string& ns = meta.fingerprint().namespace_();
-    EVOKE_RETURN_IF_ERROR(NeedsNamespace(
-        caller, absl::StrCat("blocks[", i, "].meta.fingerprint.namespace"), ns));
-    // Only a member writes for a group: its copy is what the group loads.
-    EVOKE_RETURN_IF_ERROR(NeedsTrustGroup(
-        caller, absl::StrCat("blocks[", i, "].meta.fingerprint"), meta.fingerprint()));
-    // A prefix id is only trusted when it is verified against its token
-    // chain; an unverified one could name another writer's block.
-    if (meta.kind() == v1::BLOCK_KIND_PREFIX && meta.tokens().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "blocks[", i, "].meta.tokens: is required for prefix blocks (the id is "
-          "verified against parent_id, tokens and fingerprint)"));
-    }
-    if (options_.policy != nullptr && options_.policy->IsShared(ns) &&
-        meta.kind() != v1::BLOCK_KIND_PREFIX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "blocks[", i, "].meta.kind: namespace \"", ns,
-          "\" is shared; it holds prefix blocks only"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* context,
@@ -396,23 +334,6 @@ KvTierService::CallLane KvTierService::LaneOf(const Caller& caller) const {
                   caller.caps().calls != 0 ? caller.caps().calls : options_.max_calls_per_uid};
 }
 
-absl::StatusOr<Lease> KvTierService::FindLease(const Caller& caller,
-                                               absl::string_view lease_id) const {
-  EVOKE_ASSIGN_OR_RETURN(Lease lease, leases_->Find(lease_id));
-  // Another uid's lease answers as an unknown one: leases cannot be probed.
-  if (lease.owner_uid != OwnerUid(caller)) {
-    return absl::NotFoundError("lease_id: unknown or ended lease");
-  }
-  return lease;
-}
-
-absl::StatusOr<std::optional<Lease>> KvTierService::OptionalLease(
-    const Caller& caller, absl::string_view lease_id) const {
-  if (lease_id.empty()) return std::optional<Lease>();
-  EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(caller, lease_id));
-  return std::optional<Lease>(lease);
-}
-
 grpc::ServerWriteReactor<v1::LeaseEvent>* KvTierService::OpenLease(
     grpc::CallbackServerContext* context, const v1::OpenLeaseRequest* request) {
   absl::StatusOr<Lease> lease;
@@ -447,7 +368,7 @@ grpc::ServerUnaryReactor* KvTierService::RegisterCudaRegion(
           caller->name(), " may not register CUDA regions over TCP (the access policy's "
                           "cuda_regions is not set for it)"));
     }
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
     if (request->size() > leases_->options().max_region_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "size: ", request->size(), " exceeds the region limit of ",
@@ -471,77 +392,9 @@ grpc::ServerUnaryReactor* KvTierService::UnregisterRegion(
     v1::UnregisterRegionResponse*) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
     return leases_->RemoveRegion(lease.id, request->region_id());
   });
-}
-
-absl::Status KvTierService::DoSave(const Caller& caller, const v1::SaveRequest& request,
-                                   absl::Time deadline, v1::SaveResponse* response) {
-  EVOKE_RETURN_IF_ERROR(ValidateSaveRequest(request, options_.limits));
-  EVOKE_RETURN_IF_ERROR(CheckSaveAccess(request, caller));
-  EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(caller, request.lease_id()));
-  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SaveRequestSource> source,
-                         SaveRequestSource::Create(request, lease, *leases_, copiers_));
-  std::vector<SaveItem> items;
-  items.reserve(request.blocks_size());
-  for (const v1::SaveBlock& block : request.blocks()) {
-    items.push_back(SaveItem{&block.meta(), PayloadLength(block), block.pin()});
-    items.back().writer = caller.writer();
-  }
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<SavedBlock>> results = tiers_->Save(
-      items, *source, request.durable(), deadline, lease ? lease->owner : PinOwner{0});
-  if (!results.ok()) return WithFieldPath(results.status(), ItemsField::kSaveBlocks);
-  EVOKE_LOG_DEBUG("Save: ", items.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
-  response->mutable_results()->Reserve(results->size());
-  for (const SavedBlock& r : *results) ToProto(r, response->add_results());
-  return absl::OkStatus();
-}
-
-absl::Status KvTierService::DoLoad(const Caller& caller, const v1::LoadRequest& request,
-                                   v1::LoadResponse* response) {
-  EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids, ValidateLoadRequest(request, options_.limits));
-  EVOKE_ASSIGN_OR_RETURN(std::optional<Lease> lease, OptionalLease(caller, request.lease_id()));
-  // Leave room for metadata in the response message.
-  EVOKE_ASSIGN_OR_RETURN(
-      std::unique_ptr<LoadResponseSink> sink,
-      LoadResponseSink::Create(request, response, options_.max_message_bytes - (1u << 20),
-                               lease, *leases_, copiers_));
-  std::vector<v1::BlockMeta> metas;
-  std::vector<LoadedInfo> infos;
-  const absl::Time start = absl::Now();
-  absl::Status s = tiers_->Load(ids, request.fingerprint(), *sink, &metas, &infos, &caller);
-  EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
-  if (!s.ok()) {
-    response->Clear();
-    return WithFieldPath(s, ItemsField::kIds);
-  }
-  sink->ApplyNewPositions(&metas);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    v1::LoadedBlock* block = response->mutable_blocks(i);
-    *block->mutable_meta() = std::move(metas[i]);
-    block->mutable_meta()->clear_summaries();
-    block->set_served_from(ToProto(infos[i].served_from));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KvTierService::DoLoad(const Caller& caller, const v1::LoadRequest& request,
-                                   inline_wire::InlineLoadSink* sink,
-                                   std::vector<v1::Tier>* served_from) {
-  EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids, ValidateLoadRequest(request, options_.limits));
-  // Resolved only for its errors (an unknown lease is NOT_FOUND, as before).
-  EVOKE_RETURN_IF_ERROR(OptionalLease(caller, request.lease_id()).status());
-  std::vector<v1::BlockMeta> metas;
-  std::vector<LoadedInfo> infos;
-  const absl::Time start = absl::Now();
-  absl::Status s = tiers_->Load(ids, request.fingerprint(), *sink, &metas, &infos, &caller);
-  EVOKE_LOG_DEBUG("Load: ", ids.size(), " blocks in ", absl::FormatDuration(absl::Now() - start));
-  if (!s.ok()) return WithFieldPath(s, ItemsField::kIds);
-  served_from->clear();
-  for (const LoadedInfo& info : infos) served_from->push_back(ToProto(info.served_from));
-  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext* context,
@@ -549,7 +402,7 @@ grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext*
                                                     v1::AttachRingResponse* response) {
   EVOKE_CALLER_OR_FINISH(caller, context);
   return FinishOnExecutor(executor_, LaneOf(*caller), context, [=, this]() -> absl::Status {
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
     EVOKE_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
                            leases_->GetRegion(lease.id, request->region_id(), "ring"));
     if (region->kind() != Region::Kind::kSharedMemory) {
@@ -560,8 +413,8 @@ grpc::ServerUnaryReactor* KvTierService::AttachRing(grpc::CallbackServerContext*
         ring::RingGeometry g,
         rings_->Attach(absl::StrCat(lease.id.ToHex(), "/", request->region_id()),
                        lease.owner_uid, std::move(region),
-                       MakeServiceRingHandler(this, caller, lease, request->region_id(),
-                                              leases_),
+                       MakeServiceRingHandler(&blocks_, options_.rpc_metrics, caller, lease,
+                                              request->region_id()),
                        caller->caps().rings));
     response->set_sq_entries(g.sq_entries);
     response->set_cq_entries(g.cq_entries);
@@ -600,10 +453,17 @@ grpc::Status KvTierService::SaveRaw(const Caller& caller, const grpc::ByteBuffer
       !ParseWithProtobuf(bytes, &request)) {
     return UnparsableRequest();
   }
-  v1::SaveResponse response;
-  const absl::Status s = DoSave(caller, request, deadline, &response);
+  absl::StatusOr<std::vector<SavedBlock>> saved = [&]() -> absl::StatusOr<std::vector<SavedBlock>> {
+    SaveCommand command;
+    EVOKE_RETURN_IF_ERROR(DecodeSaveRequest(request, options_.limits, &command));
+    command.deadline = deadline;
+    return blocks_.Save(caller, command);
+  }();
   inline_wire::ReturnSavePayloads(payload_pool_, &request);
-  if (!s.ok()) return ToGrpc(s);
+  if (!saved.ok()) return ToGrpc(saved.status());
+  v1::SaveResponse response;
+  response.mutable_results()->Reserve(saved->size());
+  for (const SavedBlock& r : *saved) ToProto(r, response.add_results());
   bool own_buffer;
   return grpc::SerializationTraits<v1::SaveResponse>::Serialize(response, out, &own_buffer);
 }
@@ -612,19 +472,31 @@ grpc::Status KvTierService::LoadRaw(const Caller& caller, const grpc::ByteBuffer
                                     grpc::ByteBuffer* out) {
   v1::LoadRequest request;
   if (!ParseWithProtobuf(bytes, &request)) return UnparsableRequest();
-  if (request.destinations().empty() && request.reanchor().empty() &&
-      request.scatter().empty()) {
-    // Leave room for metadata in the response message (as DoLoad).
-    inline_wire::InlineLoadSink sink(&payload_pool_, options_.max_message_bytes - (1u << 20));
-    std::vector<v1::Tier> served_from;
-    const absl::Status s = DoLoad(caller, request, &sink, &served_from);
+  LoadCommand command;
+  absl::Status s = DecodeLoadRequest(request, options_.limits, &command);
+  if (!s.ok()) return ToGrpc(s);
+  LoadResult result;
+  if (command.destinations.empty() && command.reanchor.empty() && command.scatter.empty()) {
+    // Leave room for metadata in the response message.
+    inline_wire::InlineLoadSink sink(&payload_pool_, InlineLoadBudget());
+    s = blocks_.LoadInto(caller, command, sink, &result);
     if (!s.ok()) return ToGrpc(s);
+    std::vector<v1::Tier> served_from;
+    served_from.reserve(result.infos.size());
+    for (const LoadedInfo& info : result.infos) served_from.push_back(ToProto(info.served_from));
     sink.Encode(served_from, out);
     return grpc::Status::OK;
   }
-  v1::LoadResponse response;
-  const absl::Status s = DoLoad(caller, request, &response);
+  std::vector<std::string> inline_payloads;
+  s = blocks_.Load(caller, command, &inline_payloads, &result);
   if (!s.ok()) return ToGrpc(s);
+  v1::LoadResponse response;
+  for (size_t i = 0; i < command.ids.size(); ++i) {
+    v1::LoadedBlock* block = response.add_blocks();
+    *block->mutable_meta() = std::move(result.metas[i]);
+    block->set_served_from(ToProto(result.infos[i].served_from));
+    if (i < inline_payloads.size()) block->set_inline_bytes(std::move(inline_payloads[i]));
+  }
   bool own_buffer;
   return grpc::SerializationTraits<v1::LoadResponse>::Serialize(response, out, &own_buffer);
 }
@@ -696,7 +568,7 @@ grpc::ServerUnaryReactor* KvTierService::Pin(grpc::CallbackServerContext* contex
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
     return WithFieldPath(tiers_->Pin(ids, lease.owner, deadline, caller.get()), ItemsField::kIds);
   });
 }
@@ -709,7 +581,7 @@ grpc::ServerUnaryReactor* KvTierService::Unpin(grpc::CallbackServerContext* cont
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<BlockId> ids,
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
     return WithFieldPath(tiers_->Unpin(ids, lease.owner, caller.get()), ItemsField::kIds);
   });
 }

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/access_policy.h"
+#include "daemon/block_service.h"
 #include "daemon/executor.h"
 #include "daemon/inline_wire.h"
 #include "daemon/lease_manager.h"
@@ -62,10 +63,12 @@ struct KvTierServiceOptions {
   uint32_t max_calls_per_uid = 0;
 };
 
-// KvTierService validates each request (INVALID_ARGUMENT naming the field),
-// runs it against the TierManager and translates absl::Status into
-// grpc::Status, once, here. It uses gRPC's callback API: cheap, memory-only
-// RPCs (Lookup, Describe, List, Stat, Unpin) finish on the reactor thread;
+// KvTierService is the gRPC transport: it decodes each request, runs Save
+// and Load as commands on the BlockService (daemon/block_service.h) that the
+// command rings share, answers the metadata RPCs against the TierManager,
+// and translates absl::Status into grpc::Status, once, here. It uses gRPC's
+// callback API: cheap, memory-only RPCs (Lookup, Describe, List, Stat,
+// Unpin) finish on the reactor thread;
 // everything that copies payloads, touches disk or may wait for room runs on
 // the Executor, and the reactor is finished from there. The daemon keeps
 // serving whatever a request contains.
@@ -153,19 +156,6 @@ class KvTierService final : public v1::KvTier::CallbackService {
                                        const v1::AttachRingRequest* request,
                                        v1::AttachRingResponse* response) override;
 
-  // The bodies of Save and Load, shared by the RPCs and the command rings:
-  // validate, check access, resolve the lease and run against the
-  // TierManager. Errors name the request's fields.
-  absl::Status DoSave(const Caller& caller, const v1::SaveRequest& request,
-                      absl::Time deadline, v1::SaveResponse* response);
-  absl::Status DoLoad(const Caller& caller, const v1::LoadRequest& request,
-                      v1::LoadResponse* response);
-  // The same body for an inline Load (no destinations, scatter or
-  // re-anchoring) into `sink`, which then encodes the response itself; the
-  // tier each block was served from goes to `served_from`.
-  absl::Status DoLoad(const Caller& caller, const v1::LoadRequest& request,
-                      inline_wire::InlineLoadSink* sink, std::vector<v1::Tier>* served_from);
-
   // AdminStat fills the whole of Stat's answer, as an admin sees it (also
   // what /metrics exports on each scrape).
   void AdminStat(v1::StatResponse* response) const;
@@ -176,22 +166,16 @@ class KvTierService final : public v1::KvTier::CallbackService {
   class LeaseReactor;
 
  private:
-  // OptionalLease resolves a request's lease_id: nullopt when empty.
-  absl::StatusOr<std::optional<Lease>> OptionalLease(const Caller& caller,
-                                                     absl::string_view lease_id) const;
-  // FindLease resolves a lease_id of the caller's own uid (NOT_FOUND for
-  // another's, as for an unknown one).
-  absl::StatusOr<Lease> FindLease(const Caller& caller, absl::string_view lease_id) const;
   // The caller's turn on the executor (its uid) and its cap on calls.
   CallLane LaneOf(const Caller& caller) const;
   void Forget(LeaseReactor* reactor);
   absl::StatusOr<std::shared_ptr<const Caller>> Identify(
       const grpc::CallbackServerContext& context) const;
-  // CheckSaveAccess refuses blocks in namespaces the caller may not use,
-  // prefix blocks without their tokens, and session blocks in a shared
-  // namespace.
-  absl::Status CheckSaveAccess(const v1::SaveRequest& request, const Caller& caller) const;
-  // The raw Save and Load: parse, run DoSave / DoLoad, encode.
+  // Payload bytes a Load may return inline: room is left for metadata in
+  // the response message.
+  uint64_t InlineLoadBudget() const { return options_.max_message_bytes - (1u << 20); }
+  // The raw Save and Load: parse, decode into a command, run it on the
+  // BlockService, encode.
   grpc::Status SaveRaw(const Caller& caller, const grpc::ByteBuffer& request,
                        absl::Time deadline, grpc::ByteBuffer* response);
   grpc::Status LoadRaw(const Caller& caller, const grpc::ByteBuffer& request,
@@ -200,9 +184,10 @@ class KvTierService final : public v1::KvTier::CallbackService {
   TierManager* const tiers_;
   Executor* const executor_;
   LeaseManager* const leases_;
-  DeviceCopiers* const copiers_;
   const RecoveryIndex* const recovery_;
   const KvTierServiceOptions options_;
+  // The data plane, shared with the command rings.
+  BlockService blocks_;
   CudaMappings cuda_mappings_;
   // Inline payload buffers reused across Save and Load calls.
   inline_wire::StringPool payload_pool_;

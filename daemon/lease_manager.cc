@@ -127,6 +127,15 @@ absl::StatusOr<Lease> LeaseManager::Find(absl::string_view lease_id) const {
   return Lease{*id, it->second.owner, it->second.owner_uid};
 }
 
+absl::StatusOr<uint64_t> LeaseManager::Touch(const BlockId& id) const {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return absl::NotFoundError("lease_id: unknown or ended lease");
+  it->second.last_used = std::max(it->second.last_used, now);
+  return it->second.regions_removed;
+}
+
 absl::StatusOr<LeaseInfo> LeaseManager::Describe(const BlockId& id) const {
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(id);
@@ -241,6 +250,7 @@ absl::Status LeaseManager::RemoveRegion(const BlockId& lease, uint64_t region_id
   }
   dropped = std::move(r->second);
   it->second.regions.erase(r);
+  ++it->second.regions_removed;
   return absl::OkStatus();
 }
 

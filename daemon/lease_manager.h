@@ -95,6 +95,11 @@ class LeaseManager {
   // used (now, by options.clock). INVALID_ARGUMENT when malformed or empty,
   // NOT_FOUND when unknown or ended.
   absl::StatusOr<Lease> Find(absl::string_view lease_id) const;
+  // Touch marks an open lease used (as Find does) and returns how many
+  // regions it has had removed so far: a transport that keeps the lease's
+  // regions resolved (a ring) drops them when that count changes. NOT_FOUND
+  // when unknown or ended.
+  absl::StatusOr<uint64_t> Touch(const BlockId& id) const;
   // Describe reports an open lease. NOT_FOUND when unknown or ended.
   absl::StatusOr<LeaseInfo> Describe(const BlockId& id) const;
   // ExpireIdle ends (as End does) every lease whose last use is
@@ -145,6 +150,7 @@ class LeaseManager {
     // Mutable: const lookups (Find, GetRegion) mark the lease used.
     mutable absl::Time last_used;
     absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions;
+    uint64_t regions_removed = 0;  // See Touch.
   };
 
   // Release releases the pins and regions of an ended lease; call without

@@ -35,27 +35,28 @@ std::string Where(int device) {
 }
 
 // ResolveSlices resolves the gather or scatter list `list` named `field`
-// ("blocks[2].gather") against the lease's regions, looking each region up
-// once per request (`cache`). Errors name the slice.
-absl::StatusOr<SliceList> ResolveSlices(const v1::RegionSlices& list, const BlockId& lease,
-                                        const LeaseManager& leases, absl::string_view field,
-                                        RegionCache* cache) {
+// ("blocks[2].gather") through `regions` (which looks each region up once).
+// Errors name the slice. The regions stay mapped while `regions` lives.
+absl::StatusOr<SliceList> ResolveSlices(absl::Span<const SliceRef> list,
+                                        RegionResolver& regions, absl::string_view field) {
   SliceList out;
-  out.pieces.reserve(list.slices_size());
-  for (int j = 0; j < list.slices_size(); ++j) {
-    const v1::RegionSlice& slice = list.slices(j);
-    auto it = cache->find(slice.region_id());
-    if (it == cache->end()) {
+  out.pieces.reserve(list.size());
+  const Region* last = nullptr;
+  uint64_t last_id = 0;
+  for (size_t j = 0; j < list.size(); ++j) {
+    const SliceRef& slice = list[j];
+    if (last == nullptr || slice.region_id != last_id) {
       EVOKE_ASSIGN_OR_RETURN(
           std::shared_ptr<Region> region,
-          leases.GetRegion(lease, slice.region_id(), absl::StrCat(field, ".slices[", j, "]")));
-      it = cache->emplace(slice.region_id(), std::move(region)).first;
+          regions.Get(slice.region_id, absl::StrCat(field, ".slices[", j, "]")));
+      last = region.get();  // `regions` keeps it mapped.
+      last_id = slice.region_id;
     }
-    const Region& region = *it->second;
+    const Region& region = *last;
     // The field's name is built only for an error: lists run to 4096 slices.
-    if (slice.length() == 0 || slice.offset() > region.size() ||
-        slice.length() > region.size() - slice.offset()) {
-      return region.CheckSlice(slice.offset(), slice.length(),
+    if (slice.length == 0 || slice.offset > region.size() ||
+        slice.length > region.size() - slice.offset) {
+      return region.CheckSlice(slice.offset, slice.length,
                                absl::StrCat(field, ".slices[", j, "]"));
     }
     const bool cuda = region.kind() == Region::Kind::kCuda;
@@ -64,59 +65,71 @@ absl::StatusOr<SliceList> ResolveSlices(const v1::RegionSlices& list, const Bloc
       out.device = device;
     } else if (device != out.device) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ".slices[", j, "]: region ", slice.region_id(), " is ", Where(device),
+          field, ".slices[", j, "]: region ", slice.region_id, " is ", Where(device),
           ", slices[0] ", Where(out.device),
           "; the slices of one list must all be on the host or all on one CUDA device"));
     }
     uint8_t* base = cuda ? static_cast<uint8_t*>(region.device_ptr()) : region.host_data();
     if (base == nullptr) {
       return absl::InternalError(absl::StrCat(field, ".slices[", j, "]: region ",
-                                              slice.region_id(), " has no mapping"));
+                                              slice.region_id, " has no mapping"));
     }
-    out.pieces.push_back(SliceList::Piece{base + slice.offset(), slice.length()});
-    out.total += slice.length();  // Bounded: each length fits its region.
+    out.pieces.push_back(SliceList::Piece{base + slice.offset, slice.length});
+    out.total += slice.length;  // Bounded: each length fits its region.
   }
   return out;
 }
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<Region>> LeaseRegions::Get(uint64_t region_id,
+                                                          absl::string_view field) {
+  auto it = cache_.find(region_id);
+  if (it != cache_.end()) return it->second;
+  EVOKE_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                         leases_->GetRegion(lease_, region_id, std::string(field)));
+  return cache_.emplace(region_id, std::move(region)).first->second;
+}
+
 absl::StatusOr<std::unique_ptr<SaveRequestSource>> SaveRequestSource::Create(
-    const v1::SaveRequest& request, const std::optional<Lease>& lease,
-    const LeaseManager& leases, DeviceCopiers* copiers) {
-  std::unique_ptr<SaveRequestSource> source(new SaveRequestSource(request, copiers));
-  source->regions_.resize(request.blocks_size());
-  source->gathers_.resize(request.blocks_size());
-  for (int i = 0; i < request.blocks_size(); ++i) {
-    const v1::SaveBlock& block = request.blocks(i);
-    if (block.payload_case() == v1::SaveBlock::kGather) {
-      if (!lease) return absl::InvalidArgumentError("lease_id: is required with gather");
-      EVOKE_ASSIGN_OR_RETURN(
-          source->gathers_[i],
-          ResolveSlices(block.gather(), lease->id, leases, absl::StrCat("blocks[", i, "].gather"),
-                        &source->gather_regions_));
+    const SaveCommand& command, RegionResolver* regions, DeviceCopiers* copiers) {
+  std::unique_ptr<SaveRequestSource> source(new SaveRequestSource(command, copiers));
+  const size_t n = command.blocks.size();
+  source->regions_.resize(n);
+  source->gathers_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const PayloadRef& payload = command.blocks[i].payload;
+    if (payload.kind != PayloadRef::Kind::kGather && payload.kind != PayloadRef::Kind::kRegion) {
       continue;
     }
-    if (block.payload_case() != v1::SaveBlock::kRegion) continue;
+    if (regions == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lease_id: is required when blocks[", i, "] names regions"));
+    }
+    if (payload.kind == PayloadRef::Kind::kGather) {
+      EVOKE_ASSIGN_OR_RETURN(
+          source->gathers_[i],
+          ResolveSlices(payload.gather, *regions, absl::StrCat("blocks[", i, "].gather")));
+      continue;
+    }
     const std::string field = absl::StrCat("blocks[", i, "].region");
-    EVOKE_ASSIGN_OR_RETURN(
-        std::shared_ptr<Region> region,
-        leases.GetRegion(lease->id, block.region().region_id(), field));
+    EVOKE_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                           regions->Get(payload.region.region_id, field));
     EVOKE_RETURN_IF_ERROR(
-        region->CheckSlice(block.region().offset(), block.region().length(), field));
+        region->CheckSlice(payload.region.offset, payload.region.length, field));
     source->regions_[i] = std::move(region);
   }
   return source;
 }
 
 absl::string_view SaveRequestSource::HostBytes(size_t i) {
-  const v1::SaveBlock& block = request_.blocks(static_cast<int>(i));
+  const PayloadRef& payload = command_.blocks[i].payload;
   if (!gathers_[i].empty()) return {};
-  if (regions_[i] == nullptr) return block.inline_bytes();
+  if (regions_[i] == nullptr) return payload.inline_bytes;
   if (regions_[i]->host_data() == nullptr) return {};
   return absl::string_view(
-      reinterpret_cast<const char*>(regions_[i]->host_data() + block.region().offset()),
-      block.region().length());
+      reinterpret_cast<const char*>(regions_[i]->host_data() + payload.region.offset),
+      payload.region.length);
 }
 
 namespace {
@@ -181,15 +194,15 @@ absl::Status SaveRequestSource::Fetch(absl::Span<const size_t> items,
       gathered_slices += gather.pieces.size();
       continue;
     }
-    const v1::SaveBlock& block = request_.blocks(static_cast<int>(items[k]));
+    const SaveCommandBlock& block = command_.blocks[items[k]];
     const Region& region = *regions_[items[k]];
-    const v1::RegionSlice& slice = block.region();
-    const uint8_t* src = static_cast<const uint8_t*>(region.device_ptr()) + slice.offset();
+    const SliceRef& slice = block.payload.region;
+    const uint8_t* src = static_cast<const uint8_t*>(region.device_ptr()) + slice.offset;
     // Session blocks: hashed on the device. Prefix blocks: left unset, the
     // caller hashes tier 1's copy.
-    const bool session = block.meta().kind() == v1::BLOCK_KIND_SESSION;
+    const bool session = block.meta->kind() == v1::BLOCK_KIND_SESSION;
     DeviceFetch& fetch = by_device[region.device()];
-    fetch.blocks.push_back(FetchBlock{src, dsts[k], slice.length(), session});
+    fetch.blocks.push_back(FetchBlock{src, dsts[k], slice.length, session});
     fetch.hashed.push_back(session ? k : kNotHashed);
     hashed_on_device += session;
   }
@@ -226,39 +239,45 @@ absl::Status CheckInlineBudget(absl::Span<const v1::BlockMeta> metas, uint64_t b
 }
 
 absl::StatusOr<std::unique_ptr<LoadResponseSink>> LoadResponseSink::Create(
-    const v1::LoadRequest& request, v1::LoadResponse* response, uint64_t inline_budget,
-    const std::optional<Lease>& lease, const LeaseManager& leases,
-    DeviceCopiers* copiers) {
+    const LoadCommand& command, std::vector<std::string>* inline_out, uint64_t inline_budget,
+    RegionResolver* regions, DeviceCopiers* copiers) {
   std::unique_ptr<LoadResponseSink> sink(
-      new LoadResponseSink(request, response, inline_budget, copiers));
-  if (!request.scatter().empty()) {
-    if (!lease) return absl::InvalidArgumentError("lease_id: is required with scatter");
+      new LoadResponseSink(command, inline_out, inline_budget, copiers));
+  if ((!command.scatter.empty() || !command.destinations.empty()) && regions == nullptr) {
+    return absl::InvalidArgumentError(
+        "lease_id: is required with destinations or scatter (regions belong to a lease)");
+  }
+  if (!command.scatter.empty()) {
     sink->mode_ = Mode::kScatter;
-    sink->scatter_.reserve(request.scatter_size());
-    for (int i = 0; i < request.scatter_size(); ++i) {
-      EVOKE_ASSIGN_OR_RETURN(SliceList list,
-                             ResolveSlices(request.scatter(i), lease->id, leases,
-                                           absl::StrCat("scatter[", i, "]"),
-                                           &sink->scatter_regions_));
+    sink->scatter_.reserve(command.scatter.size());
+    for (size_t i = 0; i < command.scatter.size(); ++i) {
+      EVOKE_ASSIGN_OR_RETURN(
+          SliceList list,
+          ResolveSlices(command.scatter[i], *regions, absl::StrCat("scatter[", i, "]")));
       sink->scatter_.push_back(std::move(list));
     }
     return sink;
   }
-  if (!request.destinations().empty()) sink->mode_ = Mode::kDestinations;
-  for (int i = 0; i < request.destinations_size(); ++i) {
-    const v1::RegionSlice& slice = request.destinations(i);
+  if (!command.destinations.empty()) {
+    sink->mode_ = Mode::kDestinations;
+  } else if (inline_out == nullptr) {
+    return absl::InvalidArgumentError(
+        "destinations: are required here (this transport returns no payloads inline)");
+  }
+  sink->regions_.reserve(command.destinations.size());
+  for (size_t i = 0; i < command.destinations.size(); ++i) {
+    const SliceRef& slice = command.destinations[i];
     const std::string field = absl::StrCat("destinations[", i, "]");
-    EVOKE_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
-                           leases.GetRegion(lease->id, slice.region_id(), field));
-    EVOKE_RETURN_IF_ERROR(region->CheckSlice(slice.offset(), slice.length(), field));
+    EVOKE_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, regions->Get(slice.region_id, field));
+    EVOKE_RETURN_IF_ERROR(region->CheckSlice(slice.offset, slice.length, field));
     sink->regions_.push_back(std::move(region));
   }
   return sink;
 }
 
 absl::Status LoadResponseSink::PrepareReanchor(size_t i, const v1::BlockMeta& meta) {
-  const v1::Reanchor& r = request_.reanchor(static_cast<int>(i));
-  if (!r.has_first_position() && r.positions().empty()) return absl::OkStatus();
+  const ReanchorRef& r = command_.reanchor[i];
+  if (!r.set()) return absl::OkStatus();
   const std::string field = absl::StrCat("reanchor[", i, "]");
   if (meta.fingerprint().layout() != v1::LAYOUT_CANONICAL_V1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -273,33 +292,33 @@ absl::Status LoadResponseSink::PrepareReanchor(size_t i, const v1::BlockMeta& me
   plan.plan = std::move(rope).value();
   const uint32_t n = meta.n_tokens();
   std::vector<int64_t> target(n);
-  if (!r.positions().empty()) {
-    if (r.has_first_position()) {
+  if (!r.positions.empty()) {
+    if (r.first_position.has_value()) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": give first_position or positions, not both"));
     }
-    if (static_cast<uint32_t>(r.positions_size()) != n) {
+    if (r.positions.size() != n) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ".positions: has ", r.positions_size(), " entries, expected n_tokens = ", n));
+          field, ".positions: has ", r.positions.size(), " entries, expected n_tokens = ", n));
     }
     for (uint32_t t = 0; t < n; ++t) {
-      if (r.positions(t) < 0) {
+      if (r.positions[t] < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            field, ".positions[", t, "]: ", r.positions(t), " is negative"));
+            field, ".positions[", t, "]: ", r.positions[t], " is negative"));
       }
-      target[t] = r.positions(t);
+      target[t] = r.positions[t];
     }
     plan.contiguous = false;
-    plan.positions.assign(r.positions().begin(), r.positions().end());
+    plan.positions.assign(r.positions.begin(), r.positions.end());
   } else {
-    const int64_t last = static_cast<int64_t>(r.first_position()) + n - 1;
-    if (r.first_position() < 0 || last > INT32_MAX) {
+    const int32_t first = *r.first_position;
+    const int64_t last = static_cast<int64_t>(first) + n - 1;
+    if (first < 0 || last > INT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ".first_position: ", r.first_position(), " + n_tokens ", n,
-          " must stay within [0, 2^31)"));
+          field, ".first_position: ", first, " + n_tokens ", n, " must stay within [0, 2^31)"));
     }
-    for (uint32_t t = 0; t < n; ++t) target[t] = static_cast<int64_t>(r.first_position()) + t;
-    plan.first = r.first_position();
+    for (uint32_t t = 0; t < n; ++t) target[t] = static_cast<int64_t>(first) + t;
+    plan.first = first;
   }
   const std::vector<int64_t> original = OriginalPositions(meta);
   plan.delta.resize(n);
@@ -332,10 +351,8 @@ void LoadResponseSink::ApplyNewPositions(std::vector<v1::BlockMeta>* metas) cons
 }
 
 absl::Status LoadResponseSink::Prepare(absl::Span<const v1::BlockMeta> metas) {
-  response_->clear_blocks();
-  for (size_t i = 0; i < metas.size(); ++i) response_->add_blocks();
   reanchor_.assign(metas.size(), std::nullopt);
-  for (int i = 0; i < request_.reanchor_size() && static_cast<size_t>(i) < metas.size(); ++i) {
+  for (size_t i = 0; i < command_.reanchor.size() && i < metas.size(); ++i) {
     EVOKE_RETURN_IF_ERROR(PrepareReanchor(i, metas[i]));
   }
   if (mode_ == Mode::kScatter) {
@@ -351,36 +368,29 @@ absl::Status LoadResponseSink::Prepare(absl::Span<const v1::BlockMeta> metas) {
   }
   if (mode_ == Mode::kDestinations) {
     for (size_t i = 0; i < metas.size(); ++i) {
-      if (request_.destinations(static_cast<int>(i)).length() < metas[i].payload_bytes()) {
+      if (command_.destinations[i].length < metas[i].payload_bytes()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "destinations[", i, "].length: ", request_.destinations(static_cast<int>(i)).length(),
+            "destinations[", i, "].length: ", command_.destinations[i].length,
             " is shorter than the block's payload (", metas[i].payload_bytes(), " bytes)"));
       }
     }
     return absl::OkStatus();
   }
   EVOKE_RETURN_IF_ERROR(CheckInlineBudget(metas, budget_));
-  for (size_t i = 0; i < metas.size(); ++i) {
-    response_->mutable_blocks(static_cast<int>(i))
-        ->mutable_inline_bytes()
-        ->resize(metas[i].payload_bytes());
-  }
+  inline_out_->resize(metas.size());
+  for (size_t i = 0; i < metas.size(); ++i) (*inline_out_)[i].resize(metas[i].payload_bytes());
   return absl::OkStatus();
 }
 
 uint8_t* LoadResponseSink::HostDestination(size_t i) {
   if (mode_ == Mode::kScatter) return nullptr;
-  if (mode_ == Mode::kInline) {
-    return reinterpret_cast<uint8_t*>(
-        response_->mutable_blocks(static_cast<int>(i))->mutable_inline_bytes()->data());
-  }
+  if (mode_ == Mode::kInline) return reinterpret_cast<uint8_t*>((*inline_out_)[i].data());
   if (regions_[i]->host_data() == nullptr) return nullptr;
-  return regions_[i]->host_data() + request_.destinations(static_cast<int>(i)).offset();
+  return regions_[i]->host_data() + command_.destinations[i].offset;
 }
 
 uint8_t* LoadResponseSink::DestinationOnDevice(size_t i) const {
-  return static_cast<uint8_t*>(regions_[i]->device_ptr()) +
-         request_.destinations(static_cast<int>(i)).offset();
+  return static_cast<uint8_t*>(regions_[i]->device_ptr()) + command_.destinations[i].offset;
 }
 
 namespace {

@@ -1,6 +1,7 @@
-// Payload paths of the gRPC service: where Save reads payloads from and
-// where Load writes them to, for inline bytes, shared-memory regions and
-// CUDA regions. Region slices are resolved and bounds-checked here.
+// Payload paths of the data plane: where a SaveCommand's payloads are read
+// from and where a LoadCommand's are written to (daemon/block_commands.h),
+// for inline bytes, shared-memory regions and CUDA regions, whatever the
+// transport. Region slices are resolved and bounds-checked here.
 #ifndef EVOKE_DAEMON_PAYLOAD_PATHS_H_
 #define EVOKE_DAEMON_PAYLOAD_PATHS_H_
 
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rope.h"
+#include "daemon/block_commands.h"
 #include "daemon/lease_manager.h"
 #include "daemon/region.h"
 #include "evoke/v1/kvtier.pb.h"
@@ -42,7 +44,25 @@ class DeviceCopiers {
   absl::flat_hash_map<int, std::unique_ptr<DeviceOps>> copiers_ ABSL_GUARDED_BY(mu_);
 };
 
-// A gather or scatter list (v1::RegionSlices) resolved against a lease:
+// LeaseRegions resolves against a lease's regions in the LeaseManager,
+// each region once (it keeps them mapped for as long as it lives, or until
+// Drop).
+class LeaseRegions final : public RegionResolver {
+ public:
+  LeaseRegions(const BlockId& lease, const LeaseManager* leases)
+      : lease_(lease), leases_(leases) {}
+  absl::StatusOr<std::shared_ptr<Region>> Get(uint64_t region_id,
+                                              absl::string_view field) override;
+  // Drop forgets every region (they unmap once no copy holds them).
+  void Drop() { cache_.clear(); }
+
+ private:
+  const BlockId lease_;
+  const LeaseManager* const leases_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> cache_;
+};
+
+// A gather or scatter list resolved against a lease's regions:
 // where each slice's bytes are (the daemon's mapping of a shared-memory
 // region, or a device pointer of a CUDA region), all on the host or all on
 // one device.
@@ -57,26 +77,22 @@ struct SliceList {
   bool empty() const { return pieces.empty(); }
 };
 
-// The regions a request names, each looked up once and kept mapped (the
-// references) while the request's copies run.
-using RegionCache = absl::flat_hash_map<uint64_t, std::shared_ptr<Region>>;
-
-// SaveRequestSource serves the payloads of a validated SaveRequest. Host
+// SaveRequestSource serves the payloads of a validated SaveCommand. Host
 // payloads (inline, shared memory) are read in place; CUDA slices are
 // fetched with one DeviceOps::FetchBlocks per device (coalesced copies, the
 // session blocks hashed on the device beside them); gather lists are copied
 // slice by slice into tier 1 (host) or in the same FetchBlocks (CUDA).
 class SaveRequestSource final : public SaveSource {
  public:
-  // Create resolves every region slice of the request (region slices and
-  // every slice of a gather list) against `lease` (which must be set when
-  // any block names a region): NOT_FOUND for a region that is not the
-  // lease's, INVALID_ARGUMENT for a slice outside its region or a gather list
-  // that mixes the host and a device (or two devices). Errors name the
-  // slice: "blocks[2].gather.slices[7]".
+  // Create resolves every region slice of the command (region slices and
+  // every slice of a gather list) through `regions` (which must be set when
+  // any block names a region, and outlive the source): NOT_FOUND for a
+  // region that is not the lease's, INVALID_ARGUMENT for a slice outside
+  // its region or a gather list that mixes the host and a device (or two
+  // devices). Errors name the slice: "blocks[2].gather.slices[7]". The
+  // command must outlive the source.
   static absl::StatusOr<std::unique_ptr<SaveRequestSource>> Create(
-      const v1::SaveRequest& request, const std::optional<Lease>& lease,
-      const LeaseManager& leases, DeviceCopiers* copiers);
+      const SaveCommand& command, RegionResolver* regions, DeviceCopiers* copiers);
 
   // Empty for CUDA slices and for gathered blocks (host or CUDA): the
   // TierManager then calls Fetch.
@@ -97,24 +113,23 @@ class SaveRequestSource final : public SaveSource {
                      absl::Span<std::optional<uint64_t>> checksums) override;
 
  private:
-  SaveRequestSource(const v1::SaveRequest& request, DeviceCopiers* copiers)
-      : request_(request), copiers_(copiers) {}
-  const v1::SaveRequest& request_;
+  SaveRequestSource(const SaveCommand& command, DeviceCopiers* copiers)
+      : command_(command), copiers_(copiers) {}
+  const SaveCommand& command_;
   DeviceCopiers* const copiers_;
-  std::vector<std::shared_ptr<Region>> regions_;  // Per block; null unless `region`.
-  std::vector<SliceList> gathers_;                // Per block; empty unless `gather`.
-  RegionCache gather_regions_;                    // Keeps the gathered regions mapped.
+  std::vector<std::shared_ptr<Region>> regions_;  // Per block; null unless kRegion.
+  std::vector<SliceList> gathers_;                // Per block; empty unless kGather.
 };
 
 // CheckInlineBudget refuses (RESOURCE_EXHAUSTED) a Load whose payloads
 // would take more than `budget` bytes inline in the response.
 absl::Status CheckInlineBudget(absl::Span<const v1::BlockMeta> metas, uint64_t budget);
 
-// LoadResponseSink writes a Load's payloads inline into the response (under
-// a byte budget: RESOURCE_EXHAUSTED past it), into the request's
+// LoadResponseSink writes a Load's payloads inline into `inline_out` (under
+// a byte budget: RESOURCE_EXHAUSTED past it), into the command's
 // destination slices (shared memory: copied in place; CUDA: one
 // DeviceOps::LandBlocks per device at Finish), or scattered into the
-// request's scatter lists (shared memory: at Deliver, hashing each 1 MiB
+// command's scatter lists (shared memory: at Deliver, hashing each 1 MiB
 // chunk of the source before scattering it; CUDA: verified on the host at
 // Deliver, then one batch of host-to-device copies per device at Finish).
 //
@@ -146,13 +161,15 @@ absl::Status CheckInlineBudget(absl::Span<const v1::BlockMeta> metas, uint64_t b
 // return.
 class LoadResponseSink final : public LoadSink {
  public:
+  // Create resolves `destinations` or every slice of `scatter` through
+  // `regions` as SaveRequestSource::Create does ("scatter[1].slices[3]").
+  // A command with neither has its payloads returned in `inline_out` (one
+  // string per id), which must then be set. `command`, `inline_out` and
+  // `regions` must outlive the sink.
   static absl::StatusOr<std::unique_ptr<LoadResponseSink>> Create(
-      const v1::LoadRequest& request, v1::LoadResponse* response,
-      uint64_t inline_budget, const std::optional<Lease>& lease,
-      const LeaseManager& leases, DeviceCopiers* copiers);
+      const LoadCommand& command, std::vector<std::string>* inline_out,
+      uint64_t inline_budget, RegionResolver* regions, DeviceCopiers* copiers);
 
-  // Create resolves `destinations` or every slice of `scatter` as
-  // SaveRequestSource::Create does ("scatter[1].slices[3]").
   // Prepare refuses (INVALID_ARGUMENT) a destination shorter than its
   // block's payload and a scatter list whose lengths do not add up to
   // exactly the payload.
@@ -192,18 +209,17 @@ class LoadResponseSink final : public LoadSink {
   // Deliver for a block of a scatter list.
   absl::Status DeliverScattered(size_t i, const uint8_t* bytes, uint64_t n, uint64_t checksum);
 
-  LoadResponseSink(const v1::LoadRequest& request, v1::LoadResponse* response,
+  LoadResponseSink(const LoadCommand& command, std::vector<std::string>* inline_out,
                    uint64_t budget, DeviceCopiers* copiers)
-      : request_(request), response_(response), budget_(budget), copiers_(copiers) {}
-  const v1::LoadRequest& request_;
-  v1::LoadResponse* const response_;
+      : command_(command), inline_out_(inline_out), budget_(budget), copiers_(copiers) {}
+  const LoadCommand& command_;
+  std::vector<std::string>* const inline_out_;
   const uint64_t budget_;
   DeviceCopiers* const copiers_;
   enum class Mode { kInline, kDestinations, kScatter };
   Mode mode_ = Mode::kInline;
   std::vector<std::shared_ptr<Region>> regions_;  // kDestinations: one per id.
   std::vector<SliceList> scatter_;                // kScatter: one per id.
-  RegionCache scatter_regions_;                   // Keeps the scatter regions mapped.
   // Host staging for re-anchoring scattered blocks: one buffer reused for
   // every host-bound block; one per CUDA-bound block (its copy runs at
   // Finish). Not zero-filled: every byte is written before it is read.

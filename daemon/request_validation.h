@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/block_validation.h"
+#include "daemon/block_commands.h"
 #include "common/hash128.h"
 #include "evoke/v1/kvtier.pb.h"
 #include "google/protobuf/repeated_field.h"
@@ -41,19 +42,33 @@ absl::StatusOr<std::vector<BlockId>> ParseIds(
 // UINT64_MAX, which no limit admits).
 uint64_t PayloadLength(const v1::SaveBlock& block);
 
-// ValidateSaveRequest checks the batch size, each block (identity, shape,
+// ValidateSaveCommand checks the batch size, each block (identity, shape,
 // payload present and of the right length) and that ids are unique. A
-// gather list needs lease_id and 1..max_slices slices, each of length > 0;
-// the payload is their total. Regions are resolved later (SaveRequestSource).
+// region or gather payload, and a pin, need a lease; a gather list has
+// 1..max_slices slices, each of length > 0, and the payload is their total.
+// Regions are resolved later (SaveRequestSource).
+absl::Status ValidateSaveCommand(const SaveCommand& command, const RequestLimits& limits);
+
+// ValidateLoadCommand checks the ids (1..max_batch_blocks, unique) and the
+// fingerprint. `destinations` and `scatter` exclude each other; either needs
+// a lease and one entry per id; `reanchor` is empty or one per id; a
+// scatter list has 1..max_slices slices, each of length > 0, adding up to
+// at most max_block_bytes (that they add up to exactly the payload is
+// checked when the payload's size is known: LoadResponseSink::Prepare).
+absl::Status ValidateLoadCommand(const LoadCommand& command, const RequestLimits& limits);
+
+// The gRPC decoders: a request's fields into a command that points into
+// the request (which must outlive it). They check only what a command
+// cannot express: the batch size (before anything is built), a block's
+// payload case, the ids' bytes.
+absl::Status DecodeSaveRequest(const v1::SaveRequest& request, const RequestLimits& limits,
+                               SaveCommand* command);
+absl::Status DecodeLoadRequest(const v1::LoadRequest& request, const RequestLimits& limits,
+                               LoadCommand* command);
+
+// Decode, then validate (for tests and fuzzing: the service does both).
 absl::Status ValidateSaveRequest(const v1::SaveRequest& request,
                                  const RequestLimits& limits);
-
-// ValidateLoadRequest checks the ids (1..max_batch_blocks, unique) and the
-// fingerprint, and returns the parsed ids. `destinations` and `scatter`
-// exclude each other; either needs lease_id and one entry per id; a scatter
-// list has 1..max_slices slices, each of length > 0, adding up to at most
-// max_block_bytes (that they add up to exactly the payload is checked when
-// the payload's size is known: LoadResponseSink::Prepare).
 absl::StatusOr<std::vector<BlockId>> ValidateLoadRequest(
     const v1::LoadRequest& request, const RequestLimits& limits);
 

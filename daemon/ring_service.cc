@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
-#include "daemon/kvtier_service.h"
+#include "daemon/storage_mapping.h"
 #include "evoke/v1/kvtier.pb.h"
 
 namespace evoke {
@@ -20,16 +20,28 @@ constexpr size_t kMaxCombined = 256;
 
 class ServiceRingHandler final : public RingHandler {
  public:
-  ServiceRingHandler(KvTierService* service, std::shared_ptr<const Caller> caller,
-                     const Lease& lease, uint64_t region_id, const LeaseManager* leases)
+  ServiceRingHandler(BlockService* service, RpcMetrics* metrics,
+                     std::shared_ptr<const Caller> caller, const Lease& lease,
+                     uint64_t region_id)
       : service_(service),
+        metrics_(metrics),
         caller_(std::move(caller)),
         lease_(lease),
-        lease_bytes_(lease.id.ToBytes()),
         region_id_(region_id),
-        leases_(leases) {}
+        regions_(lease.id, service->leases()) {}
 
   void Execute(absl::Span<const RingRequest> requests, absl::Span<RingResult> results) override {
+    // Once per submission: the lease is still open (and used), and the
+    // regions kept resolved are still the lease's.
+    absl::StatusOr<uint64_t> removed = service_->leases()->Touch(lease_.id);
+    if (!removed.ok()) {
+      for (RingResult& r : results) r.status = removed.status();
+      return;
+    }
+    if (*removed != regions_removed_) {
+      regions_.Drop();
+      regions_removed_ = *removed;
+    }
     size_t i = 0;
     while (i < requests.size()) {
       size_t j = i + 1;
@@ -45,7 +57,11 @@ class ServiceRingHandler final : public RingHandler {
     }
   }
 
-  bool Alive() override { return leases_->HasRegion(lease_.id, region_id_); }
+  bool Alive() override {
+    if (service_->leases()->HasRegion(lease_.id, region_id_)) return true;
+    regions_.Drop();  // The ring stops: the regions unmap now, not when it is reaped.
+    return false;
+  }
 
  private:
   static bool Compatible(const ring::RingSqe& a, const ring::RingSqe& b, absl::string_view ma,
@@ -58,7 +74,7 @@ class ServiceRingHandler final : public RingHandler {
     return ma == mb;
   }
 
-  // Run runs entries as one request; when that fails and they are several,
+  // Run runs entries as one command; when that fails and they are several,
   // each runs again alone so that each gets its own status.
   void Run(absl::Span<const RingRequest> requests, absl::Span<RingResult> results, bool alone) {
     absl::Status s = requests[0].sqe.opcode == ring::kOpSave ? RunSaves(requests, results)
@@ -80,58 +96,64 @@ class ServiceRingHandler final : public RingHandler {
   // Record counts each entry of a batch as one call of "ring.Save" or
   // "ring.Load" with its own status and the batch's time.
   void Record(uint8_t opcode, absl::Span<const RingResult> results, double seconds) {
-    RpcMetrics* const metrics = service_->rpc_metrics();
-    if (metrics == nullptr) return;
-    const int method = opcode == ring::kOpSave ? metrics->ring_save() : metrics->ring_load();
+    if (metrics_ == nullptr) return;
+    const int method = opcode == ring::kOpSave ? metrics_->ring_save() : metrics_->ring_load();
     for (const RingResult& r : results) {
-      metrics->Record(method, static_cast<int>(r.status.code()), seconds);
+      metrics_->Record(method, static_cast<int>(r.status.code()), seconds);
     }
   }
 
-  static void FillSlice(const ring::RingSlice& from, v1::RegionSlice* to) {
-    to->set_region_id(from.region_id);
-    to->set_offset(from.offset);
-    to->set_length(from.length);
+  static SliceRef ToSlice(const ring::RingSlice& from) {
+    return SliceRef{from.region_id, from.offset, from.length};
   }
 
-  // RunSaves stores the entries as one SaveRequest. Entries whose arguments
+  static void ToSlices(absl::Span<const ring::RingSlice> from, std::vector<SliceRef>* to) {
+    to->clear();
+    for (const ring::RingSlice& slice : from) to->push_back(ToSlice(slice));
+  }
+
+  // RunSaves stores the entries as one SaveCommand. Entries whose arguments
   // do not parse get their own INVALID_ARGUMENT and are left out. Returns
-  // the request's error (results untouched then, but for those entries).
+  // the command's error (results untouched then, but for those entries).
   absl::Status RunSaves(absl::Span<const RingRequest> requests, absl::Span<RingResult> results) {
-    save_.Clear();
-    save_.set_lease_id(lease_bytes_);
-    save_.set_durable((requests[0].sqe.flags & ring::kSaveDurable) != 0);
+    save_.lease = LeaseRef{{}, &lease_};
+    save_.regions = &regions_;
+    save_.durable = (requests[0].sqe.flags & ring::kSaveDurable) != 0;
+    if (metas_.size() < requests.size()) metas_.resize(requests.size());
+    save_.blocks.resize(requests.size());  // Keeps the gather lists' memory.
     index_.clear();
+    size_t n = 0;
     for (size_t k = 0; k < requests.size(); ++k) {
       const RingRequest& r = requests[k];
-      v1::SaveBlock* block = save_.add_blocks();
-      if (!block->mutable_meta()->ParseFromArray(r.meta.data(), static_cast<int>(r.meta.size()))) {
-        save_.mutable_blocks()->RemoveLast();
+      v1::BlockMeta& meta = metas_[n];
+      if (!meta.ParseFromArray(r.meta.data(), static_cast<int>(r.meta.size()))) {
         results[k].status = absl::InvalidArgumentError(
             "sqe arguments: are not a serialized evoke.v1.BlockMeta (meta_len bytes)");
         continue;
       }
+      SaveCommandBlock& block = save_.blocks[n];
+      block.meta = &meta;
+      block.pin = (r.sqe.flags & ring::kSavePin) != 0;
       if (r.slices.empty()) {
-        FillSlice(r.sqe.slice, block->mutable_region());
+        block.payload.kind = PayloadRef::Kind::kRegion;
+        block.payload.region = ToSlice(r.sqe.slice);
       } else {
-        v1::RegionSlices* gather = block->mutable_gather();
-        for (const ring::RingSlice& slice : r.slices) FillSlice(slice, gather->add_slices());
+        block.payload.kind = PayloadRef::Kind::kGather;
+        ToSlices(r.slices, &block.payload.gather);
       }
-      block->set_pin((r.sqe.flags & ring::kSavePin) != 0);
       index_.push_back(k);
+      ++n;
     }
-    if (index_.empty()) return absl::OkStatus();
-    save_response_.Clear();
+    if (n == 0) return absl::OkStatus();
+    save_.blocks.resize(n);
     // The TierManager bounds the wait for room (--save-wait-ms).
-    EVOKE_RETURN_IF_ERROR(
-        service_->DoSave(*caller_, save_, absl::InfiniteFuture(), &save_response_));
-    for (size_t n = 0; n < index_.size(); ++n) {
-      const v1::SaveResult& saved = save_response_.results(static_cast<int>(n));
-      RingResult& out = results[index_[n]];
-      out.checksum = saved.checksum();
-      out.tier = static_cast<uint32_t>(saved.tier());
-      out.payload_bytes = PayloadLength(save_.blocks(static_cast<int>(n)));
-      if (saved.deduplicated()) out.flags |= ring::kCqeDeduplicated;
+    EVOKE_ASSIGN_OR_RETURN(std::vector<SavedBlock> saved, service_->Save(*caller_, save_));
+    for (size_t b = 0; b < n; ++b) {
+      RingResult& out = results[index_[b]];
+      out.checksum = saved[b].checksum;
+      out.tier = static_cast<uint32_t>(ToProto(saved[b].location));
+      out.payload_bytes = save_.blocks[b].payload.Length();
+      if (saved[b].deduplicated) out.flags |= ring::kCqeDeduplicated;
     }
     return absl::OkStatus();
   }
@@ -150,51 +172,59 @@ class ServiceRingHandler final : public RingHandler {
       }
       fingerprint_bytes_.assign(fp_bytes.data(), fp_bytes.size());
     }
-    load_.Clear();
-    load_.set_lease_id(lease_bytes_);
-    *load_.mutable_fingerprint() = fingerprint_;
+    load_.lease = LeaseRef{{}, &lease_};
+    load_.regions = &regions_;
+    load_.fingerprint = &fingerprint_;
+    load_.ids.clear();
+    load_.destinations.clear();
+    load_.reanchor.clear();
+    const bool scatter = !requests[0].slices.empty();  // The same for the batch.
+    load_.scatter.resize(scatter ? requests.size() : 0);
     bool reanchor = false;
     for (const RingRequest& r : requests) reanchor |= (r.sqe.flags & ring::kLoadReanchor) != 0;
-    for (const RingRequest& r : requests) {
-      load_.add_ids(reinterpret_cast<const char*>(r.sqe.id), sizeof(r.sqe.id));
-      if (r.slices.empty()) {
-        FillSlice(r.sqe.slice, load_.add_destinations());
+    for (size_t k = 0; k < requests.size(); ++k) {
+      const RingRequest& r = requests[k];
+      // Sixteen bytes always parse.
+      load_.ids.push_back(*BlockId::FromBytes(
+          absl::string_view(reinterpret_cast<const char*>(r.sqe.id), sizeof(r.sqe.id))));
+      if (scatter) {
+        ToSlices(r.slices, &load_.scatter[k]);
       } else {
-        v1::RegionSlices* scatter = load_.add_scatter();
-        for (const ring::RingSlice& slice : r.slices) FillSlice(slice, scatter->add_slices());
+        load_.destinations.push_back(ToSlice(r.sqe.slice));
       }
       if (reanchor) {
-        v1::Reanchor* re = load_.add_reanchor();
-        if ((r.sqe.flags & ring::kLoadReanchor) != 0) re->set_first_position(r.sqe.first_position);
+        ReanchorRef re;
+        if ((r.sqe.flags & ring::kLoadReanchor) != 0) re.first_position = r.sqe.first_position;
+        load_.reanchor.push_back(re);
       }
     }
-    load_response_.Clear();
-    EVOKE_RETURN_IF_ERROR(service_->DoLoad(*caller_, load_, &load_response_));
+    EVOKE_RETURN_IF_ERROR(service_->Load(*caller_, load_, /*inline_out=*/nullptr, &loaded_));
     for (size_t k = 0; k < requests.size(); ++k) {
-      const v1::LoadedBlock& block = load_response_.blocks(static_cast<int>(k));
+      const v1::BlockMeta& meta = loaded_.metas[k];
       RingResult& out = results[k];
-      out.checksum = block.meta().checksum();
-      out.payload_bytes = block.meta().payload_bytes();
-      out.tier = static_cast<uint32_t>(block.served_from());
-      if ((requests[k].sqe.flags & ring::kLoadWantMeta) != 0) {
-        block.meta().SerializeToString(&out.meta);
-      }
+      out.checksum = meta.checksum();
+      out.payload_bytes = meta.payload_bytes();
+      out.tier = static_cast<uint32_t>(ToProto(loaded_.infos[k].served_from));
+      if ((requests[k].sqe.flags & ring::kLoadWantMeta) != 0) meta.SerializeToString(&out.meta);
     }
     return absl::OkStatus();
   }
 
-  KvTierService* const service_;
+  BlockService* const service_;
+  RpcMetrics* const metrics_;
   const std::shared_ptr<const Caller> caller_;
   const Lease lease_;
-  const std::string lease_bytes_;
   const uint64_t region_id_;
-  const LeaseManager* const leases_;
+  // The regions entries name, kept mapped from one submission to the next
+  // until the lease has a region removed (regions_removed_ changes).
+  LeaseRegions regions_;
+  uint64_t regions_removed_ = 0;
   // Reused from one batch to the next (their memory with them).
-  v1::SaveRequest save_;
-  v1::SaveResponse save_response_;
-  v1::LoadRequest load_;
-  v1::LoadResponse load_response_;
+  SaveCommand save_;
+  std::vector<v1::BlockMeta> metas_;
   std::vector<size_t> index_;
+  LoadCommand load_;
+  LoadResult loaded_;
   bool has_fingerprint_ = false;
   std::string fingerprint_bytes_;
   v1::LayoutFingerprint fingerprint_;
@@ -202,12 +232,11 @@ class ServiceRingHandler final : public RingHandler {
 
 }  // namespace
 
-std::unique_ptr<RingHandler> MakeServiceRingHandler(KvTierService* service,
+std::unique_ptr<RingHandler> MakeServiceRingHandler(BlockService* service, RpcMetrics* metrics,
                                                     std::shared_ptr<const Caller> caller,
-                                                    const Lease& lease, uint64_t region_id,
-                                                    const LeaseManager* leases) {
-  return std::make_unique<ServiceRingHandler>(service, std::move(caller), lease, region_id,
-                                              leases);
+                                                    const Lease& lease, uint64_t region_id) {
+  return std::make_unique<ServiceRingHandler>(service, metrics, std::move(caller), lease,
+                                              region_id);
 }
 
 }  // namespace evoke

@@ -1,6 +1,6 @@
 // fuzz_ring_service: the daemon's real RingHandler (daemon/ring_service.cc,
-// MakeServiceRingHandler), which runs each ring submission a client wrote
-// through the Save and Load bodies of the KvTierService. fuzz_ring covers the
+// MakeServiceRingHandler), which decodes each ring submission a client wrote
+// into a command and runs it on the BlockService, as evoked does. fuzz_ring covers the
 // ring itself (indices, headers, wake words) with a fake handler; this target
 // covers what the entries ask for, against the real service, TierManager,
 // leases and a shared-memory region, in process.
@@ -39,8 +39,7 @@
 #include "common/checksum.h"
 #include "common/ring_format.h"
 #include "daemon/access_policy.h"
-#include "daemon/executor.h"
-#include "daemon/kvtier_service.h"
+#include "daemon/block_service.h"
 #include "daemon/lease_manager.h"
 #include "daemon/payload_paths.h"
 #include "daemon/ring_server.h"
@@ -49,7 +48,6 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/fuzz_engine.h"
 #include "google/protobuf/stubs/logging.h"
-#include "recovery/recovery_index.h"
 #include "testing/host_device_copier.h"
 #include "testing/memory_tier.h"
 
@@ -62,12 +60,10 @@ constexpr uint64_t kRegionBytes = 64 << 10;
 // one shared-memory region.
 struct Daemon {
   testing::HostDevices gpus{1};
-  RecoveryIndex recovery;
   std::unique_ptr<TierManager> tiers;
   std::unique_ptr<LeaseManager> leases;
   std::unique_ptr<DeviceCopiers> copiers;
-  std::unique_ptr<Executor> executor;
-  std::unique_ptr<KvTierService> service;
+  std::unique_ptr<BlockService> service;
   Lease lease;
   uint64_t region_id = 0;
   uint8_t* region = nullptr;  // The client's mapping of the same memfd.
@@ -80,12 +76,8 @@ struct Daemon {
     tiers = fuzz::OpenMemoryEngine(tier_options, std::make_unique<testing::MemoryTier>());
     leases = std::make_unique<LeaseManager>(LeaseManagerOptions(), tiers.get());
     copiers = std::make_unique<DeviceCopiers>(&gpus);
-    executor = std::make_unique<Executor>(1);
-    KvTierServiceOptions options;
-    options.version = "fuzz";
-    options.data_dir = "(memory)";
-    service = std::make_unique<KvTierService>(tiers.get(), executor.get(), leases.get(),
-                                              copiers.get(), &recovery, options);
+    service = std::make_unique<BlockService>(tiers.get(), leases.get(), copiers.get(),
+                                             BlockServiceOptions());
     absl::StatusOr<Lease> l = leases->Grant("fuzz");
     FUZZ_CHECK(l.ok());
     lease = *l;
@@ -107,7 +99,8 @@ struct Daemon {
     me.gid = getegid();
     absl::StatusOr<std::shared_ptr<const Caller>> caller = policy.ForPeer(me);
     FUZZ_CHECK(caller.ok());
-    handler = MakeServiceRingHandler(service.get(), *caller, lease, region_id, leases.get());
+    handler = MakeServiceRingHandler(service.get(), /*metrics=*/nullptr, *caller, lease,
+                                     region_id);
   }
 };
 

@@ -1036,10 +1036,12 @@ TEST_F(KvTierServiceInProcessTest, ScatterSinkVerifiesDeliveredBytes) {
       request.add_ids(meta.id());
       *request.add_scatter() = PageSlices(region, pages);
       if (reanchor) request.add_reanchor()->set_first_position(500);
-      v1::LoadResponse response;
+      LoadCommand command;
+      ASSERT_OK(DecodeLoadRequest(request, RequestLimits(), &command));
+      LeaseRegions regions(lease_.id, leases_.get());
       ASSERT_OK_AND_ASSIGN(std::unique_ptr<LoadResponseSink> sink,
-                           LoadResponseSink::Create(request, &response, 1 << 20, lease_,
-                                                    *leases_, copiers_.get()));
+                           LoadResponseSink::Create(command, /*inline_out=*/nullptr, 1 << 20,
+                                                    &regions, copiers_.get()));
       ASSERT_OK(sink->Prepare({meta}));
       EXPECT_EQ(sink->HostDestination(0), nullptr);
       EXPECT_TRUE(sink->VerifiesDeliveries());
@@ -1047,8 +1049,8 @@ TEST_F(KvTierServiceInProcessTest, ScatterSinkVerifiesDeliveredBytes) {
                                 kBlockBytes, checksum),
                   StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ids[0]: the payload fails")));
       // The good bytes go through.
-      ASSERT_OK_AND_ASSIGN(sink, LoadResponseSink::Create(request, &response, 1 << 20, lease_,
-                                                          *leases_, copiers_.get()));
+      ASSERT_OK_AND_ASSIGN(sink, LoadResponseSink::Create(command, /*inline_out=*/nullptr,
+                                                          1 << 20, &regions, copiers_.get()));
       ASSERT_OK(sink->Prepare({meta}));
       ASSERT_OK(sink->Deliver(0, reinterpret_cast<const uint8_t*>(payload.data()),
                               kBlockBytes, checksum));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/fd_passing.h"
 #include "common/futex.h"
@@ -316,6 +317,33 @@ ring::RingGeometry SmallGeometry() {
   g.arg_bytes = 1024;
   g.msg_bytes = 256;
   return g;
+}
+
+// The ring's handler keeps the regions its entries name resolved from one
+// submission to the next; a region the client unregisters is refused on the
+// next entry that names it, and the others keep serving.
+TEST_F(RingTest, AnUnregisteredRegionIsRefusedOnTheNextEntry) {
+  ASSERT_OK_AND_ASSIGN(auto keep, client_->CreateSharedRegion(1 << 20));
+  ASSERT_OK_AND_ASSIGN(auto gone, client_->CreateSharedRegion(1 << 20));
+  ASSERT_TRUE(client_->has_ring());
+  const TestBlock a = SessionBlock("unregistered", 0, 8);
+  const TestBlock b = SessionBlock("unregistered", 1, 8);
+  const uint64_t n = a.payload.size();
+  std::memcpy(keep->data(), a.payload.data(), n);
+  std::memcpy(gone->data(), b.payload.data(), n);
+  ASSERT_OK(client_->Save({BlockToSave(a.meta, keep->Slice(0, n)),
+                           BlockToSave(b.meta, gone->Slice(0, n))})
+                .status());
+  const v1::RegionSlice stale = gone->Slice(65536, 65536);
+  ASSERT_OK(client_->UnregisterRegion(stale.region_id()));
+  ASSERT_OK_AND_ASSIGN(uint64_t t, client_->SubmitLoad(b.id(), SmallFingerprint(), {stale}));
+  ASSERT_OK_AND_ASSIGN(RingCompletion c, client_->Wait(t));
+  EXPECT_THAT(c.status, StatusIs(absl::StatusCode::kNotFound,
+                                 HasSubstr(absl::StrCat("region ", stale.region_id()))));
+  ASSERT_OK_AND_ASSIGN(std::vector<LoadedBlock> loaded,
+                       client_->LoadInto({a.id()}, SmallFingerprint(), {keep->Slice(65536, n)}));
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(std::memcmp(keep->data() + 65536, a.payload.data(), n), 0);
 }
 
 TEST_F(RingTest, AttachRefusesBadHeadersNamingTheField) {
