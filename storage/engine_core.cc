@@ -8,11 +8,6 @@
 #include "common/log.h"
 
 namespace evoke {
-namespace {
-
-std::string Name(const BlockId& id) { return absl::StrCat("block ", id.ToHex()); }
-
-}  // namespace
 
 EngineCore::EngineCore(const TierManagerOptions& opts, std::unique_ptr<PinnedArena> arena,
                        std::unique_ptr<Tier> disk_tier)
@@ -51,16 +46,16 @@ absl::Status EngineCore::ReadFromDisk(const BlockId& id, uint64_t checksum,
             record.meta().payload_bytes() != payload_bytes) {
           // The copy belongs to another version of this id (deleted and
           // saved again while we read).
-          return absl::NotFoundError(absl::StrCat(Name(id), " changed while being read; retry"));
+          return absl::NotFoundError(absl::StrCat(BlockName(id), " changed while being read; retry"));
         }
         if (payload.size() != payload_bytes) {
-          return absl::DataLossError(absl::StrCat(Name(id), ": disk payload is ",
+          return absl::DataLossError(absl::StrCat(BlockName(id), ": disk payload is ",
                                                   payload.size(), " bytes, expected ",
                                                   payload_bytes));
         }
         const uint64_t got = copier.CopyHashingSource(dest, payload.data(), payload.size());
         if (got != checksum) {
-          return absl::DataLossError(absl::StrCat(Name(id),
+          return absl::DataLossError(absl::StrCat(BlockName(id),
                                                   ": disk copy fails its checksum (stored ",
                                                   absl::Hex(checksum), ", read ", absl::Hex(got),
                                                   ")"));

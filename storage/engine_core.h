@@ -6,10 +6,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -23,6 +25,9 @@
 #include "storage/tier_manager.h"
 
 namespace evoke {
+
+// "block <hex id>", as errors and logs name a block.
+inline std::string BlockName(const BlockId& id) { return absl::StrCat("block ", id.ToHex()); }
 
 // Locks: disk_mu before mu. `mu` guards the index and the counters and is
 // never held across I/O or a payload copy. `disk_mu` serializes every

@@ -15,11 +15,6 @@
 #include "storage/tier_manager_impl.h"
 
 namespace evoke {
-namespace {
-
-std::string Name(const BlockId& id) { return absl::StrCat("block ", id.ToHex()); }
-
-}  // namespace
 
 std::vector<size_t> TierManagerImpl::RemoteMisses(absl::Span<const BlockId> ids,
                                                   const v1::LayoutFingerprint& fingerprint,
@@ -61,7 +56,7 @@ absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
         if (end > k) break;  // The blocks before it first.
         remote->CountRefusedRecord();
         return ItemError(absl::StatusCode::kFailedPrecondition, which[end], ItemPart::kId,
-                         absl::StrCat(Name(ids[which[end]]), ": its remote copy (",
+                         absl::StrCat(BlockName(ids[which[end]]), ": its remote copy (",
                                       FormatByteSize(size), ") is larger than this host's "
                                       "--max-block-bytes (", FormatByteSize(max_bytes),
                                       "); left in place"));
@@ -108,24 +103,24 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
         ++core_.counters.misses;
         // The same answer as for a block no tier holds.
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), " not found"));
+                         absl::StrCat(BlockName(ids[i]), " not found"));
       }
       case absl::StatusCode::kUnavailable:
         return ItemError(absl::StatusCode::kUnavailable, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), " is not on this host, and the remote "
+                         absl::StrCat(BlockName(ids[i]), " is not on this host, and the remote "
                                       "tier that may hold it cannot be reached: ", s.message()));
       case absl::StatusCode::kDataLoss: {
         DropRemoteCopy(ns, ids[i], s);
         absl::MutexLock lock(&core_.mu);
         ++core_.counters.checksum_failures;
         return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), ": its remote copy was refused: ",
+                         absl::StrCat(BlockName(ids[i]), ": its remote copy was refused: ",
                                       s.message()));
       }
       case absl::StatusCode::kFailedPrecondition:  // Over the limit; never read.
         remote->CountRefusedRecord();
         return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), ": its remote copy is larger than this "
+                         absl::StrCat(BlockName(ids[i]), ": its remote copy is larger than this "
                                       "host's --max-block-bytes (left in place): ", s.message()));
       default:
         return WithItem(s, i, ItemPart::kId);
@@ -142,7 +137,7 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
       if (absl::Status limits = ValidateRecord(ids[i], meta); !limits.ok()) {
         remote->CountRefusedRecord();
         return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), ": its remote record is outside this "
+                         absl::StrCat(BlockName(ids[i]), ": its remote record is outside this "
                                       "host's limits (left in place): ", limits.message()));
       }
     }
@@ -152,12 +147,12 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
       absl::MutexLock lock(&core_.mu);
       ++core_.counters.checksum_failures;
       return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                       absl::StrCat(Name(ids[i]), ": its remote record was refused: ",
+                       absl::StrCat(BlockName(ids[i]), ": its remote record was refused: ",
                                     valid.message()));
     }
     if (DigestFingerprint(meta.fingerprint()) != expected) {
       return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kFingerprint,
-                       absl::StrCat(Name(ids[i]), " was saved with another layout: ",
+                       absl::StrCat(BlockName(ids[i]), " was saved with another layout: ",
                                     FingerprintMismatch(meta.fingerprint(), fingerprint)));
     }
     items.push_back(SaveItem{&meta, payloads[k].size(), /*pin=*/false, /*from_remote=*/true});
@@ -178,7 +173,7 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
     absl::MutexLock lock(&core_.mu);
     ++core_.counters.checksum_failures;
     return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                     absl::StrCat(Name(ids[i]), ": its remote copy fails its checksum and was "
+                     absl::StrCat(BlockName(ids[i]), ": its remote copy fails its checksum and was "
                                   "refused: ", s.message()));
   }
   return WithItem(s, i, ItemPart::kId);
@@ -192,7 +187,7 @@ void TierManagerImpl::DropRemoteCopy(absl::string_view ns, const BlockId& id,
   const BlockId ids[] = {id};
   const absl::Status removed = core_.options.remote->Remove(ns, ids);
   // Per request: at most one line a second (the count says how many).
-  EVOKE_LOG_ERROR_EVERY_N_SEC(1, "remote copy of ", Name(id), " in namespace '", ns,
+  EVOKE_LOG_ERROR_EVERY_N_SEC(1, "remote copy of ", BlockName(id), " in namespace '", ns,
                               "' refused: ", why.message(),
                               removed.ok() ? "; removed" : "; could not remove it: ",
                               removed.message());

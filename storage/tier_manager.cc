@@ -1,4 +1,5 @@
-// TierManagerImpl: orchestrates Save, Load, Pin, Verify and Flush over the
+// TierManagerImpl: orchestrates Save, Pin, Verify and Flush (Load is in
+// tier_load.cc, its tier-3 part in remote_fetch.cc) over the
 // BlockIndex (what is where), the HostTier (tier-1 reservations), the lower
 // Tier (tier 2) and the Spiller (room and budgets). Every payload is hashed
 // (xxHash3-64) by the engine itself on its own copy, at Save and on every
@@ -27,8 +28,6 @@
 
 namespace evoke {
 namespace {
-
-std::string Name(const BlockId& id) { return absl::StrCat("block ", id.ToHex()); }
 
 // The List walk gives the lock up after this many entries, so that a
 // filtered listing of a large index never stalls saves.
@@ -160,7 +159,7 @@ absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
         // lands here; deduplicating (or reviving a breadcrumb) across
         // namespaces would hand one tenant's bytes to another.
         return ItemError(absl::StatusCode::kAlreadyExists, i, ItemPart::kId,
-                         absl::StrCat(Name(p.id), " collides with a block of another namespace "
+                         absl::StrCat(BlockName(p.id), " collides with a block of another namespace "
                                                   "(a 128-bit id collision); not stored"));
       }
       p.fresh = e == nullptr || !e->bytes_available();
@@ -283,11 +282,11 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
     const IndexEntry* e = core_.index.FindGen(p.id, p.existing_gen);
     if (e == nullptr || !e->bytes_available()) {
       failure = ItemError(absl::StatusCode::kAborted, i, ItemPart::kId,
-                          absl::StrCat(Name(p.id), " was deleted or dropped during the save; retry"));
+                          absl::StrCat(BlockName(p.id), " was deleted or dropped during the save; retry"));
     } else if (p.existing_checksum != p.checksum &&
                items[i].meta->kind() == v1::BLOCK_KIND_SESSION) {
       failure = ItemError(absl::StatusCode::kAlreadyExists, i, ItemPart::kId,
-                          absl::StrCat("session ", Name(p.id),
+                          absl::StrCat("session ", BlockName(p.id),
                                        " is already stored with different content; Delete it first"));
     }
   }
@@ -379,7 +378,7 @@ absl::Status TierManagerImpl::WriteDurably(std::vector<SavePlan>& plans,
     if (e != nullptr && e->state == BlockState::kDirty) {
       // Write-back skipped it: its tier-1 copy failed verification meanwhile.
       return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kBlock,
-                       absl::StrCat(Name(plans[i].id),
+                       absl::StrCat(BlockName(plans[i].id),
                                     " failed its checksum in tier 1 before it reached disk"));
     }
     if (e != nullptr && e->state == BlockState::kSpilled) {
@@ -398,7 +397,7 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
     for (;;) {
       IndexEntry* e = core_.index.FindVisible(id);
       if (e == nullptr || !e->bytes_available()) {
-        return absl::NotFoundError(absl::StrCat(Name(id), " disappeared before it was pinned"));
+        return absl::NotFoundError(absl::StrCat(BlockName(id), " disappeared before it was pinned"));
       }
       if (e->in_ram()) {
         core_.index.AddPin(e, owner);
@@ -425,10 +424,10 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
     if (s.code() == absl::StatusCode::kDataLoss) ++core_.counters.checksum_failures;
     if (!s.ok()) return s;
     if (e == nullptr) {
-      return absl::NotFoundError(absl::StrCat(Name(id), " was deleted while being pinned"));
+      return absl::NotFoundError(absl::StrCat(BlockName(id), " was deleted while being pinned"));
     }
     if (!e->in_ram()) {
-      return absl::AbortedError(absl::StrCat(Name(id), " changed while being pinned; retry"));
+      return absl::AbortedError(absl::StrCat(BlockName(id), " changed while being pinned; retry"));
     }
     core_.index.AddPin(e, owner);  // Promoted by someone else meanwhile.
     return absl::OkStatus();
@@ -438,188 +437,6 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
   core_.index.Touch(e, core_.NowMs());
   ++core_.counters.promotions;
   return absl::OkStatus();
-}
-
-// ------------------------------------------------------------ Load
-
-absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
-                                   const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
-                                   std::vector<v1::BlockMeta>* metas,
-                                   std::vector<LoadedInfo>* infos,
-                                   const NamespaceScope* scope) {
-  EVOKE_RETURN_IF_ERROR(CheckOpen());
-  // Blocks only tier 3 may hold are fetched into tier 1 first; the Load
-  // then serves them like any other tier-1 block.
-  const std::vector<size_t> remote = RemoteMisses(ids, fingerprint, scope);
-  if (!remote.empty()) EVOKE_RETURN_IF_ERROR(FetchRemote(ids, remote, fingerprint));
-  EVOKE_RETURN_IF_ERROR(LoadLocal(ids, fingerprint, sink, metas, infos, scope));
-  for (size_t i : remote) (*infos)[i].served_from = BlockLocation::kRemote;
-  return absl::OkStatus();
-}
-
-absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
-                                        const v1::LayoutFingerprint& fingerprint,
-                                        LoadSink& sink, std::vector<v1::BlockMeta>* metas,
-                                        std::vector<LoadedInfo>* infos,
-                                        const NamespaceScope* scope) {
-  const FingerprintDigest expected = DigestFingerprint(fingerprint);
-  const size_t n = ids.size();
-  struct Plan {
-    uint64_t gen = 0, checksum = 0, bytes = 0;
-    bool on_disk = false;
-    IndexEntry* ram = nullptr;  // Tier-1 copy we hold a reader on.
-  };
-  std::vector<Plan> plan(n);
-  // Entries whose tier-1 bytes we hold a reader on, released at the end
-  // (after sink.Finish(), since Deliver's bytes must stay valid until then).
-  std::vector<IndexEntry*> held;
-  metas->assign(n, v1::BlockMeta());
-  infos->assign(n, LoadedInfo());
-  {
-    absl::MutexLock lock(&core_.mu);
-    for (size_t i = 0; i < n; ++i) {
-      const IndexEntry* e = FindFor(ids[i], scope);
-      if (e == nullptr || !e->bytes_available()) {
-        ++core_.counters.misses;
-        return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
-                         e == nullptr ? absl::StrCat(Name(ids[i]), " not found")
-                                      : absl::StrCat(Name(ids[i]),
-                                                     " has no bytes (breadcrumb: its payload was "
-                                                     "dropped past the spill budget or failed "
-                                                     "verification); re-prefill this span"));
-      }
-      if (e->fp_digest != expected) {
-        return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kFingerprint,
-                         absl::StrCat(Name(ids[i]), " was saved with another layout: ",
-                                      FingerprintMismatch(e->meta.fingerprint(), fingerprint)));
-      }
-    }
-    const int64_t now_ms = core_.NowMs();
-    for (size_t i = 0; i < n; ++i) {
-      IndexEntry* e = core_.index.FindVisible(ids[i]);
-      plan[i] = Plan{e->gen, e->checksum, e->payload_bytes, e->on_disk(), nullptr};
-      if (e->ram_readable()) {
-        core_.index.AddReader(e);
-        plan[i].ram = e;
-        held.push_back(e);
-      }
-      core_.index.Touch(e, now_ms);
-      (*metas)[i] = e->meta;
-      if (scope != nullptr && !scope->SeesTokensOf(e->meta)) (*metas)[i].clear_tokens();
-    }
-  }
-
-  absl::Status failure = sink.Prepare(*metas);
-  // Deliver-path copies of disk reads, under the staging budget; they live
-  // until Finish, or until the sink drains.
-  StagingBudget::Buffers staging(&core_.staging);
-  std::optional<absl::Time> staging_deadline;  // Set at the first staged block.
-  uint64_t hits1 = 0, hits2 = 0;
-  std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
-  for (size_t i = 0; i < n && failure.ok(); ++i) {
-    const Plan& p = plan[i];
-    uint8_t* dest = sink.HostDestination(i);
-    if (p.ram != nullptr) {
-      const uint8_t* bytes = p.ram->ram.data();
-      const bool sink_verifies = dest == nullptr && sink.VerifiesDeliveries();
-      const uint64_t got = sink_verifies     ? p.checksum
-                           : dest != nullptr ? core_.copier.CopyHashingSource(dest, bytes, p.bytes)
-                                             : core_.copier.Checksum(bytes, p.bytes);
-      if (got == p.checksum) {
-        failure = dest == nullptr ? sink.Deliver(i, bytes, p.bytes, p.checksum)
-                                  : sink.AfterHostCopy(i, dest, p.bytes);
-        (*infos)[i].served_from = BlockLocation::kHost;
-        ++hits1;
-        continue;
-      }
-      absl::MutexLock lock(&core_.mu);
-      ++core_.counters.checksum_failures;
-      core_.index.Quarantine(p.ram);
-      if (!p.on_disk) {
-        failure = ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                            absl::StrCat(Name(ids[i]),
-                                         " failed its checksum in tier 1 and has no other copy"));
-        break;
-      }
-    }
-    // From tier 2: into the destination, or (Deliver path) into a promotion
-    // reservation or a staging buffer that lives until Finish.
-    // A block whose tier-1 copy just failed is still in tier 1 (we hold a
-    // reader): read it through a staging buffer, not a promotion.
-    std::optional<ArenaReservation> promote;
-    if (p.ram == nullptr) promote = core_.host.ReserveBelow(p.bytes, core_.high_bytes);
-    uint8_t* target = dest;
-    if (target == nullptr) {
-      if (promote) {
-        target = promote->data();
-      } else {
-        if (!staging_deadline) staging_deadline = absl::Now() + core_.options.max_wait_for_room;
-        absl::StatusOr<uint8_t*> buffer =
-            staging.Take(p.bytes, *staging_deadline, [&sink] { return sink.Drain(); });
-        if (!buffer.ok()) {
-          failure = WithItem(buffer.status(), i, ItemPart::kId);
-          break;
-        }
-        target = *buffer;
-      }
-    }
-    absl::Status s =
-        core_.ReadFromDisk(ids[i], p.checksum, p.bytes, target, promote ? promote->data() : nullptr);
-    if (!s.ok()) {
-      promote.reset();
-      if (s.code() == absl::StatusCode::kDataLoss) {
-        {
-          absl::MutexLock lock(&core_.mu);
-          ++core_.counters.checksum_failures;
-        }
-        absl::MutexLock disk(&core_.disk_mu);
-        core_.QuarantineDisk(ids[i], p.gen);
-      } else if (s.code() == absl::StatusCode::kNotFound) {
-        absl::MutexLock lock(&core_.mu);
-        ++core_.counters.misses;
-      }
-      failure = WithItem(s, i, ItemPart::kId);
-      break;
-    }
-    ++hits2;
-    (*infos)[i].served_from = BlockLocation::kDisk;
-    if (promote) {
-      // Hold the promoted copy when the sink reads it at Finish.
-      IndexEntry* e = core_.CommitPromotion(ids[i], p.gen, std::move(*promote), dest == nullptr);
-      if (e != nullptr) {
-        held.push_back(e);
-        target = e->ram.data();  // Ours, or another Load's promotion of the same bytes.
-      } else if (dest == nullptr) {
-        // The block changed meanwhile and the reservation was freed.
-        failure = ItemError(absl::StatusCode::kAborted, i, ItemPart::kId,
-                            absl::StrCat(Name(ids[i]), " changed during the load; retry"));
-        break;
-      }
-    }
-    failure = dest == nullptr ? sink.Deliver(i, target, p.bytes, p.checksum)
-                              : sink.AfterHostCopy(i, dest, p.bytes);
-  }
-  if (failure.ok()) failure = sink.Finish();
-  copying.reset();
-  if (failure.code() == absl::StatusCode::kDataLoss && sink.VerifiesDeliveries()) {
-    PhaseTimer checking(Phase::kChecksum);
-    // A delivery failed its check where it landed: find the tier-1 copies
-    // that are bad (if any) and drop them.
-    for (const Plan& p : plan) {
-      if (p.ram == nullptr || core_.copier.Checksum(p.ram->ram.data(), p.bytes) == p.checksum) {
-        continue;
-      }
-      absl::MutexLock lock(&core_.mu);
-      ++core_.counters.checksum_failures;
-      core_.index.Quarantine(p.ram);
-    }
-  }
-  absl::MutexLock lock(&core_.mu);
-  for (IndexEntry* e : held) core_.index.ReleaseReader(e);
-  core_.counters.hits_tier1 += hits1;
-  core_.counters.hits_tier2 += hits2;
-  if (failure.ok()) core_.counters.loads += n;
-  return failure;
 }
 
 // ------------------------------------------------------------ small calls
@@ -689,7 +506,7 @@ absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids,
       if (FindFor(ids[i], scope) == nullptr &&
           !(sees_all && core_.invalid_records.contains(ids[i]))) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), " not found; nothing deleted"));
+                         absl::StrCat(BlockName(ids[i]), " not found; nothing deleted"));
       }
     }
   }
@@ -760,7 +577,7 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
       const IndexEntry* e = FindFor(ids[i], scope);
       if (e == nullptr || !e->bytes_available()) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
-                         absl::StrCat(Name(ids[i]), e == nullptr ? " not found"
+                         absl::StrCat(BlockName(ids[i]), e == nullptr ? " not found"
                                                                  : " has no bytes (breadcrumb)"));
       }
     }
@@ -807,11 +624,11 @@ absl::Status TierManagerImpl::Unpin(absl::Span<const BlockId> ids, PinOwner owne
     const IndexEntry* e = FindFor(ids[i], scope);
     if (e == nullptr) {
       return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
-                       absl::StrCat(Name(ids[i]), " not found"));
+                       absl::StrCat(BlockName(ids[i]), " not found"));
     }
     if (++asked[ids[i]] > core_.index.PinsOf(*e, owner)) {
       return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
-                       absl::StrCat(Name(ids[i]), " is not pinned by this lease"));
+                       absl::StrCat(BlockName(ids[i]), " is not pinned by this lease"));
     }
   }
   for (const BlockId& id : ids) {
@@ -838,7 +655,7 @@ absl::StatusOr<BlockInfo> TierManagerImpl::Describe(const BlockId& id,
   const IndexEntry* e = FindFor(id, scope);
   if (e == nullptr) {
     return ItemError(absl::StatusCode::kNotFound, 0, ItemPart::kId,
-                     absl::StrCat(Name(id), " not found"));
+                     absl::StrCat(BlockName(id), " not found"));
   }
   BlockInfo info = BlockIndex::Info(*e);
   if (scope != nullptr && !scope->SeesTokensOf(info.meta)) info.meta.clear_tokens();

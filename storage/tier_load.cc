@@ -1,0 +1,202 @@
+// TierManagerImpl::Load: serves blocks from tier 1 or tier 2 into a sink,
+// each payload verified against its checksum as it is read (the engine's own
+// copy, never the sink's memory); blocks only tier 3 may hold are fetched
+// first (remote_fetch.cc). The rest of the engine is in tier_manager.cc.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/failpoint.h"
+#include "common/fingerprint.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "storage/tier_manager_impl.h"
+
+namespace evoke {
+
+absl::Status TierManagerImpl::Load(absl::Span<const BlockId> ids,
+                                   const v1::LayoutFingerprint& fingerprint, LoadSink& sink,
+                                   std::vector<v1::BlockMeta>* metas,
+                                   std::vector<LoadedInfo>* infos,
+                                   const NamespaceScope* scope) {
+  EVOKE_RETURN_IF_ERROR(CheckOpen());
+  // Blocks only tier 3 may hold are fetched into tier 1 first; the Load
+  // then serves them like any other tier-1 block.
+  const std::vector<size_t> remote = RemoteMisses(ids, fingerprint, scope);
+  if (!remote.empty()) EVOKE_RETURN_IF_ERROR(FetchRemote(ids, remote, fingerprint));
+  EVOKE_RETURN_IF_ERROR(LoadLocal(ids, fingerprint, sink, metas, infos, scope));
+  for (size_t i : remote) (*infos)[i].served_from = BlockLocation::kRemote;
+  return absl::OkStatus();
+}
+
+absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
+                                        const v1::LayoutFingerprint& fingerprint,
+                                        LoadSink& sink, std::vector<v1::BlockMeta>* metas,
+                                        std::vector<LoadedInfo>* infos,
+                                        const NamespaceScope* scope) {
+  const FingerprintDigest expected = DigestFingerprint(fingerprint);
+  const size_t n = ids.size();
+  struct Plan {
+    uint64_t gen = 0, checksum = 0, bytes = 0;
+    bool on_disk = false;
+    IndexEntry* ram = nullptr;  // Tier-1 copy we hold a reader on.
+  };
+  std::vector<Plan> plan(n);
+  // Entries whose tier-1 bytes we hold a reader on, released at the end
+  // (after sink.Finish(), since Deliver's bytes must stay valid until then).
+  std::vector<IndexEntry*> held;
+  metas->assign(n, v1::BlockMeta());
+  infos->assign(n, LoadedInfo());
+  {
+    absl::MutexLock lock(&core_.mu);
+    for (size_t i = 0; i < n; ++i) {
+      const IndexEntry* e = FindFor(ids[i], scope);
+      if (e == nullptr || !e->bytes_available()) {
+        ++core_.counters.misses;
+        return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
+                         e == nullptr ? absl::StrCat(BlockName(ids[i]), " not found")
+                                      : absl::StrCat(BlockName(ids[i]),
+                                                     " has no bytes (breadcrumb: its payload was "
+                                                     "dropped past the spill budget or failed "
+                                                     "verification); re-prefill this span"));
+      }
+      if (e->fp_digest != expected) {
+        return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kFingerprint,
+                         absl::StrCat(BlockName(ids[i]), " was saved with another layout: ",
+                                      FingerprintMismatch(e->meta.fingerprint(), fingerprint)));
+      }
+    }
+    const int64_t now_ms = core_.NowMs();
+    for (size_t i = 0; i < n; ++i) {
+      IndexEntry* e = core_.index.FindVisible(ids[i]);
+      plan[i] = Plan{e->gen, e->checksum, e->payload_bytes, e->on_disk(), nullptr};
+      if (e->ram_readable()) {
+        core_.index.AddReader(e);
+        plan[i].ram = e;
+        held.push_back(e);
+      }
+      core_.index.Touch(e, now_ms);
+      (*metas)[i] = e->meta;
+      if (scope != nullptr && !scope->SeesTokensOf(e->meta)) (*metas)[i].clear_tokens();
+    }
+  }
+
+  absl::Status failure = sink.Prepare(*metas);
+  // Deliver-path copies of disk reads, under the staging budget; they live
+  // until Finish, or until the sink drains.
+  StagingBudget::Buffers staging(&core_.staging);
+  std::optional<absl::Time> staging_deadline;  // Set at the first staged block.
+  uint64_t hits1 = 0, hits2 = 0;
+  std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
+  for (size_t i = 0; i < n && failure.ok(); ++i) {
+    const Plan& p = plan[i];
+    uint8_t* dest = sink.HostDestination(i);
+    if (p.ram != nullptr) {
+      const uint8_t* bytes = p.ram->ram.data();
+      const bool sink_verifies = dest == nullptr && sink.VerifiesDeliveries();
+      const uint64_t got = sink_verifies     ? p.checksum
+                           : dest != nullptr ? core_.copier.CopyHashingSource(dest, bytes, p.bytes)
+                                             : core_.copier.Checksum(bytes, p.bytes);
+      if (got == p.checksum) {
+        failure = dest == nullptr ? sink.Deliver(i, bytes, p.bytes, p.checksum)
+                                  : sink.AfterHostCopy(i, dest, p.bytes);
+        (*infos)[i].served_from = BlockLocation::kHost;
+        ++hits1;
+        continue;
+      }
+      absl::MutexLock lock(&core_.mu);
+      ++core_.counters.checksum_failures;
+      core_.index.Quarantine(p.ram);
+      if (!p.on_disk) {
+        failure = ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
+                            absl::StrCat(BlockName(ids[i]),
+                                         " failed its checksum in tier 1 and has no other copy"));
+        break;
+      }
+    }
+    // From tier 2: into the destination, or (Deliver path) into a promotion
+    // reservation or a staging buffer that lives until Finish.
+    // A block whose tier-1 copy just failed is still in tier 1 (we hold a
+    // reader): read it through a staging buffer, not a promotion.
+    std::optional<ArenaReservation> promote;
+    if (p.ram == nullptr) promote = core_.host.ReserveBelow(p.bytes, core_.high_bytes);
+    uint8_t* target = dest;
+    if (target == nullptr) {
+      if (promote) {
+        target = promote->data();
+      } else {
+        if (!staging_deadline) staging_deadline = absl::Now() + core_.options.max_wait_for_room;
+        absl::StatusOr<uint8_t*> buffer =
+            staging.Take(p.bytes, *staging_deadline, [&sink] { return sink.Drain(); });
+        if (!buffer.ok()) {
+          failure = WithItem(buffer.status(), i, ItemPart::kId);
+          break;
+        }
+        target = *buffer;
+      }
+    }
+    absl::Status s =
+        core_.ReadFromDisk(ids[i], p.checksum, p.bytes, target, promote ? promote->data() : nullptr);
+    if (!s.ok()) {
+      promote.reset();
+      if (s.code() == absl::StatusCode::kDataLoss) {
+        {
+          absl::MutexLock lock(&core_.mu);
+          ++core_.counters.checksum_failures;
+        }
+        absl::MutexLock disk(&core_.disk_mu);
+        core_.QuarantineDisk(ids[i], p.gen);
+      } else if (s.code() == absl::StatusCode::kNotFound) {
+        absl::MutexLock lock(&core_.mu);
+        ++core_.counters.misses;
+      }
+      failure = WithItem(s, i, ItemPart::kId);
+      break;
+    }
+    ++hits2;
+    (*infos)[i].served_from = BlockLocation::kDisk;
+    if (promote) {
+      // Hold the promoted copy when the sink reads it at Finish.
+      IndexEntry* e = core_.CommitPromotion(ids[i], p.gen, std::move(*promote), dest == nullptr);
+      if (e != nullptr) {
+        held.push_back(e);
+        target = e->ram.data();  // Ours, or another Load's promotion of the same bytes.
+      } else if (dest == nullptr) {
+        // The block changed meanwhile and the reservation was freed.
+        failure = ItemError(absl::StatusCode::kAborted, i, ItemPart::kId,
+                            absl::StrCat(BlockName(ids[i]), " changed during the load; retry"));
+        break;
+      }
+    }
+    failure = dest == nullptr ? sink.Deliver(i, target, p.bytes, p.checksum)
+                              : sink.AfterHostCopy(i, dest, p.bytes);
+  }
+  if (failure.ok()) failure = sink.Finish();
+  copying.reset();
+  if (failure.code() == absl::StatusCode::kDataLoss && sink.VerifiesDeliveries()) {
+    PhaseTimer checking(Phase::kChecksum);
+    // A delivery failed its check where it landed: find the tier-1 copies
+    // that are bad (if any) and drop them.
+    for (const Plan& p : plan) {
+      if (p.ram == nullptr || core_.copier.Checksum(p.ram->ram.data(), p.bytes) == p.checksum) {
+        continue;
+      }
+      absl::MutexLock lock(&core_.mu);
+      ++core_.counters.checksum_failures;
+      core_.index.Quarantine(p.ram);
+    }
+  }
+  absl::MutexLock lock(&core_.mu);
+  for (IndexEntry* e : held) core_.index.ReleaseReader(e);
+  core_.counters.hits_tier1 += hits1;
+  core_.counters.hits_tier2 += hits2;
+  if (failure.ok()) core_.counters.loads += n;
+  return failure;
+}
+
+}  // namespace evoke
