@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "storage/pinned_arena.h"
-#include "storage/spill_store.h"
+#include "storage/tier2/spill_store.h"
 #include "storage/tier_manager.h"
 #include "testing/blocks.h"
 #include "testing/temp_dir.h"

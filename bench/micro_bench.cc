@@ -12,7 +12,7 @@
 #include "common/checksum.h"
 #include "common/fingerprint.h"
 #include "storage/pinned_arena.h"
-#include "storage/spill_store.h"
+#include "storage/tier2/spill_store.h"
 #include "storage/tier_manager.h"
 #include "testing/blocks.h"
 #include "testing/temp_dir.h"

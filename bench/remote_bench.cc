@@ -54,8 +54,8 @@
 #include "common/byte_size.h"
 #include "common/status_macros.h"
 #include "evoke/client.h"
-#include "storage/rados_store.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/rados_store.h"
+#include "storage/remote/remote_tier.h"
 #include "testing/blocks.h"
 #include "testing/daemon_process.h"
 

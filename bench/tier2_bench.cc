@@ -51,7 +51,7 @@
 #include "common/checksum.h"
 #include "evoke/client.h"
 #include "storage/spill_record.pb.h"
-#include "storage/spill_store.h"
+#include "storage/tier2/spill_store.h"
 #include "testing/blocks.h"
 #include "testing/daemon_process.h"
 

@@ -39,12 +39,12 @@
 #include "gpu/device.h"
 #include "common/copy_pool.h"
 #include "storage/pinned_arena.h"
-#include "storage/spill_store.h"
+#include "storage/tier2/spill_store.h"
 #include "recovery/recovery_index.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 #include "storage/tier_manager.h"
 #ifdef EVOKE_HAVE_RADOS
-#include "storage/rados_store.h"
+#include "storage/remote/rados_store.h"
 #endif
 
 #ifndef EVOKE_VERSION

@@ -1,5 +1,5 @@
 // fuzz_remote_record: what a host reads back from tier 3 (the shared object
-// store, storage/remote_tier.h). Any host of the fleet, a different version,
+// store, storage/remote/remote_tier.h). Any host of the fleet, a different version,
 // or anyone with write access to the pool may have written an object; a Load
 // that reaches it must never crash, serve bytes that do not match the record
 // it checked, serve a record whose identity does not hold, or delete an
@@ -38,7 +38,7 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/fuzz_engine.h"
 #include "google/protobuf/stubs/logging.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 #include "storage/spill_record.pb.h"
 #include "storage/tier_manager.h"
 #include "testing/memory_object_store.h"

@@ -1,4 +1,4 @@
-// fuzz_segment_open: segment files at start-up (storage/segment_log.h). Every
+// fuzz_segment_open: segment files at start-up (storage/tier2/segment_log.h). Every
 // start of evoked opens every payload segment of tier 2: the file headers,
 // the unsealed segments' record headers up to their torn tail, the sealed
 // ones' footers and seals. A disk, a crash, an older version or anyone with
@@ -40,7 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash128.h"
 #include "fuzz/fuzz_check.h"
-#include "storage/segment_log.h"
+#include "storage/tier2/segment_log.h"
 
 namespace evoke {
 namespace {

@@ -13,7 +13,7 @@
 // (RecoveryIndex::Search with each record's summaries), Verify, Delete.
 //
 // The store is an in-memory Tier that reads records as SpillStore does
-// (storage/spill_store.cc: a key that is not 16 bytes or a record that does
+// (storage/tier2/spill_store.cc: a key that is not 16 bytes or a record that does
 // not parse is skipped and counted).
 #include <fuzzer/FuzzedDataProvider.h>
 

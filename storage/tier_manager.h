@@ -22,7 +22,7 @@
 #include "common/clock.h"
 #include "evoke/v1/block.pb.h"
 #include "storage/pinned_arena.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 #include "storage/tier.h"
 #include "storage/tier_types.h"
 

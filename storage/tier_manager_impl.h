@@ -13,7 +13,7 @@
 #include "common/byte_size.h"
 #include "storage/engine_core.h"
 #include "storage/spiller.h"
-#include "storage/uploader.h"
+#include "storage/remote/uploader.h"
 #include "storage/tier_manager.h"
 
 namespace evoke {

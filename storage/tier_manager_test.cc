@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/spill_record.pb.h"
-#include "storage/spill_store.h"
+#include "storage/tier2/spill_store.h"
 #include "testing/blocks.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"

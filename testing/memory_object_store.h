@@ -1,4 +1,4 @@
-// MemoryObjectStore: an in-memory ObjectStore (storage/object_store.h) for
+// MemoryObjectStore: an in-memory ObjectStore (storage/remote/object_store.h) for
 // the remote tier's tests and fuzz target: it can be taken down (every call
 // fails UNAVAILABLE or times out), counts calls, and lets a test reach into
 // an object (flip a byte, replace its data or record). SharedStore lets
@@ -16,8 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
-#include "storage/object_store.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/object_store.h"
+#include "storage/remote/remote_tier.h"
 
 namespace evoke::testing {
 

@@ -1,6 +1,6 @@
 // Segment compaction (live payloads of mostly-dead segments moved to the
 // compaction stream) and the periodic check of RocksDB's tables.
-#include "storage/spill_store_impl.h"
+#include "storage/tier2/spill_store_impl.h"
 
 namespace evoke {
 namespace spill_internal {

@@ -1,4 +1,4 @@
-#include "storage/segment_log.h"
+#include "storage/tier2/segment_log.h"
 
 #include <sys/statvfs.h>
 
@@ -25,8 +25,8 @@
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "storage/fault_env.h"
-#include "storage/segment_io.h"
+#include "storage/tier2/fault_env.h"
+#include "storage/tier2/segment_io.h"
 
 namespace evoke {
 

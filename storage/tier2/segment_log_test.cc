@@ -1,4 +1,4 @@
-#include "storage/segment_log.h"
+#include "storage/tier2/segment_log.h"
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -26,8 +26,8 @@
 #include "common/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/fault_env.h"
-#include "storage/segment_io.h"
+#include "storage/tier2/fault_env.h"
+#include "storage/tier2/segment_io.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
 

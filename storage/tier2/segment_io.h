@@ -1,5 +1,5 @@
 // SegmentIo: the file operations under the payload segment files
-// (storage/segment_log.h), as a seam. RealSegmentIo (NewSegmentIo) does
+// (storage/tier2/segment_log.h), as a seam. RealSegmentIo (NewSegmentIo) does
 // them with pwrite/pread/fdatasync/fallocate, O_DIRECT where the filesystem
 // allows it; FaultSegmentIo models a device for tests: what was synced, what
 // was not, torn sectors at a crash, and errors on demand.
@@ -7,8 +7,8 @@
 // Every Write/Read offset, length and buffer address that the segment log
 // hands down is a multiple of the file's alignment (SegmentFile::alignment),
 // so the same calls work with and without O_DIRECT.
-#ifndef EVOKE_STORAGE_SEGMENT_IO_H_
-#define EVOKE_STORAGE_SEGMENT_IO_H_
+#ifndef EVOKE_STORAGE_TIER2_SEGMENT_IO_H_
+#define EVOKE_STORAGE_TIER2_SEGMENT_IO_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +26,7 @@
 
 namespace evoke {
 
-class DiskFaults;  // storage/fault_env.h
+class DiskFaults;  // storage/tier2/fault_env.h
 
 // The smallest alignment used for segment I/O: 4096 even where the device
 // would take 512, so that a page of the page cache is never shared between
@@ -200,4 +200,4 @@ absl::Status IoErrorStatus(int err, absl::string_view what, absl::string_view pa
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_SEGMENT_IO_H_
+#endif  // EVOKE_STORAGE_TIER2_SEGMENT_IO_H_

@@ -1,7 +1,7 @@
 // SpillStore: tier 2, records in RocksDB and payloads in segment files in
 // data_dir.
-#ifndef EVOKE_STORAGE_SPILL_STORE_H_
-#define EVOKE_STORAGE_SPILL_STORE_H_
+#ifndef EVOKE_STORAGE_TIER2_SPILL_STORE_H_
+#define EVOKE_STORAGE_TIER2_SPILL_STORE_H_
 
 #include <cstdint>
 #include <functional>
@@ -19,7 +19,7 @@
 
 namespace evoke {
 
-class DiskFaults;  // storage/fault_env.h
+class DiskFaults;  // storage/tier2/fault_env.h
 
 struct SpillStoreOptions {
   // Directory of the RocksDB database; created when missing.
@@ -63,7 +63,7 @@ using SpillWrite = TierWrite;
 
 // SpillStore keeps block records in RocksDB (a "meta" column family) and
 // payloads in append-only segment files under <path>/segments
-// (storage/segment_log.h): a Put appends the payloads (one pwrite stream,
+// (storage/tier2/segment_log.h): a Put appends the payloads (one pwrite stream,
 // one fdatasync), then commits the records, each naming its payload's
 // location, in one atomic WriteBatch. A crash leaves each block fully old or
 // fully new, and a record never names bytes that were not synced; payload
@@ -126,4 +126,4 @@ class SpillStore : public Tier {
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_SPILL_STORE_H_
+#endif  // EVOKE_STORAGE_TIER2_SPILL_STORE_H_

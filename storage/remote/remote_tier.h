@@ -19,7 +19,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/hash128.h"
-#include "storage/object_store.h"
+#include "storage/remote/object_store.h"
 #include "storage/spill_record.pb.h"
 #include "storage/tier_types.h"
 

@@ -1,8 +1,8 @@
 // ObjectStore: the object operations the remote tier needs from a shared
-// store (Ceph RADOS in production: storage/rados_store.h), in batches that
+// store (Ceph RADOS in production: storage/remote/rados_store.h), in batches that
 // run concurrently.
-#ifndef EVOKE_STORAGE_OBJECT_STORE_H_
-#define EVOKE_STORAGE_OBJECT_STORE_H_
+#ifndef EVOKE_STORAGE_REMOTE_OBJECT_STORE_H_
+#define EVOKE_STORAGE_REMOTE_OBJECT_STORE_H_
 
 #include <cstdint>
 #include <string>
@@ -97,4 +97,4 @@ class ObjectStore {
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_OBJECT_STORE_H_
+#endif  // EVOKE_STORAGE_REMOTE_OBJECT_STORE_H_

@@ -1,7 +1,7 @@
 // Opening the spill store: the recovery ladder for damaged RocksDB files,
 // the read-only open of a full disk, the format check, the segment files
 // and the records' locations in them; and Close.
-#include "storage/spill_store_impl.h"
+#include "storage/tier2/spill_store_impl.h"
 
 namespace evoke {
 namespace spill_internal {

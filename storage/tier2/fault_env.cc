@@ -1,4 +1,4 @@
-#include "storage/fault_env.h"
+#include "storage/tier2/fault_env.h"
 
 #include <string>
 #include <utility>

@@ -34,8 +34,8 @@
 // ForEachRecord and the accounting calls are safe concurrently with them
 // and with each other. A Read that races RemoveSegment of its segment
 // either completes (the file stays open while read) or fails NOT_FOUND.
-#ifndef EVOKE_STORAGE_SEGMENT_LOG_H_
-#define EVOKE_STORAGE_SEGMENT_LOG_H_
+#ifndef EVOKE_STORAGE_TIER2_SEGMENT_LOG_H_
+#define EVOKE_STORAGE_TIER2_SEGMENT_LOG_H_
 
 #include <array>
 #include <cstdint>
@@ -52,8 +52,8 @@
 
 namespace evoke {
 
-class DiskFaults;  // storage/fault_env.h
-class SegmentIo;   // storage/segment_io.h
+class DiskFaults;  // storage/tier2/fault_env.h
+class SegmentIo;   // storage/tier2/segment_io.h
 
 // Where a payload lives: mirrors storage.PayloadLocation in
 // spill_record.proto. `offset` is the record header's offset in the file;
@@ -199,4 +199,4 @@ class SegmentLog {
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_SEGMENT_LOG_H_
+#endif  // EVOKE_STORAGE_TIER2_SEGMENT_LOG_H_

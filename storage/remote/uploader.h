@@ -1,6 +1,6 @@
 // Uploader: write-behind of new blocks to tier 3 (the shared object store).
-#ifndef EVOKE_STORAGE_UPLOADER_H_
-#define EVOKE_STORAGE_UPLOADER_H_
+#ifndef EVOKE_STORAGE_REMOTE_UPLOADER_H_
+#define EVOKE_STORAGE_REMOTE_UPLOADER_H_
 
 #include <cstdint>
 #include <deque>
@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "storage/engine_core.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 
 namespace evoke {
 
@@ -91,4 +91,4 @@ class Uploader {
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_UPLOADER_H_
+#endif  // EVOKE_STORAGE_REMOTE_UPLOADER_H_

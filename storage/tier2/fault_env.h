@@ -1,10 +1,10 @@
 // DiskFaults: a switch, for tests, that makes the files under a SpillStore
 // fail as a full disk does. RocksDB's FaultInjectionTestFS is not in
 // Debian's librocksdb-dev, so this is our own small FileSystemWrapper
-// (storage/fault_env.cc); the store wraps its file system in it when
+// (storage/tier2/fault_env.cc); the store wraps its file system in it when
 // SpillStoreOptions::faults is set.
-#ifndef EVOKE_STORAGE_FAULT_ENV_H_
-#define EVOKE_STORAGE_FAULT_ENV_H_
+#ifndef EVOKE_STORAGE_TIER2_FAULT_ENV_H_
+#define EVOKE_STORAGE_TIER2_FAULT_ENV_H_
 
 #include <atomic>
 #include <cstdint>
@@ -49,4 +49,4 @@ std::shared_ptr<rocksdb::FileSystem> NewFaultFileSystem(
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_FAULT_ENV_H_
+#endif  // EVOKE_STORAGE_TIER2_FAULT_ENV_H_

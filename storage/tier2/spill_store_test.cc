@@ -1,4 +1,4 @@
-#include "storage/spill_store.h"
+#include "storage/tier2/spill_store.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
-#include "storage/fault_env.h"
+#include "storage/tier2/fault_env.h"
 #include "storage/spill_record.pb.h"
 #include "testing/blocks.h"
 #include "testing/status_matchers.h"
@@ -155,7 +155,7 @@ TEST(SpillStoreModeTest, DataDirIsRestrictedToItsOwner) {
 }  // namespace evoke
 
 // ---------------------------------------------------------------- disk full
-// Through storage/fault_env.h: RocksDB's file writes fail with ENOSPC after
+// Through storage/tier2/fault_env.h: RocksDB's file writes fail with ENOSPC after
 // a byte budget, as on a full disk.
 
 namespace evoke {

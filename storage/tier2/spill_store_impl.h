@@ -3,11 +3,11 @@
 // spill_store_open.cc (the open and recovery ladder), spill_store_migration.cc
 // (format-1 payloads into segments), spill_store_compaction.cc and
 // spill_store_maintenance.cc (the maintenance thread: resuming writes,
-// scans around damage). Private to storage/: include storage/spill_store.h.
-#ifndef EVOKE_STORAGE_SPILL_STORE_IMPL_H_
-#define EVOKE_STORAGE_SPILL_STORE_IMPL_H_
+// scans around damage). Private to storage/: include storage/tier2/spill_store.h.
+#ifndef EVOKE_STORAGE_TIER2_SPILL_STORE_IMPL_H_
+#define EVOKE_STORAGE_TIER2_SPILL_STORE_IMPL_H_
 
-#include "storage/spill_store.h"
+#include "storage/tier2/spill_store.h"
 
 
 #include <sys/statvfs.h>
@@ -44,8 +44,8 @@
 #include "rocksdb/sst_file_reader.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
-#include "storage/fault_env.h"
-#include "storage/segment_log.h"
+#include "storage/tier2/fault_env.h"
+#include "storage/tier2/segment_log.h"
 #include "storage/spill_record.pb.h"
 
 namespace evoke {
@@ -55,7 +55,7 @@ namespace spill_internal {
 constexpr char kMetaFamily[] = "meta";
 constexpr char kPayloadFamily[] = "payload";
 constexpr char kFormatKey[] = "evoke.format";
-// Format 2: payloads in segment files (storage/segment_log.h), records in
+// Format 2: payloads in segment files (storage/tier2/segment_log.h), records in
 // the meta column family point at them. Format 1 kept payloads in the
 // "payload" column family (blob files); a format-1 dir is migrated at open.
 constexpr char kFormatVersion[] = "2";
@@ -629,4 +629,4 @@ class RocksSpillStore final : public SpillStore {
 }  // namespace spill_internal
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_SPILL_STORE_IMPL_H_
+#endif  // EVOKE_STORAGE_TIER2_SPILL_STORE_IMPL_H_

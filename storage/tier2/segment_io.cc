@@ -1,4 +1,4 @@
-#include "storage/segment_io.h"
+#include "storage/tier2/segment_io.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "storage/fault_env.h"
+#include "storage/tier2/fault_env.h"
 
 namespace evoke {
 

@@ -1,7 +1,7 @@
 // The maintenance thread: resuming writes once space returns or the device
 // recovers (reopening read-write a store opened read-only), and the record
 // scans that step around damage.
-#include "storage/spill_store_impl.h"
+#include "storage/tier2/spill_store_impl.h"
 
 namespace evoke {
 namespace spill_internal {

@@ -1,4 +1,4 @@
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 
 #include <algorithm>
 #include <utility>

@@ -2,7 +2,7 @@
 // ForEachRecord, Sync, Persist, Health) and SpillStore::Open. The other
 // concerns are in spill_store_{open,migration,compaction,maintenance}.cc;
 // the class is in spill_store_impl.h.
-#include "storage/spill_store_impl.h"
+#include "storage/tier2/spill_store_impl.h"
 
 namespace evoke {
 namespace spill_internal {

@@ -1,6 +1,6 @@
 // Format-1 payloads (kept in the payload column family) moved into segment
 // files, and MoveBatch, which migration and compaction share.
-#include "storage/spill_store_impl.h"
+#include "storage/tier2/spill_store_impl.h"
 
 namespace evoke {
 namespace spill_internal {

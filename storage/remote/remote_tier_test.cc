@@ -2,7 +2,7 @@
 // engine's write-behind, fetch and fleet-wide lookup over an in-memory
 // ObjectStore shared by two TierManagers ("two hosts"). The same paths run
 // against a real Ceph cluster in tests/remote_tier_e2e_test.cc.
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 
 #include <atomic>
 #include <map>

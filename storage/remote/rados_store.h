@@ -2,14 +2,14 @@
 // client). Built only with EVOKE_WITH_RADOS. Placement, replication and
 // recovery are Ceph's; this file only maps evoke's batched calls onto
 // librados' asynchronous operations.
-#ifndef EVOKE_STORAGE_RADOS_STORE_H_
-#define EVOKE_STORAGE_RADOS_STORE_H_
+#ifndef EVOKE_STORAGE_REMOTE_RADOS_STORE_H_
+#define EVOKE_STORAGE_REMOTE_RADOS_STORE_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/time/time.h"
-#include "storage/object_store.h"
+#include "storage/remote/object_store.h"
 
 namespace evoke {
 
@@ -31,4 +31,4 @@ std::unique_ptr<ObjectStore> NewRadosObjectStore(const RadosOptions& options);
 
 }  // namespace evoke
 
-#endif  // EVOKE_STORAGE_RADOS_STORE_H_
+#endif  // EVOKE_STORAGE_REMOTE_RADOS_STORE_H_

@@ -1,4 +1,4 @@
-#include "storage/rados_store.h"
+#include "storage/remote/rados_store.h"
 
 #include <rados/librados.hpp>
 

@@ -1,4 +1,4 @@
-#include "storage/uploader.h"
+#include "storage/remote/uploader.h"
 
 #include <algorithm>
 #include <string>
