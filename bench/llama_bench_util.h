@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/random_model.h"
 #include "ggml.h"
 #include "llama.h"
 

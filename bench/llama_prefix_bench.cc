@@ -33,8 +33,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/llama_bench_util.h"
-#include "client/llama/kv_adapter.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/kv_adapter.h"
+#include "engines/llama/random_model.h"
 #include "testing/daemon_process.h"
 #include "testing/temp_dir.h"
 

@@ -1,4 +1,4 @@
-// The C API (client/include/evoke/evoke.h) over evoke::Client.
+// The C API (include/evoke/evoke.h) over evoke::Client.
 #include "evoke/evoke.h"
 
 #include <cstring>

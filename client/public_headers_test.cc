@@ -1,4 +1,4 @@
-// The client's public headers (client/include/evoke/, installed as
+// The client's public headers (include/evoke/, installed as
 // <evoke/...>) stand alone, and the ones that restate declarations of the
 // library's internal headers restate them exactly.
 #include <algorithm>
@@ -49,7 +49,7 @@ namespace fs = std::filesystem;
 [[maybe_unused]] constexpr auto kReprKeysSummaryOnDevice = &ReprKeysSummaryOnDevice;
 
 const fs::path kSourceDir = EVOKE_SOURCE_DIR;
-const fs::path kPublicDir = kSourceDir / "client" / "include" / "evoke";
+const fs::path kPublicDir = kSourceDir / "include" / "evoke";
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

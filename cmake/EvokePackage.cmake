@@ -5,7 +5,7 @@
 #   runtime  evoked and evokectl (their rules sit next to the targets, in
 #            daemon/ and client/)
 #   devel    the client library for engines: static libraries, the public
-#            headers (<evoke/...>: client/include/evoke/, the generated
+#            headers (<evoke/...>: include/evoke/, the generated
 #            <evoke/version.h> and the generated protobuf/gRPC headers
 #            <evoke/v1/*.pb.h>) and the package files under
 #            lib/cmake/evoke/, so that an engine does

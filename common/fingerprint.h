@@ -1,7 +1,7 @@
 // Layout fingerprints: what must match for stored KV bytes to be meaningful.
 //
 // The declarations live in the client's public header <evoke/fingerprint.h>
-// (client/include/evoke/fingerprint.h), which engines include from an installed
+// (include/evoke/fingerprint.h), which engines include from an installed
 // tree; evoke's own code includes this name. One copy of the code.
 #ifndef EVOKE_COMMON_FINGERPRINT_H_
 #define EVOKE_COMMON_FINGERPRINT_H_

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/random_model.h"
 #include "llama.h"
 
 namespace evoke::eval {

@@ -7,10 +7,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "client/llama/attention_capture.h"
-#include "client/llama/kv_adapter.h"
-#include "client/llama/policy_engine.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/attention_capture.h"
+#include "engines/llama/kv_adapter.h"
+#include "engines/llama/policy_engine.h"
+#include "engines/llama/random_model.h"
 #include "common/status_macros.h"
 
 namespace evoke::eval {

@@ -22,7 +22,7 @@
 #                            -> SegmentLog::Open, Read, Contains, ForEachRecord
 #   fuzz_daemon_flags        argv and --config file -> ParseDaemonFlags
 #   fuzz_seq_state           llama.cpp sequence-state blobs -> ParseSeqState,
-#                            ToCanonical (client/llama/seq_state.cc builds
+#                            ToCanonical (engines/llama/seq_state.cc builds
 #                            without llama.cpp, so it is compiled in here)
 #   fuzz_inline_save         SaveRequest bytes in slices -> the inline Save
 #                            parser (inline_wire.h), against protobuf's parse
@@ -115,7 +115,7 @@ evoke_add_fuzzer(fuzz_daemon_flags
   DEPS evoke_common)
 target_include_directories(fuzz_daemon_flags PRIVATE ${CLI11_INCLUDE_DIR})
 evoke_add_fuzzer(fuzz_seq_state
-  SOURCES ${_fuzz_dir}/fuzz_seq_state.cc ${_src}/client/llama/seq_state.cc
+  SOURCES ${_fuzz_dir}/fuzz_seq_state.cc ${_src}/engines/llama/seq_state.cc
   DEPS evoke_common)
 evoke_add_fuzzer(fuzz_ring
   SOURCES ${_fuzz_dir}/fuzz_ring.cc ${_src}/daemon/ring_server.cc ${_src}/daemon/region.cc
@@ -143,7 +143,7 @@ evoke_add_fuzzer(fuzz_inline_save
 # make_seeds writes the seed corpora (run once; its output is committed):
 #   build-fuzz/fuzz/make_seeds fuzz/corpus
 add_executable(evoke_fuzz_make_seeds ${_fuzz_dir}/make_seeds.cc
-  ${_src}/client/llama/seq_state.cc ${_src}/client/block_file.cc
+  ${_src}/engines/llama/seq_state.cc ${_src}/client/block_file.cc
   ${_src}/daemon/daemon_flags.cc ${_src}/daemon/daemon_options.cc)
 evoke_target_options(evoke_fuzz_make_seeds)
 target_include_directories(evoke_fuzz_make_seeds PRIVATE ${PROJECT_SOURCE_DIR}

@@ -1,5 +1,5 @@
 // fuzz_block_file: block files (`evokectl export` writes them, `evokectl
-// import` reads them; client/include/evoke/block_file.h) from anywhere.
+// import` reads them; include/evoke/block_file.h) from anywhere.
 //
 // Input: one mode byte, then the file.
 //   mode even: the file as given.

@@ -1,5 +1,5 @@
 // fuzz_block_stream: the import stream reader (BlockStreamReader,
-// client/include/evoke/block_file.h), which `evokectl import` runs on a file
+// include/evoke/block_file.h), which `evokectl import` runs on a file
 // or on standard input that anyone may have written.
 //
 // Input: one mode byte, then the rest.

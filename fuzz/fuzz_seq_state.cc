@@ -1,4 +1,4 @@
-// fuzz_seq_state: llama.cpp sequence-state blobs (client/llama/seq_state.h),
+// fuzz_seq_state: llama.cpp sequence-state blobs (engines/llama/seq_state.h),
 // which the adapter reads from llama_state_seq_get_data() and from blobs
 // evoked hands back. The parser reformats bytes only, so it builds and runs
 // without llama.cpp.
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "client/llama/seq_state.h"
+#include "engines/llama/seq_state.h"
 #include "common/block_validation.h"
 #include "fuzz/fuzz_check.h"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/llama/seq_state.h"
+#include "engines/llama/seq_state.h"
 #include "common/block_validation.h"
 #include "common/checksum.h"
 #include "daemon/daemon_flags.h"

@@ -10,7 +10,7 @@ BUILD=${EVOKE_BUILD_DIR:-build}
 OUT=.device-carry
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"
-BINS=(daemon/evoked client/evokectl bench/evoke-bench gpu/gpu_test gpu/cuda_ipc_test
+BINS=(daemon/evoked tools/evokectl/evokectl bench/evoke-bench gpu/gpu_test gpu/cuda_ipc_test
       gpu/ipc_exporter tests/cuda_e2e_test gpu/gpu_pipeline_bench)
 for b in "${BINS[@]}"; do
   [ -x "$BUILD/$b" ] || { echo "missing $BUILD/$b (build with CUDA first)" >&2; exit 1; }

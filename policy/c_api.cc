@@ -1,4 +1,4 @@
-// The C API of the policies (client/include/evoke/evoke_policy.h) over
+// The C API of the policies (include/evoke/evoke_policy.h) over
 // evoke::policy.
 #include "evoke/evoke_policy.h"
 

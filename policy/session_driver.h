@@ -40,7 +40,7 @@
 namespace evoke::policy {
 
 // What the driver asks of an engine. Implementations: the llama.cpp
-// adapter's (client/llama/policy_engine.h), the simulator's (sim/).
+// adapter's (engines/llama/policy_engine.h), the simulator's (sim/).
 class BlockEngine {
  public:
   virtual ~BlockEngine() = default;

@@ -40,7 +40,7 @@ start_evoked() {
   pid=$!
   # Up to 60 s: evokectl fails at once while the socket does not exist yet.
   for _ in $(seq 1 600); do
-    if "$BIN/client/evokectl" health --timeout 1 >/dev/null 2>&1; then return 0; fi
+    if "$BIN/tools/evokectl/evokectl" health --timeout 1 >/dev/null 2>&1; then return 0; fi
     if ! kill -0 "$pid" 2>/dev/null; then cat evoked.log; echo "demo: evoked exited" >&2; exit 1; fi
     sleep 0.1
   done
@@ -63,7 +63,7 @@ tail -n +1 evoked.log | sed 's/^/   /'
 echo "== evoke-demo save"
 "$BIN/client/evoke-demo" save
 echo "== evokectl stat (before restart)"
-"$BIN/client/evokectl" stat
+"$BIN/tools/evokectl/evokectl" stat
 echo "== SIGTERM: evoked flushes tier 1 to disk"
 stop_evoked
 grep -E "received|shut down" evoked.log | sed 's/^/   /'
@@ -74,9 +74,9 @@ echo "== evoke-demo load"
 "$BIN/client/evoke-demo" load
 echo "== evoke-demo splice"
 "$BIN/client/evoke-demo" splice
-if [ -x "$BIN/client/llama/evoke-llama-demo" ]; then
+if [ -x "$BIN/engines/llama/evoke-llama-demo" ]; then
   echo "== evoke-llama-demo"
-  "$BIN/client/llama/evoke-llama-demo"
+  "$BIN/engines/llama/evoke-llama-demo"
 fi
 if [ -x "$BIN/sim/evoke-sim" ]; then
   echo "== evoke-sim: multi-fact, budget 1024 tokens, 3 seeds (synthetic: no language model)"
@@ -86,8 +86,8 @@ if [ -x "$BIN/sim/evoke-sim" ]; then
   sed -n '/engine+evoked/,/^$/p' sim/timing.md 2>/dev/null | sed 's/^/   /' || true
 fi
 echo "== evokectl stat"
-"$BIN/client/evokectl" stat
+"$BIN/tools/evokectl/evokectl" stat
 echo "== evokectl verify"
-"$BIN/client/evokectl" verify
+"$BIN/tools/evokectl/evokectl" verify
 stop_evoked
 echo "== demo finished: data left in $DEMO_DIR"

@@ -1,5 +1,5 @@
 // evokectl against a real evoked: every command, text and --json output,
-// exit codes (client/evokectl/exit_codes.h) and one-line errors, block
+// exit codes (tools/evokectl/exit_codes.h) and one-line errors, block
 // streams between two daemons, progress bars, top's plain snapshots.
 #include <algorithm>
 #include <chrono>
@@ -88,7 +88,7 @@ TEST_F(EvokectlTest, LsShowAndFilters) {
 
 TEST_F(EvokectlTest, ErrorsAreOneLineAndNonZero) {
   // Exit statuses: 2 usage, 3 not found, 4 unavailable (the table in
-  // client/evokectl/exit_codes.h; before it, every error but usage was 1).
+  // tools/evokectl/exit_codes.h; before it, every error but usage was 1).
   CommandResult r = Ctl({"show", "nothex"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("evokectl: INVALID_ARGUMENT: block id 'nothex'"));

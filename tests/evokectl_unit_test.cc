@@ -10,9 +10,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
-#include "client/evokectl/exit_codes.h"
-#include "client/evokectl/progress.h"
-#include "client/evokectl/top_view.h"
+#include "tools/evokectl/exit_codes.h"
+#include "tools/evokectl/progress.h"
+#include "tools/evokectl/top_view.h"
 #include "common/checksum.h"
 #include "evoke/block_file.h"
 #include "gmock/gmock.h"

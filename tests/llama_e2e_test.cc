@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "client/llama/kv_adapter.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/kv_adapter.h"
+#include "engines/llama/random_model.h"
 #include "common/block_validation.h"
 #include "common/half.h"
 #include "ggml-backend.h"

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "client/llama/attention_capture.h"
-#include "client/llama/kv_adapter.h"
-#include "client/llama/policy_engine.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/attention_capture.h"
+#include "engines/llama/kv_adapter.h"
+#include "engines/llama/policy_engine.h"
+#include "engines/llama/random_model.h"
 #include "tests/llama_fixture.h"
 
 namespace evoke::testing {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "client/llama/kv_adapter.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/kv_adapter.h"
+#include "engines/llama/random_model.h"
 #include "evoke/client.h"
 #include "tests/llama_test_util.h"
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "client/llama/kv_adapter.h"
-#include "client/llama/random_model.h"
+#include "engines/llama/kv_adapter.h"
+#include "engines/llama/random_model.h"
 #include "tests/llama_fixture.h"
 
 namespace evoke::testing {

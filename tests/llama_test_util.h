@@ -12,9 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "client/llama/kv_adapter.h"
-#include "client/llama/random_model.h"
-#include "client/llama/seq_state.h"
+#include "engines/llama/kv_adapter.h"
+#include "engines/llama/random_model.h"
+#include "engines/llama/seq_state.h"
 #include "common/block_validation.h"
 #include "common/half.h"
 #include "ggml.h"

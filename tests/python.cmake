@@ -1,4 +1,4 @@
-# The Python client (client/python, package evoke) against the real evoked,
+# The Python client (python, package evoke) against the real evoked,
 # with Debian's interpreter (the one that has python3-grpcio, -protobuf and
 # -numpy; a `python3` earlier on PATH may lack them). Twice: with the
 # protobuf runtime the interpreter finds, and with its pure-Python runtime,

@@ -282,8 +282,8 @@ class ClientTest(unittest.TestCase):
             self.client.buffer(self.client.shm_bytes + 1)
 
     def test_the_example_runs(self):
-        example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client",
-                               "python", "examples", "evict_recover.py")
+        example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python",
+                               "examples", "evict_recover.py")
         out = subprocess.run([sys.executable, example, self.daemon.socket], capture_output=True,
                              text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stderr)

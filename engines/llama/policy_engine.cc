@@ -1,4 +1,4 @@
-#include "client/llama/policy_engine.h"
+#include "engines/llama/policy_engine.h"
 
 #include <algorithm>
 #include <utility>

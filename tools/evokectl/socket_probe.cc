@@ -1,4 +1,4 @@
-#include "client/evokectl/socket_probe.h"
+#include "tools/evokectl/socket_probe.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>

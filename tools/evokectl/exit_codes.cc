@@ -1,4 +1,4 @@
-#include "client/evokectl/exit_codes.h"
+#include "tools/evokectl/exit_codes.h"
 
 namespace evoke::ctl {
 

@@ -1,4 +1,4 @@
-#include "client/evokectl/top.h"
+#include "tools/evokectl/top.h"
 
 #include <poll.h>
 #include <sys/ioctl.h>
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/evokectl/exit_codes.h"
-#include "client/evokectl/top_view.h"
+#include "tools/evokectl/exit_codes.h"
+#include "tools/evokectl/top_view.h"
 #include "evoke/client.h"
 
 namespace evoke::ctl {

@@ -1,4 +1,4 @@
-#include "client/llama/seq_state.h"
+#include "engines/llama/seq_state.h"
 
 #include <algorithm>
 #include <cstring>

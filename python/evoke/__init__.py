@@ -13,7 +13,7 @@
         client.load_into(meta.id, fp, block, first_position=0)  # re-anchored
 
 See README.md ("Python client") for the whole API, and
-client/python/examples/ for an engine-side example.
+python/examples/ for an engine-side example.
 """
 
 from ._proto import pb, enum_name, runtime

@@ -1,5 +1,5 @@
 """Block ids and fingerprint digests, byte for byte as the C++ library
-computes them (client/include/evoke/chain_hash.h and fingerprint.h).
+computes them (include/evoke/chain_hash.h and fingerprint.h).
 
 All three are xxHash3-128 over a documented byte encoding. The hash comes
 from the system's libxxhash (Debian package libxxhash0) through ctypes, or

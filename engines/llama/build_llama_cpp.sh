@@ -3,7 +3,7 @@
 #
 # Fetches llama.cpp at the pinned release and builds its `llama` library for
 # the CPU (static; tests, examples, tools and server off), installing it into
-# ROOT/install. CMake runs this at configure time (client/llama/CMakeLists.txt);
+# ROOT/install. CMake runs this at configure time (engines/llama/CMakeLists.txt);
 # ROOT is inside the build tree, so the build is cached there and repeated
 # configures cost nothing. No llama.cpp code is ever committed to evoke.
 #

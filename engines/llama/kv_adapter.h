@@ -16,7 +16,7 @@
 // How a range leaves the cache (Evict): llama_memory_seq_cp copies the range
 // of the engine's sequence to the scratch sequence (cell metadata only),
 // llama_state_seq_get_data reads the scratch sequence, and the bytes are
-// converted to evoke's canonical layout (client/llama/seq_state.h), straight
+// converted to evoke's canonical layout (engines/llama/seq_state.h), straight
 // into a shared-memory region, and saved as a session block; only once the
 // daemon acknowledged it is the range removed with llama_memory_seq_rm. A
 // failed save leaves the cache as it was.
@@ -44,7 +44,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "client/llama/seq_state.h"
+#include "engines/llama/seq_state.h"
 #include "common/hash128.h"
 #include "evoke/client.h"
 #include "llama.h"

@@ -1,4 +1,4 @@
-#include "client/llama/random_model.h"
+#include "engines/llama/random_model.h"
 
 #include <algorithm>
 #include <cmath>

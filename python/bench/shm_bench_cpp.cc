@@ -1,5 +1,5 @@
 // evoke-shm-bench-cpp: the C++ client's side of the Python shared-memory
-// benchmark (client/python/bench/shm_bench.py runs both against one evoked
+// benchmark (python/bench/shm_bench.py runs both against one evoked
 // and reports Python / C++). Each round saves `blocks` session blocks of
 // `size` bytes from one shared region through the command ring (one batch),
 // then loads them all back into it, and prints one JSON line with the two

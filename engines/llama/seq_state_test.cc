@@ -1,7 +1,7 @@
 // Unit tests of the llama.cpp sequence-state <-> canonical conversion, with
 // synthetic blobs (the real engine's blobs are exercised by
 // tests/llama_e2e_test.cc).
-#include "client/llama/seq_state.h"
+#include "engines/llama/seq_state.h"
 
 #include <atomic>
 #include <cstdlib>

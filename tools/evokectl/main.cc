@@ -5,7 +5,7 @@
 //
 // The socket comes from --socket, else $EVOKE_SOCKET, else ./evoked.sock.
 // Errors print one line on stderr; the exit status says what kind of error
-// it was (client/evokectl/exit_codes.h, docs/EVOKECTL.md).
+// it was (tools/evokectl/exit_codes.h, docs/EVOKECTL.md).
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -27,10 +27,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/evokectl/exit_codes.h"
-#include "client/evokectl/progress.h"
-#include "client/evokectl/socket_probe.h"
-#include "client/evokectl/top.h"
+#include "tools/evokectl/exit_codes.h"
+#include "tools/evokectl/progress.h"
+#include "tools/evokectl/socket_probe.h"
+#include "tools/evokectl/top.h"
 #include "common/byte_size.h"
 #include "common/checksum.h"
 #include "common/fingerprint.h"

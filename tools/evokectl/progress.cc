@@ -1,4 +1,4 @@
-#include "client/evokectl/progress.h"
+#include "tools/evokectl/progress.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 """Python shared-memory save/load against the C++ client, same blocks, same
 evoked, same run (the C++ client's rounds, then Python's, per size).
 
-    /usr/bin/python3 client/python/bench/shm_bench.py --build build \
+    /usr/bin/python3 python/bench/shm_bench.py --build build \
         [--sizes 1MiB,4MiB,16MiB] [--blocks 16] [--rounds 5] [--sets 3] [--json FILE]
 
 Starts one evoked (tier 1 large enough that nothing spills), then for each
@@ -76,7 +76,7 @@ def main():
             # mapping of it; it is dropped.
             for k in range(args.sets):
                 out = subprocess.run(
-                    [os.path.join(build, "client", "python", "evoke-shm-bench-cpp"), "--socket",
+                    [os.path.join(build, "python-cmake", "evoke-shm-bench-cpp"), "--socket",
                      sock, "--size", str(size), "--blocks", str(args.blocks), "--rounds",
                      str(args.rounds + 1), "--tag", f"cpp-{size}-{k}"],
                     check=True, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-#include "client/llama/kv_adapter.h"
+#include "engines/llama/kv_adapter.h"
 
 #include <cstdlib>
 #include <cstring>

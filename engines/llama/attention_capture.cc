@@ -1,4 +1,4 @@
-#include "client/llama/attention_capture.h"
+#include "engines/llama/attention_capture.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "client/llama/seq_state.h"
+#include "engines/llama/seq_state.h"
 #include "common/status_macros.h"
 #include "ggml-backend.h"
 #include "ggml.h"

@@ -46,8 +46,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "client/llama/attention_capture.h"
-#include "client/llama/kv_adapter.h"
+#include "engines/llama/attention_capture.h"
+#include "engines/llama/kv_adapter.h"
 #include "policy/attention_stats.h"
 #include "policy/evoked_source.h"
 #include "policy/policy.h"

@@ -1,4 +1,4 @@
-#include "client/evokectl/top_view.h"
+#include "tools/evokectl/top_view.h"
 
 #include <algorithm>
 #include <cmath>
