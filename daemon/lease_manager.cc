@@ -230,10 +230,13 @@ absl::StatusOr<std::shared_ptr<Region>> LeaseManager::GetRegion(
   return r->second;
 }
 
-bool LeaseManager::HasRegion(const BlockId& lease, uint64_t region_id) const {
+bool LeaseManager::HasRegion(const BlockId& lease, uint64_t region_id,
+                             uint64_t* regions_removed) const {
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(lease);
-  return it != leases_.end() && it->second.regions.contains(region_id);
+  if (it == leases_.end()) return false;
+  if (regions_removed != nullptr) *regions_removed = it->second.regions_removed;
+  return it->second.regions.contains(region_id);
 }
 
 absl::Status LeaseManager::RemoveRegion(const BlockId& lease, uint64_t region_id) {

@@ -127,8 +127,10 @@ class LeaseManager {
                                                     uint64_t region_id,
                                                     const std::string& field) const;
   // HasRegion says whether the lease is open and holds the region, without
-  // marking the lease used (a ring's idle liveness check).
-  bool HasRegion(const BlockId& lease, uint64_t region_id) const;
+  // marking the lease used (a ring's idle liveness check); with
+  // `regions_removed`, also what Touch would return.
+  bool HasRegion(const BlockId& lease, uint64_t region_id,
+                 uint64_t* regions_removed = nullptr) const;
   // RemoveRegion unregisters a region. NOT_FOUND.
   absl::Status RemoveRegion(const BlockId& lease, uint64_t region_id);
 

@@ -57,10 +57,20 @@ class ServiceRingHandler final : public RingHandler {
     }
   }
 
+  // Also called every 100 ms while the ring sleeps: a region the client
+  // removed meanwhile is let go of (unmapped, its bytes no longer charged to
+  // the uid's mapping cap) within that, not at the next submission.
   bool Alive() override {
-    if (service_->leases()->HasRegion(lease_.id, region_id_)) return true;
-    regions_.Drop();  // The ring stops: the regions unmap now, not when it is reaped.
-    return false;
+    uint64_t removed = 0;
+    if (!service_->leases()->HasRegion(lease_.id, region_id_, &removed)) {
+      regions_.Drop();  // The ring stops: the regions unmap now, not when it is reaped.
+      return false;
+    }
+    if (removed != regions_removed_) {
+      regions_.Drop();
+      regions_removed_ = removed;
+    }
+    return true;
   }
 
  private:

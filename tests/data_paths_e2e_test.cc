@@ -365,6 +365,24 @@ absl::StatusOr<LeaseClient> StartLeaseClient(const std::string& socket,
   return client;
 }
 
+// The ring's handler keeps the regions its entries name mapped between
+// submissions; one the client unregisters is let go of while the ring is
+// idle (its liveness check), not held until the next submission.
+TEST_F(DataPathTest, AnUnregisteredRegionUnmapsWhileTheRingIsIdle) {
+  ASSERT_OK_AND_ASSIGN(auto keep, client_->CreateSharedRegion(1 << 20));
+  ASSERT_TRUE(client_->has_ring());
+  const int with_ring = CountMappedRegions(daemon_->pid());  // The ring and `keep`.
+  ASSERT_OK_AND_ASSIGN(auto gone, client_->CreateSharedRegion(1 << 20));
+  const TestBlock b = SessionBlock("unmap", 0, 8);
+  std::memcpy(gone->data(), b.payload.data(), b.payload.size());
+  ASSERT_OK(client_->Save({BlockToSave(b.meta, gone->Slice(0, b.payload.size()))}).status());
+  EXPECT_EQ(CountMappedRegions(daemon_->pid()), with_ring + 1);
+  ASSERT_OK(client_->UnregisterRegion(gone->id()));
+  WaitUntil([&] { return CountMappedRegions(daemon_->pid()) == with_ring; }, absl::Seconds(5));
+  EXPECT_EQ(CountMappedRegions(daemon_->pid()), with_ring);
+  EXPECT_EQ(Stat().leases().rings(), 1u);  // The ring itself goes on.
+}
+
 TEST_F(DataPathTest, KilledClientLosesItsLeaseRegionsAndPins) {
   const int maps_before = CountMappedRegions(daemon_->pid());
   ASSERT_OK_AND_ASSIGN(LeaseClient lease_client, StartLeaseClient(daemon_->socket(), "hold"));
