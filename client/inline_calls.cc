@@ -49,16 +49,16 @@ bool DecodeLoadedBlock(SliceReader& r, size_t end, LoadedBlock* block) {
   std::string meta_bytes;
   while (r.position() < end) {
     uint64_t tag;
-    if (!r.ReadVarint(&tag) || tag > UINT32_MAX || (tag >> 3) == 0) return false;
+    if (!r.ReadTag(&tag)) return false;
     const uint32_t field = static_cast<uint32_t>(tag >> 3), wire_type = tag & 7;
     uint64_t v;
     if (field == 1 && wire_type == 2) {
-      if (!r.ReadVarint(&v) || v > end - r.position()) return false;
+      if (!r.ReadLength(&v) || v > end - r.position()) return false;
       meta_bytes.clear();
       // Repeated occurrences of a message field merge, as in protobuf.
       if (!r.Append(v, &meta_bytes) || !block->meta.MergeFromString(meta_bytes)) return false;
     } else if (field == 2 && wire_type == 2) {
-      if (!r.ReadVarint(&v) || v > end - r.position()) return false;
+      if (!r.ReadLength(&v) || v > end - r.position()) return false;
       block->payload.clear();  // The last occurrence wins.
       block->payload.reserve(v);
       if (!r.Append(v, &block->payload)) return false;
@@ -187,10 +187,10 @@ bool InlineCalls::DecodeLoadResponse(const grpc::ByteBuffer& buffer,
   const size_t first = out->size();
   while (r.remaining() > 0) {
     uint64_t tag;
-    bool ok = r.ReadVarint(&tag) && tag <= UINT32_MAX && (tag >> 3) != 0;
+    bool ok = r.ReadTag(&tag);
     if (ok && tag == ((1u << 3) | 2)) {
       uint64_t len;
-      ok = r.ReadVarint(&len) && len <= r.remaining();
+      ok = r.ReadLength(&len) && len <= r.remaining();
       if (ok) {
         out->emplace_back();
         ok = DecodeLoadedBlock(r, r.position() + len, &out->back());

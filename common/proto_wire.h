@@ -73,6 +73,23 @@ class SliceReader {
     }
     return false;
   }
+  // ReadTag reads a field tag as protobuf does: a varint of at most 5 bytes
+  // (a longer one, even of a small value, is refused there) naming a field
+  // number of at least 1 that fits 32 bits.
+  bool ReadTag(uint64_t* tag) {
+    const size_t start = pos_;
+    return ReadVarint(tag) && pos_ - start <= 5 && *tag <= UINT32_MAX && (*tag >> 3) != 0;
+  }
+  // ReadLength reads a length-delimited field's length as protobuf does: a
+  // varint of at most 5 bytes whose value is under 2 GiB less protobuf's
+  // 16 slop bytes. protobuf refuses a longer encoding even of a small value;
+  // accepting it (and re-encoding it canonically) would take messages that
+  // protobuf refuses (found by fuzz_inline_save).
+  bool ReadLength(uint64_t* len) {
+    const size_t start = pos_;
+    return ReadVarint(len) && pos_ - start <= 5 && *len <= kMaxLength;
+  }
+  static constexpr uint64_t kMaxLength = 0x7fffffff - 16;
   // Copy copies the next n bytes to `dst` (null: skips them).
   bool Copy(size_t n, char* dst) {
     if (n > remaining()) return false;
@@ -110,7 +127,7 @@ class SliceReader {
       case 1:
         return Copy(8, nullptr);
       case 2:
-        return ReadVarint(&v) && Copy(v, nullptr);
+        return ReadLength(&v) && Copy(v, nullptr);
       case 5:
         return Copy(4, nullptr);
       default:

@@ -45,6 +45,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "common/byte_size.h"
 #include "common/proto_wire.h"
 #include "daemon/payload_paths.h"
@@ -186,7 +187,7 @@ inline bool CopyFieldValue(SliceReader& r, uint32_t wire_type, std::string* out)
       return r.Append(8, out);
     case 2: {
       uint64_t len;
-      if (!r.ReadVarint(&len) || len > r.remaining()) return false;
+      if (!r.ReadLength(&len) || len > r.remaining()) return false;
       AppendVarint(out, len);
       return r.Append(len, out);
     }
@@ -210,13 +211,6 @@ inline void ReturnSavePayloads(StringPool& pool, v1::SaveRequest* request) {
 
 namespace internal {
 
-// ReadTag reads a field tag as protobuf does: a varint of at most 5 bytes
-// (a longer one, even of a small value, is refused there) naming a field
-// number of at least 1.
-inline bool ReadTag(SliceReader& r, uint64_t* tag) {
-  const size_t start = r.position();
-  return r.ReadVarint(tag) && r.position() - start <= 5 && *tag <= UINT32_MAX && (*tag >> 3) != 0;
-}
 
 inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& pool,
                              v1::SaveRequest* request) {
@@ -225,7 +219,7 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
   std::string skeleton;  // One block without its inline_bytes.
   while (r.remaining() > 0) {
     uint64_t tag;
-    if (!ReadTag(r, &tag)) return false;
+    if (!r.ReadTag(&tag)) return false;
     const uint32_t field = static_cast<uint32_t>(tag >> 3), wire_type = tag & 7;
     if (field != 1 || wire_type != 2) {
       AppendVarint(&top, tag);
@@ -233,14 +227,14 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
       continue;
     }
     uint64_t len;
-    if (!r.ReadVarint(&len) || len > r.remaining()) return false;
+    if (!r.ReadLength(&len) || len > r.remaining()) return false;
     const size_t end = r.position() + len;
     skeleton.clear();
     v1::SaveBlock* block = request->add_blocks();
     bool other_payload = false;
     while (r.position() < end) {
       uint64_t t;
-      if (!ReadTag(r, &t)) return false;
+      if (!r.ReadTag(&t)) return false;
       const uint32_t f = static_cast<uint32_t>(t >> 3), wt = t & 7;
       if (f == 2 && wt == 2) {
         uint64_t n;
@@ -249,7 +243,7 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
         // The length's own varint may run past the block's end: checked
         // before the subtraction (it underflowed, and a 12-byte request
         // asked for an allocation of exabytes).
-        if (block->payload_case() == v1::SaveBlock::kInlineBytes || !r.ReadVarint(&n) ||
+        if (block->payload_case() == v1::SaveBlock::kInlineBytes || !r.ReadLength(&n) ||
             r.position() > end || n > end - r.position()) {
           return false;
         }
@@ -267,8 +261,14 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
     const bool has_payload = block->payload_case() == v1::SaveBlock::kInlineBytes;
     if (has_payload && other_payload) return false;
     // The rest of the block, as protobuf parses it (merged: the payload
-    // already set stays, since the skeleton names no other payload).
-    if (!block->MergeFromString(skeleton)) return false;
+    // already set stays, since the skeleton names no other payload), one
+    // level down protobuf's recursion limit as inside the whole request: a
+    // block nested as deep as the limit allows on its own is refused there
+    // (found by the unit test around the limit).
+    google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(skeleton.data()),
+                                              static_cast<int>(skeleton.size()));
+    in.SetRecursionLimit(google::protobuf::io::CodedInputStream::GetDefaultRecursionLimit() - 1);
+    if (!block->MergeFromCodedStream(&in) || !in.ConsumedEntireMessage()) return false;
   }
   // The other top-level fields (scalars and bytes: the last one wins, as
   // when they are interleaved with the blocks).

@@ -306,7 +306,26 @@ TEST(InlineWireTest, SaveRequestOddEncodingsAreDeclinedOrEqual) {
       // A tag in a 6-byte varint (value under 2^32): protobuf refuses it; the
       // parser used to re-encode it and accept (also found by the fuzzer).
       field(1, std::string("\x80\x81\x80\x80\x80\x00", 6) + "\x01"),  // Field 16, varint.
+      // Lengths in 6-byte varints (values under 2^32): protobuf refuses
+      // them; the parser re-encoded them and accepted (fuzz_inline_save, CI):
+      // a block's, an inline payload's, and an unknown field's in a block.
+      std::string("\x0a\x83\x80\x80\x80\x80\x00\x12\x01\x41", 10),
+      field(1, std::string("\x12\x81\x80\x80\x80\x80\x00\x41", 8)),
+      field(1, std::string("\x3a\x81\x80\x80\x80\x80\x00\x41", 8)),
+      field(9, "") + std::string("\x3a\x81\x80\x80\x80\x80\x00\x41", 8),
+      // The same lengths in 5-byte varints, which protobuf accepts.
+      std::string("\x0a\x83\x80\x80\x80\x00\x12\x01\x41", 9),
+      field(1, std::string("\x12\x81\x80\x80\x80\x00\x41", 7)),
   };
+  // Unknown groups nested inside a block's meta, around protobuf's recursion
+  // limit (100): the parser hands each block to protobuf on its own, one
+  // level shallower than in the whole request.
+  for (int depth : {96, 97, 98, 99, 100, 101}) {
+    std::string groups;  // Field 20: start-group tags, then end-group tags.
+    for (int i = 0; i < depth; ++i) groups += "\xa3\x01";
+    for (int i = 0; i < depth; ++i) groups += "\xa4\x01";
+    odd.push_back(field(1, field(1, groups)));
+  }
   for (size_t i = 0; i < odd.size(); ++i) ExpectSameParse(odd[i], absl::StrCat("odd ", i));
 }
 
@@ -372,6 +391,16 @@ TEST(InlineCallsTest, LoadDecodingMatchesProtobuf) {
   std::vector<LoadedBlock> got;
   EXPECT_FALSE(InlineCalls::DecodeLoadResponse(Split(wire.substr(0, wire.size() - 3), 0), &got));
   EXPECT_TRUE(got.empty());
+  // A block's length in 5 bytes (protobuf takes it) and in 6 (it refuses).
+  for (const std::string& odd : {std::string("\x0a\x82\x80\x80\x80\x00\x28\x03", 8),
+                                 std::string("\x0a\x82\x80\x80\x80\x80\x00\x28\x03", 9)}) {
+    v1::LoadResponse expected;
+    const bool protobuf_ok = expected.ParseFromString(odd);
+    EXPECT_EQ(protobuf_ok, odd.size() == 8);
+    got.clear();
+    EXPECT_EQ(InlineCalls::DecodeLoadResponse(Split(odd, 0), &got), protobuf_ok) << odd.size();
+    EXPECT_EQ(got.size(), protobuf_ok ? 1u : 0u);
+  }
 }
 
 // ------------------------------------------------------------ the service
