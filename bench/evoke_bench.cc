@@ -40,6 +40,7 @@
 // the chart's title.
 #include <CLI/CLI.hpp>
 #include <hiredis/hiredis.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -48,6 +49,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -119,6 +121,36 @@ struct Sample {
   }
 };
 
+// PerfSwitch: with EVOKE_BENCH_PERF_CTL=CTL_FIFO,ACK_FIFO (the fifos of a
+// `perf record -D -1 --control=fifo:CTL_FIFO,ACK_FIFO`, as
+// scripts/perf-profile.sh starts it), the timed passes switch the recording
+// on and off, so that a profile of the daemon holds the timed work only (not
+// the untimed warm-up and setup of each case). Otherwise it does nothing.
+class PerfSwitch {
+ public:
+  static PerfSwitch& Get() {
+    static PerfSwitch s;
+    return s;
+  }
+  void Set(bool on) {
+    if (ctl_ < 0) return;
+    const std::string cmd = on ? "enable\n" : "disable\n";
+    if (write(ctl_, cmd.data(), cmd.size()) != static_cast<ssize_t>(cmd.size())) return;
+    char ack[8];
+    if (ack_ >= 0) (void)!read(ack_, ack, sizeof(ack));  // "ack\n" once perf switched.
+  }
+
+ private:
+  PerfSwitch() {
+    const char* env = std::getenv("EVOKE_BENCH_PERF_CTL");
+    if (env == nullptr) return;
+    const std::vector<std::string> fifos = absl::StrSplit(env, ',');
+    ctl_ = open(fifos[0].c_str(), O_WRONLY | O_CLOEXEC);
+    if (fifos.size() > 1) ack_ = open(fifos[1].c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  int ctl_ = -1, ack_ = -1;
+};
+
 // RunThreads runs `body(thread, &latencies)` on `threads` threads released
 // together and returns the wall time from the first start to the last end,
 // as the threads themselves measured it (the main thread may be descheduled
@@ -128,17 +160,20 @@ double RunThreads(int threads,
                   std::vector<double>* latencies) {
   std::vector<std::vector<double>> per(threads);
   std::vector<Clock::time_point> starts(threads), ends(threads);
-  std::barrier sync(threads);
+  std::barrier sync_go(threads + 1);  // The threads and this one, once perf is on.
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      sync.arrive_and_wait();
+      sync_go.arrive_and_wait();
       starts[t] = Clock::now();
       body(t, &per[t]);
       ends[t] = Clock::now();
     });
   }
+  PerfSwitch::Get().Set(true);
+  sync_go.arrive_and_wait();
   for (auto& th : pool) th.join();
+  PerfSwitch::Get().Set(false);
   for (auto& p : per) latencies->insert(latencies->end(), p.begin(), p.end());
   return std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) -
                                        *std::min_element(starts.begin(), starts.end()))
@@ -669,7 +704,10 @@ class GoalCases {
     std::vector<double> save_s, load_s, set_s, get_s;
     for (int rep = 0; rep < reps(); ++rep) {
       const std::string session = NewSession();
-      EVOKE_ASSIGN_OR_RETURN(const auto seconds, pass(session));
+      PerfSwitch::Get().Set(true);
+      const absl::StatusOr<std::pair<double, double>> timed = pass(session);
+      PerfSwitch::Get().Set(false);
+      EVOKE_ASSIGN_OR_RETURN(const auto seconds, timed);
       EVOKE_RETURN_IF_ERROR(client->DropSession("bench", session).status());
       save_s.push_back(seconds.first);
       load_s.push_back(seconds.second);
@@ -756,6 +794,7 @@ class GoalCases {
     // Two passes: the first (untimed) faults the daemon's side of the
     // regions in and starts the rings; the second is measured.
     for (int pass = 0; pass < 2; ++pass) {
+      PerfSwitch::Get().Set(pass == 1);
       for (Side& side : sides) {
         side.session = NewSession();
         side.metas.clear();
@@ -779,6 +818,7 @@ class GoalCases {
           if (pass == 1) side.load_us.push_back(Micros(a, Clock::now()));
         }
       }
+      PerfSwitch::Get().Set(false);
       for (Side& side : sides) {
         EVOKE_RETURN_IF_ERROR(side.client->DropSession("bench", side.session).status());
       }

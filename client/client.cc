@@ -613,7 +613,8 @@ void Client::Impl::AttachRing() {
     return;
   }
   if (lease_id != lease) return;  // The lease ended meanwhile.
-  ring = std::make_shared<RingClient>(std::move(*region), g, options.ring_spin);
+  ring = std::make_shared<RingClient>(std::move(*region), g, options.ring_spin,
+                                        options.ring_spin_max);
   ring_error.clear();
 }
 

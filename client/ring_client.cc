@@ -55,10 +55,10 @@ void RingClient::Init(uint8_t* base, const ring::RingGeometry& g) {
 }
 
 RingClient::RingClient(std::unique_ptr<SharedRegion> region, const ring::RingGeometry& geometry,
-                       absl::Duration spin)
+                       absl::Duration spin, absl::Duration spin_max)
     : region_(std::move(region)),
       g_(geometry),
-      spin_(spin),
+      spin_(spin, spin_max),
       base_(region_->data()),
       header_(reinterpret_cast<RingHeader*>(base_)) {}
 
@@ -251,9 +251,11 @@ absl::StatusOr<RingCompletion> RingClient::Wait(uint64_t ticket, absl::Time dead
     }
     sleeper_ = true;
     const uint32_t seen = cq_head_;
+    const absl::Duration window = spin_.window();
     mu_.Unlock();
     // Spin first: a busy daemon answers within microseconds.
-    const absl::Time spin_until = absl::Now() + spin_;
+    const absl::Time start = absl::Now();
+    const absl::Time spin_until = start + window;
     bool posted = false;
     for (int i = 0;; ++i) {
       if (header_->cq_tail.value.load(std::memory_order_acquire) != seen) {
@@ -271,6 +273,9 @@ absl::StatusOr<RingCompletion> RingClient::Wait(uint64_t ticket, absl::Time dead
       }
     }
     mu_.Lock();
+    if (header_->cq_tail.value.load(std::memory_order_acquire) != seen) {
+      spin_.Record(absl::Now() - start);
+    }
     sleeper_ = false;
     reaped_.SignalAll();
   }

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/adaptive_spin.h"
 #include "common/ring_format.h"
 #include "evoke/client.h"
 
@@ -33,7 +34,7 @@ class RingClient {
   static void Init(uint8_t* base, const ring::RingGeometry& geometry);
 
   RingClient(std::unique_ptr<SharedRegion> region, const ring::RingGeometry& geometry,
-             absl::Duration spin);
+             absl::Duration spin, absl::Duration spin_max);
   RingClient(const RingClient&) = delete;
   RingClient& operator=(const RingClient&) = delete;
 
@@ -69,7 +70,9 @@ class RingClient {
 
   const std::unique_ptr<SharedRegion> region_;
   const ring::RingGeometry g_;
-  const absl::Duration spin_;
+  // How long a waiter polls for a completion before it sleeps, from how
+  // long recent completions took (common/adaptive_spin.h).
+  AdaptiveSpin spin_ ABSL_GUARDED_BY(mu_);
   uint8_t* const base_;
   ring::RingHeader* const header_;
   std::atomic<bool> dead_{false};

@@ -254,6 +254,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   PinnedArenaOptions arena_options;
   arena_options.capacity_bytes = options.pinned_bytes;
   arena_options.lock_memory = options.lock_memory;
+  arena_options.prefault = options.prefault_memory;
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena,
                          PinnedArena::Create(arena_options));
   const PinnedArena::Stats arena_stats = arena->GetStats();

@@ -265,6 +265,11 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   app.add_option("--lock-memory", o->lock_memory,
                  "mlock tier 1 (best effort; Stat reports the outcome)")
       ->capture_default_str();
+  app.add_option("--prefault-memory", o->prefault_memory,
+                 "When tier 1 is not locked, fault its pages in on a background thread at "
+                 "start, so that Saves do not pay for page zeroing (commits --pinned-bytes "
+                 "of memory; Stat reports the progress)")
+      ->capture_default_str();
   app.add_option("--spill-sync", o->spill_sync,
                  "fsync the spill store's WAL on every spill batch")
       ->capture_default_str();
@@ -450,6 +455,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "worker-threads = ", o.worker_threads, "\n",
       "copy-threads = ", o.copy_threads, "\n",
       "lock-memory = ", o.lock_memory ? "true" : "false", "\n",
+      "prefault-memory = ", o.prefault_memory ? "true" : "false", "\n",
       "spill-sync = ", o.spill_sync ? "true" : "false", "\n",
       "spill-batch-bytes = ", size(o.spill_batch_bytes), "\n",
       "save-wait-ms = ", o.save_wait_ms, "\n",

@@ -65,6 +65,12 @@ struct DaemonOptions {
   // Default: true.
   bool lock_memory = true;
 
+  // When tier 1 is not locked, fault its pages in on a background thread at
+  // start, so that Saves into fresh space do not pay for the kernel zeroing
+  // pages (PinnedArenaOptions::prefault). Commits pinned_bytes of memory.
+  // Default: true.
+  bool prefault_memory = true;
+
   // fsync the spill store's WAL on every spill batch. Without it a process
   // crash loses nothing that was spilled; a machine crash may lose the last
   // batches. Durable saves always fsync.

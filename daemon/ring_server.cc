@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/adaptive_spin.h"
 #include "common/futex.h"
 #include "common/log.h"
 
@@ -112,8 +113,8 @@ class RingSet::Ring {
 
  private:
   void Serve();
-  // Idle waits for a submission: spins for options.spin, then sleeps on the
-  // futex for at most options.liveness_interval. Returns false when the
+  // Idle waits for a submission: spins (for spin_'s window), then sleeps on
+  // the futex for at most options.liveness_interval. Returns false when the
   // ring should stop.
   bool Idle();
   void Break(uint32_t reason);
@@ -147,6 +148,8 @@ class RingSet::Ring {
   // The daemon's own indices; never read back from the shared header.
   uint32_t sq_head_ = 0;
   uint32_t cq_tail_ = 0;
+  // How long Idle polls, from the gaps between this client's submissions.
+  AdaptiveSpin spin_{set_->options_.spin, set_->options_.spin_max};
 };
 
 absl::Status RingSet::Ring::Check(const RingSqe& e) const {
@@ -185,9 +188,13 @@ void RingSet::Ring::Break(uint32_t reason) {
 
 bool RingSet::Ring::Idle() {
   const RingOptions& o = set_->options_;
-  const absl::Time spin_until = absl::Now() + o.spin;
+  const absl::Time start = absl::Now();
+  const absl::Time spin_until = start + spin_.window();
   for (int i = 0;; ++i) {
-    if (header_->sq_tail.value.load(std::memory_order_acquire) != sq_head_) return true;
+    if (header_->sq_tail.value.load(std::memory_order_acquire) != sq_head_) {
+      spin_.Record(absl::Now() - start);
+      return true;
+    }
     if (stop_.load(std::memory_order_acquire)) return false;
     if ((i & 63) == 63 && absl::Now() >= spin_until) break;
     CpuRelax();
@@ -199,9 +206,10 @@ bool RingSet::Ring::Idle() {
   }
   header_->sq_need_wake.value.store(0, std::memory_order_relaxed);
   if (stop_.load(std::memory_order_acquire)) return false;
-  if (header_->sq_tail.value.load(std::memory_order_acquire) == sq_head_ && !handler_->Alive()) {
-    return false;
+  if (header_->sq_tail.value.load(std::memory_order_acquire) == sq_head_) {
+    return handler_->Alive();  // Woken for the liveness check: no work.
   }
+  spin_.Record(absl::Now() - start);
   return true;
 }
 

@@ -32,8 +32,13 @@ struct RingOptions {
   uint32_t max_rings = 256;
   uint32_t max_rings_per_uid = 64;
   // How long a ring's thread keeps polling an empty queue before it sleeps
-  // on the futex (a busy ring then costs no system call). Default: 50 us.
+  // on the futex (a busy ring then costs no system call): twice the recent
+  // mean gap between the client's submissions while that is under half of
+  // spin_max, so that a client that submits every few hundred microseconds
+  // finds the thread awake; `spin` for slower clients (common/adaptive_spin.h).
+  // spin_max <= spin: always `spin`. Defaults: 50 us, 1 ms.
   absl::Duration spin = absl::Microseconds(50);
+  absl::Duration spin_max = absl::Milliseconds(1);
   // How often a sleeping ring's thread wakes to check that its lease and
   // region still exist. Default: 100 ms.
   absl::Duration liveness_interval = absl::Milliseconds(100);

@@ -89,6 +89,8 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   o->set_invalid_records(c.invalid_records);
   out->set_pinned_memory_locked(in.host_locked);
   out->set_pinned_memory_lock_error(in.host_lock_error);
+  out->set_pinned_prefaulted_bytes(in.host_prefaulted_bytes);
+  out->set_pinned_prefault_error(in.host_prefault_error);
   out->set_pinned_largest_free_bytes(in.host_largest_free_bytes);
   out->set_high_watermark(in.high_watermark);
   out->set_low_watermark(in.low_watermark);

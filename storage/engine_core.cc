@@ -127,6 +127,8 @@ TierStats EngineCore::Stats() {
   out.counters = counters;
   out.host_locked = arena.locked;
   out.host_lock_error = arena.lock_error;
+  out.host_prefaulted_bytes = arena.prefaulted_bytes;
+  out.host_prefault_error = arena.prefault_error;
   out.host_largest_free_bytes = arena.largest_free_bytes;
   out.high_watermark = options.high_watermark;
   out.low_watermark = options.low_watermark;

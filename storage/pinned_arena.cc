@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -14,6 +15,14 @@ namespace evoke {
 namespace {
 
 bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older C libraries lack the name.
+#endif
+
+// The background prefault populates this much per madvise call: small
+// enough that a stopping daemon waits at most a few milliseconds for it.
+constexpr uint64_t kPrefaultSlice = 64ull << 20;
 
 }  // namespace
 
@@ -53,13 +62,51 @@ absl::StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(
                                 " (raise RLIMIT_MEMLOCK or grant CAP_IPC_LOCK)");
     }
   }
-  if (!locked) {
-    // Prefault so that the first Save does not pay for page faults.
-    madvise(p, capacity, MADV_WILLNEED);
-  }
-  return std::unique_ptr<PinnedArena>(new PinnedArena(
+  std::unique_ptr<PinnedArena> arena(new PinnedArena(
       static_cast<uint8_t*>(p), capacity, options.granule_bytes, locked,
       std::move(lock_error)));
+  if (locked) {
+    arena->prefaulted_ = capacity;  // mlock faulted every page in.
+  } else if (options.prefault) {
+    // Not MADV_WILLNEED, which does nothing for anonymous pages never
+    // touched. A page a Save touches first is simply skipped by the kernel.
+    arena->prefault_done_ = false;
+    arena->prefault_thread_ = std::thread([a = arena.get()] { a->Prefault(); });
+  } else {
+    arena->prefault_error_ = "not requested (prefault=false)";
+  }
+  return arena;
+}
+
+void PinnedArena::Prefault() {
+  for (uint64_t off = 0; off < capacity_;) {
+    {
+      absl::MutexLock lock(&prefault_mu_);
+      if (stop_prefault_) {
+        prefault_error_ = "stopped";
+        break;
+      }
+    }
+    const uint64_t n = std::min(kPrefaultSlice, capacity_ - off);
+    if (madvise(base_ + off, n, MADV_POPULATE_WRITE) != 0) {
+      const int err = errno;
+      absl::MutexLock lock(&prefault_mu_);
+      // EINVAL: a kernel before 5.14; ENOMEM: no memory to commit. Either
+      // way Saves fault pages in as they go, as without prefaulting.
+      prefault_error_ = absl::StrCat("madvise(MADV_POPULATE_WRITE): ", std::strerror(err));
+      break;
+    }
+    off += n;
+    absl::MutexLock lock(&prefault_mu_);
+    prefaulted_ = off;
+  }
+  absl::MutexLock lock(&prefault_mu_);
+  prefault_done_ = true;
+}
+
+bool PinnedArena::WaitForPrefault(absl::Duration timeout) const {
+  absl::MutexLock lock(&prefault_mu_);
+  return prefault_mu_.AwaitWithTimeout(absl::Condition(&prefault_done_), timeout);
 }
 
 PinnedArena::PinnedArena(uint8_t* base, uint64_t capacity, uint64_t granule,
@@ -74,6 +121,13 @@ PinnedArena::PinnedArena(uint8_t* base, uint64_t capacity, uint64_t granule,
 }
 
 PinnedArena::~PinnedArena() {
+  if (prefault_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&prefault_mu_);
+      stop_prefault_ = true;
+    }
+    prefault_thread_.join();
+  }
   if (locked_) munlock(base_, capacity_);
   munmap(base_, capacity_);
 }
@@ -204,6 +258,9 @@ PinnedArena::Stats PinnedArena::GetStats() const {
   s.extents = extents_;
   s.locked = locked_;
   s.lock_error = lock_error_;
+  absl::MutexLock prefault(&prefault_mu_);
+  s.prefaulted_bytes = prefaulted_;
+  s.prefault_error = prefault_error_;
   return s;
 }
 

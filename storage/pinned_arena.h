@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace evoke {
 
@@ -28,6 +30,12 @@ struct PinnedArenaOptions {
   // registered with CUDA cheaply). Best effort: failure is reported in
   // Stats, not returned. Default: true.
   bool lock_memory = true;
+  // When the region is not locked (mlock faults every page in itself), fault
+  // its pages in on a background thread (MADV_POPULATE_WRITE, Linux 5.14+),
+  // so that Saves into fresh extents do not pay for the kernel zeroing each
+  // page on first touch (half of a 1 MiB shared-memory Save's time, measured).
+  // Commits capacity_bytes of memory up front, as mlock does. Default: true.
+  bool prefault = true;
 };
 
 // An allocated piece of the arena. `length` is the reserved length (the
@@ -55,9 +63,13 @@ class PinnedArena {
     uint64_t extents = 0;             // Live allocations.
     bool locked = false;              // mlock succeeded.
     std::string lock_error;           // Why not, when !locked.
+    // Bytes faulted in so far (capacity_bytes once done; all of them at
+    // once when locked), and why prefaulting stopped short, if it did.
+    uint64_t prefaulted_bytes = 0;
+    std::string prefault_error;
   };
 
-  // Create maps and prefaults the region. INVALID_ARGUMENT for bad options,
+  // Create maps the region, locks it or starts prefaulting it. INVALID_ARGUMENT for bad options,
   // RESOURCE_EXHAUSTED when the mapping fails (ENOMEM).
   static absl::StatusOr<std::unique_ptr<PinnedArena>> Create(
       const PinnedArenaOptions& options);
@@ -96,10 +108,16 @@ class PinnedArena {
   // UsedBytes and LargestFreeBytes are cheap views of GetStats().
   uint64_t UsedBytes() const;
   uint64_t LargestFreeBytes() const;
+  // WaitForPrefault blocks until the background prefault has ended (at
+  // once when there is none) or `timeout` passed; true when it ended.
+  bool WaitForPrefault(absl::Duration timeout) const;
 
  private:
   PinnedArena(uint8_t* base, uint64_t capacity, uint64_t granule, bool locked,
               std::string lock_error);
+  // The background prefault: populates the region a slice at a time, so
+  // that the destructor can stop it between slices.
+  void Prefault();
 
   uint8_t* const base_;
   const uint64_t capacity_;
@@ -115,6 +133,13 @@ class PinnedArena {
       ABSL_GUARDED_BY(mu_);
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t extents_ ABSL_GUARDED_BY(mu_) = 0;
+
+  mutable absl::Mutex prefault_mu_;
+  uint64_t prefaulted_ ABSL_GUARDED_BY(prefault_mu_) = 0;
+  std::string prefault_error_ ABSL_GUARDED_BY(prefault_mu_);
+  bool prefault_done_ ABSL_GUARDED_BY(prefault_mu_) = true;
+  bool stop_prefault_ ABSL_GUARDED_BY(prefault_mu_) = false;
+  std::thread prefault_thread_;
 };
 
 }  // namespace evoke

@@ -1,5 +1,8 @@
 #include "storage/pinned_arena.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <map>
 #include <random>
@@ -153,6 +156,54 @@ TEST(PinnedArenaTest, ReportsLocking) {
   const PinnedArena::Stats stats = arena->GetStats();
   // Either the region is locked, or the reason it is not is reported.
   EXPECT_NE(stats.locked, !stats.lock_error.empty());
+}
+
+// Pages of [p, p + n) in memory, by mincore.
+size_t ResidentPages(const uint8_t* p, size_t n) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((n + page - 1) / page);
+  if (mincore(const_cast<uint8_t*>(p), n, v.data()) != 0) return 0;
+  size_t resident = 0;
+  for (unsigned char c : v) resident += c & 1;
+  return resident;
+}
+
+TEST(PinnedArenaTest, PrefaultFaultsEveryPageInWhenNotLocked) {
+  PinnedArenaOptions options;
+  options.capacity_bytes = 96 << 20;  // More than one prefault slice.
+  options.lock_memory = false;
+  const size_t pages = options.capacity_bytes / static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  {
+    options.prefault = false;
+    ASSERT_OK_AND_ASSIGN(auto arena, PinnedArena::Create(options));
+    EXPECT_TRUE(arena->WaitForPrefault(absl::ZeroDuration()));
+    EXPECT_EQ(ResidentPages(arena->base(), arena->capacity_bytes()), 0u);
+    EXPECT_EQ(arena->GetStats().prefaulted_bytes, 0u);
+    EXPECT_NE(arena->GetStats().prefault_error, "");
+  }
+  options.prefault = true;
+  ASSERT_OK_AND_ASSIGN(auto arena, PinnedArena::Create(options));
+  ASSERT_TRUE(arena->WaitForPrefault(absl::Seconds(60)));
+  const PinnedArena::Stats stats = arena->GetStats();
+  if (stats.prefault_error.find("Invalid argument") != std::string::npos) {
+    GTEST_SKIP() << "this kernel cannot prefault (before Linux 5.14): " << stats.prefault_error;
+  }
+  EXPECT_EQ(stats.prefault_error, "");
+  EXPECT_EQ(stats.prefaulted_bytes, options.capacity_bytes);
+  EXPECT_EQ(ResidentPages(arena->base(), arena->capacity_bytes()), pages);
+  // The memory is as before: zeroes, and usable.
+  ASSERT_OK_AND_ASSIGN(Extent e, arena->Allocate(1 << 20));
+  EXPECT_EQ(arena->Data(e)[12345], 0);
+  std::memset(arena->Data(e), 7, 1 << 20);
+  arena->Free(e);
+}
+
+TEST(PinnedArenaTest, DestroyedWhilePrefaulting) {
+  PinnedArenaOptions options;
+  options.capacity_bytes = 1ull << 30;
+  options.lock_memory = false;
+  ASSERT_OK_AND_ASSIGN(auto arena, PinnedArena::Create(options));
+  arena.reset();  // Stops the prefault between slices, then unmaps.
 }
 
 }  // namespace

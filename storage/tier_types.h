@@ -186,6 +186,8 @@ struct TierStats {
   StorageCounters counters;
   bool host_locked = false;  // mlock of tier 1 succeeded.
   std::string host_lock_error;
+  uint64_t host_prefaulted_bytes = 0;  // Faulted in ahead of use.
+  std::string host_prefault_error;
   uint64_t host_largest_free_bytes = 0;
   double high_watermark = 0;
   double low_watermark = 0;

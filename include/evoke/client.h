@@ -68,9 +68,14 @@ struct ClientOptions {
   // Submission queue entries of the ring (a power of two, 1..4096); the
   // completion queue has twice as many. Default: 256.
   uint32_t ring_entries = 256;
-  // How long a thread waiting for a ring completion spins before it sleeps.
-  // Default: 20 us.
+  // How long a thread waiting for a ring completion spins before it sleeps:
+  // twice the recent mean time the daemon took to answer while that is under
+  // half of ring_spin_max (so that a synchronous caller does not pay two
+  // futex wake-ups per small operation), ring_spin otherwise (large
+  // operations; ring_spin_max <= ring_spin: always ring_spin).
+  // Defaults: 20 us, 500 us.
   absl::Duration ring_spin = absl::Microseconds(20);
+  absl::Duration ring_spin_max = absl::Microseconds(500);
 };
 
 // ResolveTarget turns ClientOptions::target (or $EVOKE_SOCKET, or the

@@ -205,7 +205,10 @@ void PrintStat(const v1::StatResponse& s) {
                                FormatByteSize(s.pinned().payload_bytes()),
                                FormatByteSize(s.pinned().used_bytes()),
                                FormatByteSize(s.pinned().capacity_bytes()),
-                               s.pinned_memory_locked() ? "locked" : "not locked");
+                               s.pinned_memory_locked() ? "locked"
+                               : s.pinned_prefaulted_bytes() >= s.pinned().capacity_bytes()
+                                   ? "not locked, prefaulted"
+                                   : "not locked");
   std::cout << absl::StrFormat("%-16s %10d %14s %14s %14s\n", "2 spill (disk)",
                                s.spill().blocks(), FormatByteSize(s.spill().payload_bytes()),
                                FormatByteSize(s.spill().used_bytes()),
