@@ -41,9 +41,10 @@ uint64_t CombineChunkChecksums(absl::Span<const uint64_t> chunks, size_t total_s
 uint64_t CopyHashingDestination(void* dst, const void* src, size_t size);
 
 // CopyHashingSource copies `size` bytes and returns the checksum of the
-// source, hashing each piece before copying it. Use it to verify a private
-// copy (tier 1, a RocksDB read) while handing it to memory the client can
-// change.
+// source, hashing each piece right after copying it (still in cache). Use it
+// to verify a private copy (tier 1, a RocksDB read) while handing it to
+// memory the client can change: a mismatch means the bytes handed over are
+// not the block's, and the caller must fail the read.
 uint64_t CopyHashingSource(void* dst, const void* src, size_t size);
 
 // The same, for one chunk (size <= kChecksumChunkBytes): returns
