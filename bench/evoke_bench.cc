@@ -123,7 +123,7 @@ struct Sample {
 
 // PerfSwitch: with EVOKE_BENCH_PERF_CTL=CTL_FIFO,ACK_FIFO (the fifos of a
 // `perf record -D -1 --control=fifo:CTL_FIFO,ACK_FIFO`, as
-// scripts/perf-profile.sh starts it), the timed passes switch the recording
+// scripts/bench-profile.sh starts it), the timed passes switch the recording
 // on and off, so that a profile of the daemon holds the timed work only (not
 // the untimed warm-up and setup of each case). Otherwise it does nothing.
 class PerfSwitch {
@@ -1136,6 +1136,10 @@ int Run(int argc, char** argv) {
                "Shared-memory cases: time each region's first pass (the daemon's first-touch "
                "page faults included) instead of the steady state");
   bool goals_only = false;
+  int64_t ring_spin_max_us = -1;
+  app.add_option("--ring-spin-max-us", ring_spin_max_us,
+                 "The clients' ClientOptions::ring_spin_max in microseconds (default: the "
+                 "library's); 20 (= ring_spin) polls a fixed 20 us, as clients before issue #26");
   app.add_flag("--goals-only", goals_only,
                "Only the goal cases of issue #12 (ops4k, lat4k, gather), not the matrix");
   CLI11_PARSE(app, argc, argv);
@@ -1195,6 +1199,7 @@ int Run(int argc, char** argv) {
   client_options.target = socket;
   client_options.connect_timeout = absl::Seconds(30);
   client_options.max_message_bytes = 80ull << 20;
+  if (ring_spin_max_us >= 0) client_options.ring_spin_max = absl::Microseconds(ring_spin_max_us);
   absl::StatusOr<std::unique_ptr<Client>> probe = Client::Connect(client_options);
   if (!probe.ok()) {
     std::fprintf(stderr, "evoke-bench: evoked did not start: %s\n",

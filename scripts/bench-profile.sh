@@ -13,6 +13,12 @@
 #   OUT_PREFIX.dso.txt     self time per shared object (kernel, libc, evoked)
 # The perf data itself stays in a temp dir (large); keep it with KEEP_DATA=1.
 #
+# perf records only while a case's timed pass runs (evoke-bench switches it
+# through EVOKE_BENCH_PERF_CTL), not the untimed setup and warm-up of each
+# case (first touches of fresh regions, the saves before a load case). An
+# evoke-bench from before issue #26 cannot switch it: profile those with
+# WHOLE_RUN=1, which records from start to end.
+#
 # Example (issue #12, the 4 KiB and 1 MiB shared-memory cases):
 #   scripts/bench-profile.sh build/daemon/evoked build/bench/evoke-bench \
 #     bench/results/issue12_perf_after_4k 'lat4k' --quick --goals-only
@@ -42,7 +48,14 @@ EVOKED_PID=$!
 for _ in $(seq 600); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "evoked did not start:" >&2; cat "$DIR/evoked.log" >&2; exit 1; }
 
-perf record -e cpu-clock -g -p "$EVOKED_PID" -o "$DIR/perf.data" > "$DIR/perf.log" 2>&1 &
+PERF_ARGS=()
+if [ "${WHOLE_RUN:-0}" != 1 ]; then
+  mkfifo "$DIR/ctl" "$DIR/ack"
+  PERF_ARGS=(-D -1 --control "fifo:$DIR/ctl,$DIR/ack")
+  export EVOKE_BENCH_PERF_CTL="$DIR/ctl,$DIR/ack"
+fi
+perf record -e cpu-clock -g "${PERF_ARGS[@]}" -p "$EVOKED_PID" -o "$DIR/perf.data" \
+  > "$DIR/perf.log" 2>&1 &
 PERF_PID=$!
 sleep 0.5
 set +e
@@ -57,7 +70,7 @@ report() {  # report SORT_KEYS LINES
     --sort "$1" 2>/dev/null | grep -v '^#' | grep -v '^$' | head -"$2"
 }
 {
-  echo "# perf record -e cpu-clock -g -p <evoked> during: $(basename "$BENCH") --target SOCK --only '$ONLY' $*"
+  echo "# perf record -e cpu-clock -g -p <evoked> (timed passes only unless WHOLE_RUN=1: ${WHOLE_RUN:-0}) during: $(basename "$BENCH") --target SOCK --only '$ONLY' $*"
   echo "# evoked: $EVOKED ($(cd "$(dirname "$EVOKED")" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   echo "# $(perf report -i "$DIR/perf.data" --stdio 2>/dev/null | grep -m1 '^# Samples')"
   echo "# self time by symbol: perf report --no-children --stdio -g none --sort comm,dso,sym"
