@@ -1,5 +1,7 @@
 #include "client/ring_client.h"
 
+#include <sched.h>
+
 #include <cstring>
 #include <string>
 #include <utility>
@@ -263,6 +265,8 @@ absl::StatusOr<RingCompletion> RingClient::Wait(uint64_t ticket, absl::Time dead
         break;
       }
       if ((i & 63) == 63 && absl::Now() >= spin_until) break;
+      // As the daemon's ring thread: spin without starving other threads.
+      if ((i & 255) == 255) sched_yield();
       CpuRelax();
     }
     if (!posted) {

@@ -1,5 +1,7 @@
 #include "daemon/ring_server.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <system_error>
@@ -197,6 +199,10 @@ bool RingSet::Ring::Idle() {
     }
     if (stop_.load(std::memory_order_acquire)) return false;
     if ((i & 63) == 63 && absl::Now() >= spin_until) break;
+    // Every few microseconds, let a runnable thread have this core (a
+    // client, another ring) when there are more of them than cores; returns
+    // at once otherwise.
+    if ((i & 255) == 255) sched_yield();
     CpuRelax();
   }
   header_->sq_need_wake.value.store(1, std::memory_order_seq_cst);
@@ -207,7 +213,10 @@ bool RingSet::Ring::Idle() {
   header_->sq_need_wake.value.store(0, std::memory_order_relaxed);
   if (stop_.load(std::memory_order_acquire)) return false;
   if (header_->sq_tail.value.load(std::memory_order_acquire) == sq_head_) {
-    return handler_->Alive();  // Woken for the liveness check: no work.
+    // Woken for the liveness check, no work: an idle client counts as slow,
+    // so that an idle ring soon polls for `spin` only after each check.
+    spin_.Record(absl::Now() - start);
+    return handler_->Alive();
   }
   spin_.Record(absl::Now() - start);
   return true;

@@ -1,0 +1,199 @@
+// The client's metadata and operator calls (Recover, Lookup, Delete, Pin,
+// Describe, List, Stat, Verify, Flush, HealthCheck) and the block helpers;
+// the data path is in client.cc.
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "client/client_impl.h"
+#include "common/status_macros.h"
+#include "evoke/client.h"
+#include "evoke/v1/kvtier.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace evoke {
+
+using client_internal::FromGrpc;
+
+absl::StatusOr<v1::RecoverResponse> Client::Recover(const v1::RecoverRequest& request) {
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::RecoverResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Recover(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids) {
+  return Lookup(ids, "");
+}
+
+absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids,
+                                                     absl::string_view ns) {
+  return Lookup(ids, ns, "");
+}
+
+absl::StatusOr<std::vector<v1::Tier>> Client::Lookup(absl::Span<const BlockId> ids,
+                                                     absl::string_view ns,
+                                                     absl::string_view trust_group) {
+  v1::LookupRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_namespace_(std::string(ns));
+  request.set_trust_group(std::string(trust_group));
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::LookupResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Lookup(&context, request, &response)));
+  std::vector<v1::Tier> tiers;
+  tiers.reserve(response.tiers_size());
+  for (int t : response.tiers()) tiers.push_back(static_cast<v1::Tier>(t));
+  return tiers;
+}
+
+absl::Status Client::Delete(absl::Span<const BlockId> ids) {
+  v1::DeleteRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::DeleteResponse response;
+  return FromGrpc(impl_->stub->Delete(&context, request, &response));
+}
+
+absl::StatusOr<uint32_t> Client::DropSession(absl::string_view ns,
+                                             absl::string_view session_id) {
+  v1::DropSessionRequest request;
+  request.set_namespace_(std::string(ns));
+  request.set_session_id(std::string(session_id));
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::DropSessionResponse response;
+  EVOKE_RETURN_IF_ERROR(
+      FromGrpc(impl_->stub->DropSession(&context, request, &response)));
+  return response.n_deleted();
+}
+
+absl::Status Client::Pin(absl::Span<const BlockId> ids) {
+  v1::PinRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_lease_id(impl_->LeaseId());
+  if (request.lease_id().empty()) {
+    return absl::FailedPreconditionError("no lease: call OpenLease first (pins belong to a lease)");
+  }
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::PinResponse response;
+  return FromGrpc(impl_->stub->Pin(&context, request, &response));
+}
+
+absl::Status Client::Unpin(absl::Span<const BlockId> ids) {
+  v1::PinRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_lease_id(impl_->LeaseId());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::PinResponse response;
+  return FromGrpc(impl_->stub->Unpin(&context, request, &response));
+}
+
+absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) {
+  v1::DescribeRequest request;
+  request.set_id(id.ToBytes());
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::BlockInfo response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Describe(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::ListResponse> Client::List(const v1::ListRequest& request) {
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::ListResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->List(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::StatResponse> Client::Stat() {
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::StatResponse response;
+  EVOKE_RETURN_IF_ERROR(
+      FromGrpc(impl_->stub->Stat(&context, v1::StatRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<v1::VerifyResponse> Client::Verify(absl::Span<const BlockId> ids) {
+  v1::VerifyRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  grpc::ClientContext context;
+  // Verify reads every block: no per-call deadline beyond a generous one.
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  v1::VerifyResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Verify(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::FlushResponse> Client::Flush(bool evict) {
+  v1::FlushRequest request;
+  request.set_evict(evict);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  v1::FlushResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Flush(&context, request, &response)));
+  return response;
+}
+
+absl::Status Client::HealthCheck() {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("evoke.v1.KvTier");
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  grpc::health::v1::HealthCheckResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->health->Check(&context, request, &response)));
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError("evoke.v1.KvTier is not serving");
+  }
+  return absl::OkStatus();
+}
+
+BlockId BlockIdOf(const v1::BlockMeta& meta) {
+  absl::StatusOr<BlockId> id = BlockId::FromBytes(meta.id());
+  return id.ok() ? *id : BlockId();
+}
+
+v1::BlockMeta SessionBlockMeta(const v1::LayoutFingerprint& fingerprint,
+                               absl::string_view session_id, uint64_t sequence,
+                               uint32_t n_tokens, uint32_t layer_begin,
+                               uint32_t layer_end, int32_t first_position) {
+  v1::BlockMeta meta;
+  *meta.mutable_fingerprint() = fingerprint;
+  meta.set_kind(v1::BLOCK_KIND_SESSION);
+  meta.set_session_id(std::string(session_id));
+  meta.set_sequence(sequence);
+  meta.set_id(SessionBlockId(fingerprint.namespace_(), session_id, sequence).ToBytes());
+  meta.set_n_tokens(n_tokens);
+  meta.set_layer_begin(layer_begin);
+  meta.set_layer_end(layer_end);
+  meta.set_first_position(first_position);
+  return meta;
+}
+
+v1::BlockMeta PrefixBlockMeta(const v1::LayoutFingerprint& fingerprint,
+                              const BlockId& parent,
+                              absl::Span<const int32_t> tokens,
+                              uint32_t layer_begin, uint32_t layer_end,
+                              int32_t first_position) {
+  v1::BlockMeta meta;
+  *meta.mutable_fingerprint() = fingerprint;
+  meta.set_kind(v1::BLOCK_KIND_PREFIX);
+  if (!parent.IsZero()) meta.set_parent_id(parent.ToBytes());
+  meta.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  meta.set_id(PrefixBlockId(parent, tokens, DigestFingerprint(fingerprint)).ToBytes());
+  meta.set_n_tokens(static_cast<uint32_t>(tokens.size()));
+  meta.set_layer_begin(layer_begin);
+  meta.set_layer_end(layer_end);
+  meta.set_first_position(first_position);
+  return meta;
+}
+
+}  // namespace evoke
