@@ -385,6 +385,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   KvTierServiceOptions service_options;
   service_options.limits.block.max_block_bytes = options.max_block_bytes;
   service_options.max_message_bytes = options.max_message_bytes;
+  service_options.rings.spin_max = absl::Microseconds(options.ring_poll_max_us);
   service_options.max_calls_per_uid = options.ResolvedMaxCallsPerUid();
   service_options.data_dir = data_dir;
   service_options.version = EVOKE_VERSION;

@@ -270,6 +270,12 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                  "start, so that Saves do not pay for page zeroing (commits --pinned-bytes "
                  "of memory; Stat reports the progress)")
       ->capture_default_str();
+  app.add_option("--ring-poll-max-us", o->ring_poll_max_us,
+                 "Longest a command ring's thread polls for its client's next submission before "
+                 "sleeping: twice the recent gap while that is under half of this, 50 us "
+                 "otherwise (50 or less: always 50 us; a polling ring keeps a core busy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
   app.add_option("--spill-sync", o->spill_sync,
                  "fsync the spill store's WAL on every spill batch")
       ->capture_default_str();
@@ -456,6 +462,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "copy-threads = ", o.copy_threads, "\n",
       "lock-memory = ", o.lock_memory ? "true" : "false", "\n",
       "prefault-memory = ", o.prefault_memory ? "true" : "false", "\n",
+      "ring-poll-max-us = ", o.ring_poll_max_us, "\n",
       "spill-sync = ", o.spill_sync ? "true" : "false", "\n",
       "spill-batch-bytes = ", size(o.spill_batch_bytes), "\n",
       "save-wait-ms = ", o.save_wait_ms, "\n",

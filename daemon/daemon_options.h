@@ -71,6 +71,14 @@ struct DaemonOptions {
   // Default: true.
   bool prefault_memory = true;
 
+  // The longest a command ring's thread polls for its client's next
+  // submission before sleeping (RingOptions::spin_max): it polls for twice
+  // the recent gap between submissions while that is under half of this,
+  // 50 us otherwise. A ring of a client that submits every few hundred
+  // microseconds then keeps a core busy; 50 or less: always 50 us.
+  // Default: 1000.
+  uint32_t ring_poll_max_us = 1000;
+
   // fsync the spill store's WAL on every spill batch. Without it a process
   // crash loses nothing that was spilled; a machine crash may lose the last
   // batches. Durable saves always fsync.

@@ -185,7 +185,8 @@ TEST(DaemonFlagsTest, FlagsMapOntoOptions) {
                    "64MiB", "--spill-bytes=2GiB", "--high-watermark", "0.9",
                    "--low-watermark", "0.5", "--max-block-bytes", "16MiB",
                    "--max-message-bytes", "32MiB", "--worker-threads", "3",
-                   "--lock-memory=false", "--prefault-memory=false", "--spill-sync=true",
+                   "--lock-memory=false", "--prefault-memory=false", "--ring-poll-max-us", "250",
+                   "--spill-sync=true",
                    "--save-wait-ms",
                    "250", "--log-level", "debug"},
                   &o));
@@ -200,6 +201,7 @@ TEST(DaemonFlagsTest, FlagsMapOntoOptions) {
   EXPECT_EQ(o.worker_threads, 3u);
   EXPECT_FALSE(o.lock_memory);
   EXPECT_FALSE(o.prefault_memory);
+  EXPECT_EQ(o.ring_poll_max_us, 250u);
   EXPECT_TRUE(o.spill_sync);
   EXPECT_EQ(o.save_wait_ms, 250u);
   EXPECT_EQ(o.log_level, "debug");
@@ -263,6 +265,7 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.copy_threads = 3;
   custom.lock_memory = false;
   custom.prefault_memory = false;
+  custom.ring_poll_max_us = 200;
   custom.spill_sync = true;
   custom.spill_batch_bytes = 32ull << 20;
   custom.save_wait_ms = 777;
@@ -314,7 +317,8 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
   EXPECT_THAT(out, HasSubstr("pinned-bytes = \"2 GiB\""));
   for (const char* key : {"socket", "data-dir", "spill-bytes", "high-watermark",
                           "low-watermark", "max-block-bytes", "max-message-bytes",
-                          "worker-threads", "copy-threads", "lock-memory", "prefault-memory", "spill-sync",
+                          "worker-threads", "copy-threads", "lock-memory", "prefault-memory",
+                          "ring-poll-max-us", "spill-sync",
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-leases-per-uid",
                           "max-calls-per-uid", "max-regions-per-lease",
@@ -345,6 +349,7 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.worker_threads, b.worker_threads);
   EXPECT_EQ(a.lock_memory, b.lock_memory);
   EXPECT_EQ(a.prefault_memory, b.prefault_memory);
+  EXPECT_EQ(a.ring_poll_max_us, b.ring_poll_max_us);
   EXPECT_EQ(a.spill_sync, b.spill_sync);
   EXPECT_EQ(a.copy_threads, b.copy_threads);
   EXPECT_EQ(a.spill_batch_bytes, b.spill_batch_bytes);
@@ -458,6 +463,7 @@ TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
     o.copy_threads = static_cast<uint32_t>(pick(0, 64));
     o.lock_memory = pick(0, 1);
     o.prefault_memory = pick(0, 1);
+    o.ring_poll_max_us = pick(0, 5000);
     o.spill_sync = pick(0, 1);
     o.spill_batch_bytes = size(1u << 20);
     o.save_wait_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
