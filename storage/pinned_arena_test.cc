@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -158,11 +159,11 @@ TEST(PinnedArenaTest, ReportsLocking) {
   EXPECT_NE(stats.locked, !stats.lock_error.empty());
 }
 
-// Pages of [p, p + n) in memory, by mincore.
-size_t ResidentPages(const uint8_t* p, size_t n) {
+// Pages of [p, p + n) in memory, by mincore; nullopt when it cannot tell.
+std::optional<size_t> ResidentPages(const uint8_t* p, size_t n) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   std::vector<unsigned char> v((n + page - 1) / page);
-  if (mincore(const_cast<uint8_t*>(p), n, v.data()) != 0) return 0;
+  if (mincore(const_cast<uint8_t*>(p), n, v.data()) != 0) return std::nullopt;
   size_t resident = 0;
   for (unsigned char c : v) resident += c & 1;
   return resident;
@@ -177,7 +178,9 @@ TEST(PinnedArenaTest, PrefaultFaultsEveryPageInWhenNotLocked) {
     options.prefault = false;
     ASSERT_OK_AND_ASSIGN(auto arena, PinnedArena::Create(options));
     EXPECT_TRUE(arena->WaitForPrefault(absl::ZeroDuration()));
-    EXPECT_EQ(ResidentPages(arena->base(), arena->capacity_bytes()), 0u);
+    const std::optional<size_t> resident = ResidentPages(arena->base(), arena->capacity_bytes());
+    if (!resident) GTEST_SKIP() << "mincore cannot report residency here: " << strerror(errno);
+    EXPECT_EQ(*resident, 0u);
     EXPECT_EQ(arena->GetStats().prefaulted_bytes, 0u);
     EXPECT_NE(arena->GetStats().prefault_error, "");
   }
@@ -190,7 +193,7 @@ TEST(PinnedArenaTest, PrefaultFaultsEveryPageInWhenNotLocked) {
   }
   EXPECT_EQ(stats.prefault_error, "");
   EXPECT_EQ(stats.prefaulted_bytes, options.capacity_bytes);
-  EXPECT_EQ(ResidentPages(arena->base(), arena->capacity_bytes()), pages);
+  EXPECT_EQ(ResidentPages(arena->base(), arena->capacity_bytes()), std::optional<size_t>(pages));
   // The memory is as before: zeroes, and usable.
   ASSERT_OK_AND_ASSIGN(Extent e, arena->Allocate(1 << 20));
   EXPECT_EQ(arena->Data(e)[12345], 0);
