@@ -42,9 +42,11 @@
 #include <hiredis/hiredis.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -223,8 +225,10 @@ struct Result {
   Sample memcpy_base;
   Sample redis;
   Sample cuda_base;
+  Sample stream_base;  // Inline cases: the same bytes over a bare Unix socket.
   bool have_redis = false;
   bool have_cuda_base = false;
+  bool have_stream_base = false;
 };
 
 class Bench {
@@ -419,6 +423,88 @@ Sample RunMemcpy(const Case& c, int blocks_per_thread) {
       },
       &sample.latencies_us);
   sample.bytes = static_cast<uint64_t>(blocks_per_thread) * size * c.threads;
+  return sample;
+}
+
+// A raw stream of the same bytes, the inline path's baseline: each thread
+// writes every operation's bytes into a Unix stream socket, a peer thread
+// reads them into a buffer and answers one byte, and the writer waits for
+// it (save+load: both ways). No framing, no checksum, no copy into tier 1:
+// the floor of moving the bytes through the kernel's socket.
+absl::StatusOr<Sample> RunUnixStream(const Case& c, int blocks_per_thread) {
+  const uint64_t op_bytes = c.block_bytes * c.batch;
+  std::vector<std::array<int, 2>> fds(c.threads);
+  for (auto& f : fds) {
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, f.data()) != 0) {
+      return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
+    }
+  }
+  auto write_all = [](int fd, const uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      const ssize_t w = write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<uint64_t>(w);
+    }
+    return true;
+  };
+  auto read_all = [](int fd, uint8_t* p, uint64_t n) {
+    while (n > 0) {
+      const ssize_t r = read(fd, p, n);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      p += r;
+      n -= static_cast<uint64_t>(r);
+    }
+    return true;
+  };
+  const int ways = c.op == Op::kSaveLoad ? 2 : 1;
+  const int ops = (blocks_per_thread + c.batch - 1) / c.batch;
+  std::atomic<bool> failed{false};
+  // One peer per thread: reads each operation's bytes, answers a byte (and
+  // for save+load sends them back).
+  std::vector<std::thread> peers;
+  for (int t = 0; t < c.threads; ++t) {
+    peers.emplace_back([&, t] {
+      std::vector<uint8_t> buf(op_bytes);
+      uint8_t ack = 1;
+      for (int i = 0; i < ops && !failed; ++i) {
+        bool ok = read_all(fds[t][1], buf.data(), op_bytes);
+        if (ok && ways == 2) ok = write_all(fds[t][1], buf.data(), op_bytes);
+        if (ok && ways == 1) ok = write_all(fds[t][1], &ack, 1);
+        if (!ok) failed = true;
+      }
+    });
+  }
+  std::vector<std::vector<uint8_t>> src(c.threads);
+  for (int t = 0; t < c.threads; ++t) {
+    src[t].resize(op_bytes);
+    testing::FillPayload(t, src[t].data(), op_bytes);
+  }
+  Sample sample;
+  sample.seconds = RunThreads(
+      c.threads,
+      [&](int t, std::vector<double>* lat) {
+        std::vector<uint8_t> back(ways == 2 ? op_bytes : 1);
+        for (int i = 0; i < ops && !failed; ++i) {
+          const auto a = Clock::now();
+          if (!write_all(fds[t][0], src[t].data(), op_bytes) ||
+              !read_all(fds[t][0], back.data(), back.size())) {
+            failed = true;
+          }
+          lat->push_back(Micros(a, Clock::now()));
+        }
+      },
+      &sample.latencies_us);
+  for (auto& f : fds) shutdown(f[0], SHUT_RDWR);
+  for (std::thread& p : peers) p.join();
+  for (auto& f : fds) {
+    close(f[0]);
+    close(f[1]);
+  }
+  if (failed) return absl::InternalError("the unix-stream baseline failed");
+  sample.bytes = static_cast<uint64_t>(ops) * op_bytes * c.threads;
   return sample;
 }
 
@@ -1294,6 +1380,13 @@ int Run(int argc, char** argv) {
     r.evoke = *s;
     const int per_thread = bench.BlocksPerThread(c);
     r.memcpy_base = RunMemcpy(c, per_thread);
+    if (c.path == Path::kInline) {
+      absl::StatusOr<Sample> st = RunUnixStream(c, per_thread);
+      if (st.ok()) {
+        r.stream_base = *st;
+        r.have_stream_base = true;
+      }
+    }
     if (have_redis && c.path != Path::kCuda) {
       absl::StatusOr<Sample> rs = RunRedis(redis_socket, c, per_thread);
       if (rs.ok()) {
@@ -1319,11 +1412,16 @@ int Run(int argc, char** argv) {
             ? absl::StrFormat("%8.2f %8.2f", r.cuda_base.Gbps(),
                               r.evoke.Gbps() / std::max(1e-9, r.cuda_base.Gbps()))
             : std::string("       -        -");
-    std::printf("%-9s %-7s %5s %3d %5d | %8.2f %9.0f %9.0f | %8.2f %8.2f | %s%s%s\n",
+    std::printf("%-9s %-7s %5s %3d %5d | %8.2f %9.0f %9.0f | %8.2f %8.2f | %s%s%s%s\n",
                 OpName(c.op), PathName(c.path), Size(c.block_bytes).c_str(), c.threads,
                 c.batch, r.evoke.Gbps(), r.evoke.Percentile(0.5), r.evoke.Percentile(0.99),
                 r.memcpy_base.Gbps(), ratio_memcpy, redis_cell.c_str(),
-                r.have_cuda_base ? " (cudaMemcpy)" : "", r.evoke.ring ? " ring" : "");
+                r.have_cuda_base ? " (cudaMemcpy)" : "", r.evoke.ring ? " ring" : "",
+                r.have_stream_base
+                    ? absl::StrFormat(" | stream %.2f GB/s, x%.3f", r.stream_base.Gbps(),
+                                      r.evoke.Gbps() / std::max(1e-9, r.stream_base.Gbps()))
+                          .c_str()
+                    : "");
     std::fflush(stdout);
     results.push_back(std::move(r));
   }
@@ -1388,7 +1486,7 @@ int Run(int argc, char** argv) {
           "\"batch\": %d, \"gbps\": %.4f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
           "\"memcpy_gbps\": %.4f, \"ratio_memcpy\": %.4f, \"redis_gbps\": %s, "
           "\"ratio_redis\": %s, \"cuda_memcpy_gbps\": %s, \"ratio_cuda_memcpy\": %s, "
-          "\"ring\": %s}%s\n",
+          "\"stream_gbps\": %s, \"ratio_stream\": %s, \"ring\": %s}%s\n",
           OpName(r.c.op), PathName(r.c.path),
           static_cast<unsigned long long>(r.c.block_bytes), r.c.threads, r.c.batch,
           r.evoke.Gbps(), r.evoke.Percentile(0.5), r.evoke.Percentile(0.99),
@@ -1400,6 +1498,10 @@ int Run(int argc, char** argv) {
           r.have_cuda_base ? absl::StrFormat("%.4f", r.cuda_base.Gbps()) : "null",
           r.have_cuda_base
               ? absl::StrFormat("%.4f", r.evoke.Gbps() / std::max(1e-9, r.cuda_base.Gbps()))
+              : "null",
+          r.have_stream_base ? absl::StrFormat("%.4f", r.stream_base.Gbps()) : "null",
+          r.have_stream_base
+              ? absl::StrFormat("%.4f", r.evoke.Gbps() / std::max(1e-9, r.stream_base.Gbps()))
               : "null",
           r.evoke.ring ? "true" : "false", i + 1 < results.size() ? "," : "");
     }
