@@ -10,6 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "common/subprocess.h"
+#include "evoke/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -76,9 +77,22 @@ TEST(EvokeEvalE2eTest, GoesOnCountingFailuresWhenEvokedGoesAway) {
        .stdout_path = dir.path() + "/eval.out",
        .stderr_path = dir.path() + "/eval.out"});
   ASSERT_TRUE(eval.ok()) << eval.status();
-  // Let the first session evict and recover through the daemon, then take
-  // the daemon away for the rest of the run.
-  absl::SleepFor(absl::Seconds(2));
+  // Take the daemon away as soon as the first session has evicted a block
+  // into it: the rest of the run meets no daemon. (A fixed 2 s delay made
+  // this depend on the run's speed: once the ring stopped sleeping between
+  // operations, all six sessions could end before it.)
+  ClientOptions options;
+  options.target = (*daemon)->socket();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time saved_by = absl::Now() + absl::Seconds(120);
+  for (;;) {
+    absl::StatusOr<v1::StatResponse> stat = (*client)->Stat();
+    ASSERT_TRUE(stat.ok()) << stat.status();
+    if (stat->counters().saves() > 0) break;
+    ASSERT_LT(absl::Now(), saved_by) << "evoke-eval saved nothing in 120 s";
+    absl::SleepFor(absl::Milliseconds(2));
+  }
   (*daemon)->KillHard();
   int code = -1;
   const absl::Time deadline = absl::Now() + absl::Seconds(300);
