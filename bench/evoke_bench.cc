@@ -439,26 +439,19 @@ absl::StatusOr<Sample> RunUnixStream(const Case& c, int blocks_per_thread) {
       return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
     }
   }
-  auto write_all = [](int fd, const uint8_t* p, uint64_t n) {
+  // Moves exactly n bytes with `io` (read or write), retrying on EINTR.
+  auto all = [](auto io, int fd, auto* p, uint64_t n) {
     while (n > 0) {
-      const ssize_t w = write(fd, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return false;
-      p += w;
-      n -= static_cast<uint64_t>(w);
+      const ssize_t done = io(fd, p, n);
+      if (done < 0 && errno == EINTR) continue;
+      if (done <= 0) return false;
+      p += done;
+      n -= static_cast<uint64_t>(done);
     }
     return true;
   };
-  auto read_all = [](int fd, uint8_t* p, uint64_t n) {
-    while (n > 0) {
-      const ssize_t r = read(fd, p, n);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return false;
-      p += r;
-      n -= static_cast<uint64_t>(r);
-    }
-    return true;
-  };
+  auto write_all = [&](int fd, const uint8_t* p, uint64_t n) { return all(::write, fd, p, n); };
+  auto read_all = [&](int fd, uint8_t* p, uint64_t n) { return all(::read, fd, p, n); };
   const int ways = c.op == Op::kSaveLoad ? 2 : 1;
   const int ops = (blocks_per_thread + c.batch - 1) / c.batch;
   std::atomic<bool> failed{false};

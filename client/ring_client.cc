@@ -1,7 +1,5 @@
 #include "client/ring_client.h"
 
-#include <sched.h>
-
 #include <cstring>
 #include <string>
 #include <utility>
@@ -257,18 +255,9 @@ absl::StatusOr<RingCompletion> RingClient::Wait(uint64_t ticket, absl::Time dead
     mu_.Unlock();
     // Spin first: a busy daemon answers within microseconds.
     const absl::Time start = absl::Now();
-    const absl::Time spin_until = start + window;
-    bool posted = false;
-    for (int i = 0;; ++i) {
-      if (header_->cq_tail.value.load(std::memory_order_acquire) != seen) {
-        posted = true;
-        break;
-      }
-      if ((i & 63) == 63 && absl::Now() >= spin_until) break;
-      // As the daemon's ring thread: spin without starving other threads.
-      if ((i & 255) == 255) sched_yield();
-      CpuRelax();
-    }
+    const bool posted = PollUntil(start + window, [&] {
+      return header_->cq_tail.value.load(std::memory_order_acquire) != seen;
+    });
     if (!posted) {
       header_->cq_need_wake.value.store(1, std::memory_order_seq_cst);
       if (header_->cq_tail.value.load(std::memory_order_seq_cst) == seen && alive()) {

@@ -13,10 +13,14 @@
 #ifndef EVOKE_COMMON_ADAPTIVE_SPIN_H_
 #define EVOKE_COMMON_ADAPTIVE_SPIN_H_
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/futex.h"
 
 namespace evoke {
 
@@ -48,6 +52,21 @@ class AdaptiveSpin {
   const int64_t max_ns_;
   int64_t mean_ns_;  // Starts slow: the first waits poll for `base`.
 };
+
+// PollUntil calls `ready` until it returns true (then true) or `until` has
+// passed (then false), pausing the core between calls. Every few
+// microseconds it yields the core (sched_yield), so that pollers do not
+// starve the threads doing the work when there are more runnable threads
+// than cores; the yield returns at once otherwise.
+template <typename Ready>
+bool PollUntil(absl::Time until, Ready ready) {
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    if ((i & 63) == 63 && absl::Now() >= until) return false;
+    if ((i & 255) == 255) sched_yield();
+    CpuRelax();
+  }
+}
 
 }  // namespace evoke
 

@@ -1,7 +1,5 @@
 #include "daemon/ring_server.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstring>
 #include <system_error>
@@ -191,19 +189,13 @@ void RingSet::Ring::Break(uint32_t reason) {
 bool RingSet::Ring::Idle() {
   const RingOptions& o = set_->options_;
   const absl::Time start = absl::Now();
-  const absl::Time spin_until = start + spin_.window();
-  for (int i = 0;; ++i) {
-    if (header_->sq_tail.value.load(std::memory_order_acquire) != sq_head_) {
-      spin_.Record(absl::Now() - start);
-      return true;
-    }
+  if (PollUntil(start + spin_.window(), [&] {
+        return header_->sq_tail.value.load(std::memory_order_acquire) != sq_head_ ||
+               stop_.load(std::memory_order_acquire);
+      })) {
     if (stop_.load(std::memory_order_acquire)) return false;
-    if ((i & 63) == 63 && absl::Now() >= spin_until) break;
-    // Every few microseconds, let a runnable thread have this core (a
-    // client, another ring) when there are more of them than cores; returns
-    // at once otherwise.
-    if ((i & 255) == 255) sched_yield();
-    CpuRelax();
+    spin_.Record(absl::Now() - start);
+    return true;
   }
   header_->sq_need_wake.value.store(1, std::memory_order_seq_cst);
   if (header_->sq_tail.value.load(std::memory_order_seq_cst) == sq_head_ &&
@@ -212,13 +204,13 @@ bool RingSet::Ring::Idle() {
   }
   header_->sq_need_wake.value.store(0, std::memory_order_relaxed);
   if (stop_.load(std::memory_order_acquire)) return false;
+  // Woken by a submission or for the liveness check: either way the gap so
+  // far counts (an idle client counts as slow, so that an idle ring soon
+  // polls for `spin` only after each check).
+  spin_.Record(absl::Now() - start);
   if (header_->sq_tail.value.load(std::memory_order_acquire) == sq_head_) {
-    // Woken for the liveness check, no work: an idle client counts as slow,
-    // so that an idle ring soon polls for `spin` only after each check.
-    spin_.Record(absl::Now() - start);
     return handler_->Alive();
   }
-  spin_.Record(absl::Now() - start);
   return true;
 }
 

@@ -65,15 +65,20 @@ absl::StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(
   std::unique_ptr<PinnedArena> arena(new PinnedArena(
       static_cast<uint8_t*>(p), capacity, options.granule_bytes, locked,
       std::move(lock_error)));
-  if (locked) {
-    arena->prefaulted_ = capacity;  // mlock faulted every page in.
-  } else if (options.prefault) {
+  {
+    absl::MutexLock lock(&arena->prefault_mu_);
+    if (locked) {
+      arena->prefaulted_ = capacity;  // mlock faulted every page in.
+    } else if (options.prefault) {
+      arena->prefault_done_ = false;
+    } else {
+      arena->prefault_error_ = "not requested (prefault=false)";
+    }
+  }
+  if (!locked && options.prefault) {
     // Not MADV_WILLNEED, which does nothing for anonymous pages never
     // touched. A page a Save touches first is simply skipped by the kernel.
-    arena->prefault_done_ = false;
     arena->prefault_thread_ = std::thread([a = arena.get()] { a->Prefault(); });
-  } else {
-    arena->prefault_error_ = "not requested (prefault=false)";
   }
   return arena;
 }
