@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <grpcpp/support/slice.h>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace evoke::wire {
@@ -112,6 +114,19 @@ class SliceReader {
       const grpc::Slice& s = slices_[slice_];
       const size_t take = std::min(n, s.size() - offset_);
       out->append(reinterpret_cast<const char*>(s.begin()) + offset_, take);
+      Advance(take);
+      n -= take;
+    }
+    return true;
+  }
+  // Views appends views of the next n bytes to `out`, one per slice they
+  // span, without copying them (they live as long as the slices).
+  bool Views(size_t n, std::vector<absl::string_view>* out) {
+    if (n > remaining()) return false;
+    while (n > 0) {
+      const grpc::Slice& s = slices_[slice_];
+      const size_t take = std::min(n, s.size() - offset_);
+      out->emplace_back(reinterpret_cast<const char*>(s.begin()) + offset_, take);
       Advance(take);
       n -= take;
     }

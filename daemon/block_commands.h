@@ -40,12 +40,16 @@ struct SliceRef {
 struct PayloadRef {
   enum class Kind : uint8_t { kNone, kInline, kRegion, kGather };
   Kind kind = Kind::kNone;
-  absl::string_view inline_bytes;  // kInline: bytes the transport holds.
+  absl::string_view inline_bytes;  // kInline: bytes the transport holds...
+  // ...or, when not empty, the pieces they are in, in order (a payload
+  // left in the buffers it was received in; inline_bytes is then unused).
+  std::vector<absl::string_view> inline_pieces;
   SliceRef region;                 // kRegion.
   std::vector<SliceRef> gather;    // kGather: the slices, in order.
 
-  // The payload's length: the inline bytes, the slice, or the sum of the
-  // gather slices (saturating at UINT64_MAX, which no limit admits).
+  // The payload's length: the inline bytes (or pieces), the slice, or the
+  // sum of the gather slices (saturating at UINT64_MAX, which no limit
+  // admits).
   uint64_t Length() const;
 };
 

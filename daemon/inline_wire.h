@@ -5,13 +5,16 @@
 // protobuf strings and then again into a serialization buffer.
 //
 //   Save: the request's ByteBuffer is walked field by field; every field but
-//     a block's inline_bytes is parsed by protobuf as before, and each large
-//     inline payload is gathered from the received slices into a pooled
-//     string that the SaveBlock then owns (set_allocated_inline_bytes), so
-//     validation and DoSave see exactly the message protobuf would have
-//     parsed. Anything the walker does not expect (groups, a block naming
-//     two payloads, a truncated field) makes it decline: the caller then
-//     parses with protobuf, as before, and gets the same answer as before.
+//     a block's inline_bytes is parsed by protobuf as before. A large inline
+//     payload is not copied at all: it stays in the slices gRPC received it
+//     in, and the parse returns views of it (SavePayloadViews), which the
+//     Save copies straight into tier 1 (a gather list, hashed as it lands).
+//     Its block keeps an empty inline_bytes, so that validation sees the
+//     message protobuf would have parsed but for the payload's bytes, whose
+//     length the views carry. Anything the walker does not expect (groups,
+//     a block naming two payloads, a truncated field) makes it decline: the
+//     caller then parses with protobuf, as before, and gets the same answer
+//     as before.
 //   Load: InlineLoadSink is the TierManager's LoadSink for inline loads. It
 //     lays out the whole LoadResponse at Prepare (every length is known from
 //     the metadata), so the TierManager copies and verifies each tier-1
@@ -54,8 +57,9 @@
 
 namespace evoke::inline_wire {
 
-// Payloads at least this long get a pooled buffer of their own; shorter
-// ones are cheap to allocate and copy.
+// Saved payloads at least this long stay in the received slices; loaded
+// ones get a pooled buffer of their own. Shorter ones are cheap to allocate
+// and copy.
 inline constexpr size_t kPooledPayloadBytes = 64 << 10;
 
 // ------------------------------------------------------------ StringPool
@@ -200,20 +204,37 @@ inline bool CopyFieldValue(SliceReader& r, uint32_t wire_type, std::string* out)
 
 // ------------------------------------------------------------ Save
 
-// ReturnSavePayloads takes the pooled payloads back out of `request`.
-inline void ReturnSavePayloads(StringPool& pool, v1::SaveRequest* request) {
-  for (v1::SaveBlock& block : *request->mutable_blocks()) {
-    if (block.payload_case() != v1::SaveBlock::kInlineBytes) continue;
-    if (block.inline_bytes().size() < kPooledPayloadBytes) continue;
-    pool.Give(std::unique_ptr<std::string>(block.release_inline_bytes()));
+// The large inline payloads of a parsed SaveRequest, left in the slices
+// they were received in.
+struct SavePayloadViews {
+  // The received bytes (references: the views stay valid while these live).
+  std::vector<grpc::Slice> slices;
+  // One entry per block of the request: the pieces of its payload when the
+  // payload was left in `slices` (the block's inline_bytes is then empty,
+  // its payload case set), else empty (the bytes are in the message).
+  std::vector<std::vector<absl::string_view>> blocks;
+};
+
+// MaterializePayloads copies every payload left in views into its block's
+// inline_bytes: the message protobuf would have parsed (for tests and
+// fuzzing, which compare the two).
+inline void MaterializePayloads(const std::vector<std::vector<absl::string_view>>& blocks,
+                                v1::SaveRequest* request) {
+  for (size_t i = 0; i < blocks.size() && i < static_cast<size_t>(request->blocks_size());
+       ++i) {
+    if (blocks[i].empty()) continue;
+    std::string* bytes = request->mutable_blocks(static_cast<int>(i))->mutable_inline_bytes();
+    bytes->clear();
+    for (absl::string_view piece : blocks[i]) bytes->append(piece.data(), piece.size());
   }
 }
 
 namespace internal {
 
 
-inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& pool,
-                             v1::SaveRequest* request) {
+// `views` receives one entry per block (see SavePayloadViews::blocks).
+inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, v1::SaveRequest* request,
+                             std::vector<std::vector<absl::string_view>>* views) {
   SliceReader r(slices);
   std::string top;       // Every top-level field but `blocks`.
   std::string skeleton;  // One block without its inline_bytes.
@@ -231,6 +252,7 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
     const size_t end = r.position() + len;
     skeleton.clear();
     v1::SaveBlock* block = request->add_blocks();
+    std::vector<absl::string_view>& pieces = views->emplace_back();
     bool other_payload = false;
     while (r.position() < end) {
       uint64_t t;
@@ -247,9 +269,14 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
             r.position() > end || n > end - r.position()) {
           return false;
         }
-        // Owned by the block from here, so that a decline returns it.
-        std::string* payload = TakePayloadString(pool, n).release();
-        block->set_allocated_inline_bytes(payload);
+        if (n >= kPooledPayloadBytes) {
+          // Left where it is; the block says only that it has inline bytes.
+          block->set_inline_bytes(std::string());
+          if (!r.Views(n, &pieces)) return false;
+          continue;
+        }
+        std::string* payload = block->mutable_inline_bytes();
+        payload->resize(n);
         if (!r.Copy(n, payload->data())) return false;
         continue;
       }
@@ -278,16 +305,19 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, StringPool& p
 }  // namespace internal
 
 // ParseSaveRequest parses a SaveRequest from `buffer` into `request` (which
-// must be empty) with large inline payloads in pooled strings, which belong
-// to `request` until ReturnSavePayloads gives them back. Returns false, with
-// `request` empty, when it declines: the caller then parses the buffer with
-// protobuf (and answers exactly as before).
-inline bool ParseSaveRequest(const grpc::ByteBuffer& buffer, StringPool& pool,
-                             v1::SaveRequest* request) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok() || !internal::ParseSaveRequest(slices, pool, request)) {
-    ReturnSavePayloads(pool, request);
+// must be empty), leaving large inline payloads in the received slices
+// (`views`, which must not outlive `buffer`'s bytes: it holds references to
+// them). Returns false, with `request` and `views` empty, when it declines:
+// the caller then parses the buffer with protobuf (and answers exactly as
+// before).
+inline bool ParseSaveRequest(const grpc::ByteBuffer& buffer, v1::SaveRequest* request,
+                             SavePayloadViews* views) {
+  views->blocks.clear();
+  if (!buffer.Dump(&views->slices).ok() ||
+      !internal::ParseSaveRequest(views->slices, request, &views->blocks)) {
     request->Clear();
+    views->blocks.clear();
+    views->slices.clear();
     return false;
   }
   return true;

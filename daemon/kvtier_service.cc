@@ -449,17 +449,22 @@ grpc::ServerUnaryReactor* KvTierService::LoadBytes(grpc::CallbackServerContext* 
 grpc::Status KvTierService::SaveRaw(const Caller& caller, const grpc::ByteBuffer& bytes,
                                     absl::Time deadline, grpc::ByteBuffer* out) {
   v1::SaveRequest request;
-  if (!inline_wire::ParseSaveRequest(bytes, payload_pool_, &request) &&
+  // Large payloads stay in the received slices (`views`), copied from there
+  // straight into tier 1.
+  inline_wire::SavePayloadViews views;
+  if (!inline_wire::ParseSaveRequest(bytes, &request, &views) &&
       !ParseWithProtobuf(bytes, &request)) {
     return UnparsableRequest();
   }
   absl::StatusOr<std::vector<SavedBlock>> saved = [&]() -> absl::StatusOr<std::vector<SavedBlock>> {
     SaveCommand command;
     EVOKE_RETURN_IF_ERROR(DecodeSaveRequest(request, options_.limits, &command));
+    for (size_t i = 0; i < views.blocks.size() && i < command.blocks.size(); ++i) {
+      if (!views.blocks[i].empty()) command.blocks[i].payload.inline_pieces = views.blocks[i];
+    }
     command.deadline = deadline;
     return blocks_.Save(caller, command);
   }();
-  inline_wire::ReturnSavePayloads(payload_pool_, &request);
   if (!saved.ok()) return ToGrpc(saved.status());
   v1::SaveResponse response;
   response.mutable_results()->Reserve(saved->size());

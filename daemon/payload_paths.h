@@ -80,7 +80,8 @@ struct SliceList {
 // SaveRequestSource serves the payloads of a validated SaveCommand. Host
 // payloads (inline, shared memory) are read in place; CUDA slices are
 // fetched with one DeviceOps::FetchBlocks per device (coalesced copies, the
-// session blocks hashed on the device beside them); gather lists are copied
+// session blocks hashed on the device beside them); gather lists (and
+// inline payloads left in pieces in the transport's buffers) are copied
 // slice by slice into tier 1 (host) or in the same FetchBlocks (CUDA).
 class SaveRequestSource final : public SaveSource {
  public:
@@ -118,7 +119,8 @@ class SaveRequestSource final : public SaveSource {
   const SaveCommand& command_;
   DeviceCopiers* const copiers_;
   std::vector<std::shared_ptr<Region>> regions_;  // Per block; null unless kRegion.
-  std::vector<SliceList> gathers_;                // Per block; empty unless kGather.
+  // Per block; empty unless kGather or inline pieces.
+  std::vector<SliceList> gathers_;
 };
 
 // CheckInlineBudget refuses (RESOURCE_EXHAUSTED) a Load whose payloads

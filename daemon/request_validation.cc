@@ -57,8 +57,12 @@ uint64_t PayloadLength(const v1::SaveBlock& block) {
 
 uint64_t PayloadRef::Length() const {
   switch (kind) {
-    case Kind::kInline:
-      return inline_bytes.size();
+    case Kind::kInline: {
+      if (inline_pieces.empty()) return inline_bytes.size();
+      uint64_t total = 0;
+      for (absl::string_view piece : inline_pieces) total += piece.size();
+      return total;
+    }
     case Kind::kRegion:
       return region.length;
     case Kind::kGather: {

@@ -36,19 +36,25 @@ void Run(FuzzedDataProvider& in) {
   }
   if (at < wire.size()) slices.emplace_back(wire.data() + at, wire.size() - at);
 
-  inline_wire::StringPool pool;
   v1::SaveRequest got;
-  const bool ok = inline_wire::internal::ParseSaveRequest(slices, pool, &got);
+  std::vector<std::vector<absl::string_view>> views;
+  const bool ok = inline_wire::internal::ParseSaveRequest(slices, &got, &views);
   v1::SaveRequest expected;
   const bool protobuf_ok = expected.ParseFromString(wire);
   if (ok) {
+    FUZZ_CHECK(views.size() == static_cast<size_t>(got.blocks_size()));
+    // A payload left in the slices: a large one, its block's bytes empty.
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (views[i].empty()) continue;
+      uint64_t total = 0;
+      for (absl::string_view piece : views[i]) total += piece.size();
+      const v1::SaveBlock& b = got.blocks(static_cast<int>(i));
+      FUZZ_CHECK(total >= inline_wire::kPooledPayloadBytes);
+      FUZZ_CHECK(b.payload_case() == v1::SaveBlock::kInlineBytes && b.inline_bytes().empty());
+    }
+    inline_wire::MaterializePayloads(views, &got);
     FUZZ_CHECK(protobuf_ok);
     FUZZ_CHECK(got.SerializeAsString() == expected.SerializeAsString());
-  }
-  inline_wire::ReturnSavePayloads(pool, &got);
-  for (const v1::SaveBlock& b : got.blocks()) {
-    FUZZ_CHECK(b.payload_case() != v1::SaveBlock::kInlineBytes ||
-               b.inline_bytes().size() < inline_wire::kPooledPayloadBytes);
   }
 }
 

@@ -55,10 +55,10 @@ int Run(int argc, char** argv) {
     grpc::SerializationTraits<v1::SaveRequest>::Deserialize(&copy, &parsed);
   });
   inline_wire::StringPool pool;
-  Time("save: inline_wire parse (after)", rounds, [&] {
+  Time("save: inline_wire parse (after: payload left in the slices)", rounds, [&] {
     v1::SaveRequest parsed;
-    inline_wire::ParseSaveRequest(received, pool, &parsed);
-    inline_wire::ReturnSavePayloads(pool, &parsed);
+    inline_wire::SavePayloadViews views;
+    inline_wire::ParseSaveRequest(received, &parsed, &views);
   });
   meta.set_payload_bytes(n);
   Time("load: resize+copy+serialize (before)", rounds, [&] {

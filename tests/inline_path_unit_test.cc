@@ -3,6 +3,7 @@
 // response, split over slices in every way; and the raw Save and Load
 // handlers of the real KvTierService over gRPC's in-process channel (a
 // corrupt tier-1 copy is still refused). Label: unit (starts no process).
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -225,18 +226,20 @@ void ExpectSameParse(const std::string& wire, const std::string& label) {
   v1::SaveRequest expected;
   const bool protobuf_ok = expected.ParseFromString(wire);
   for (size_t piece : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{16384}}) {
-    StringPool pool;
     v1::SaveRequest got;
-    const bool ok = inline_wire::ParseSaveRequest(Split(wire, piece), pool, &got);
+    inline_wire::SavePayloadViews views;
+    const bool ok = inline_wire::ParseSaveRequest(Split(wire, piece), &got, &views);
     if (!ok) {
       // Declined: the caller parses with protobuf. Never a request that
       // protobuf would parse differently.
       EXPECT_EQ(got.ByteSizeLong(), 0u) << label;
+      EXPECT_TRUE(views.blocks.empty()) << label;
       continue;
     }
     ASSERT_TRUE(protobuf_ok) << label << ": parsed what protobuf refuses";
+    ASSERT_EQ(views.blocks.size(), static_cast<size_t>(got.blocks_size())) << label;
+    inline_wire::MaterializePayloads(views.blocks, &got);
     EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString()) << label << " piece " << piece;
-    inline_wire::ReturnSavePayloads(pool, &got);
   }
 }
 
@@ -244,29 +247,51 @@ TEST(InlineWireTest, SaveRequestParsesAsProtobufParsesIt) {
   int k = 0;
   for (const v1::SaveRequest& r : SaveShapes()) {
     const std::string wire = r.SerializeAsString();
-    StringPool pool;
     v1::SaveRequest got;
-    ASSERT_TRUE(inline_wire::ParseSaveRequest(Split(wire, 5000), pool, &got)) << k;
+    inline_wire::SavePayloadViews views;
+    ASSERT_TRUE(inline_wire::ParseSaveRequest(Split(wire, 5000), &got, &views)) << k;
+    inline_wire::MaterializePayloads(views.blocks, &got);
     EXPECT_EQ(got.SerializeAsString(), wire) << k;
     ExpectSameParse(wire, absl::StrCat("shape ", k++));
   }
 }
 
-TEST(InlineWireTest, SavePayloadBuffersAreReused) {
+// A large payload is not copied: the parse leaves it in the received
+// slices (its block keeps an empty inline_bytes) and returns views of them;
+// a small one is copied into the message.
+TEST(InlineWireTest, LargeSavePayloadsStayInTheReceivedSlices) {
   v1::SaveRequest r;
-  v1::SaveBlock* b = r.add_blocks();
-  *b->mutable_meta() = Meta(1);
-  b->set_inline_bytes(testing::Payload(3, 16 * kMiB));
+  v1::SaveBlock* big = r.add_blocks();
+  *big->mutable_meta() = Meta(1);
+  big->set_inline_bytes(testing::Payload(3, 16 * kMiB + 5));
+  v1::SaveBlock* small = r.add_blocks();
+  *small->mutable_meta() = Meta(2);
+  small->set_inline_bytes(testing::Payload(4, inline_wire::kPooledPayloadBytes - 1));
   const std::string wire = r.SerializeAsString();
-  StringPool pool;
-  for (int round = 0; round < 3; ++round) {
-    v1::SaveRequest got;
-    ASSERT_TRUE(inline_wire::ParseSaveRequest(Split(wire, 16384), pool, &got));
-    EXPECT_TRUE(got.blocks(0).inline_bytes() == r.blocks(0).inline_bytes());
-    inline_wire::ReturnSavePayloads(pool, &got);
+  const grpc::ByteBuffer received = Split(wire, 16384);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(received.Dump(&slices).ok());
+  v1::SaveRequest got;
+  inline_wire::SavePayloadViews views;
+  ASSERT_TRUE(inline_wire::ParseSaveRequest(received, &got, &views));
+  ASSERT_EQ(views.blocks.size(), 2u);
+  EXPECT_EQ(got.blocks(0).payload_case(), v1::SaveBlock::kInlineBytes);
+  EXPECT_TRUE(got.blocks(0).inline_bytes().empty());
+  EXPECT_TRUE(views.blocks[1].empty());
+  EXPECT_EQ(got.blocks(1).inline_bytes(), r.blocks(1).inline_bytes());
+  // Every piece points into a received slice, and together they are the
+  // payload.
+  std::string joined;
+  for (absl::string_view piece : views.blocks[0]) {
+    const bool inside = std::any_of(slices.begin(), slices.end(), [&](const grpc::Slice& s) {
+      const char* b = reinterpret_cast<const char*>(s.begin());
+      return piece.data() >= b && piece.data() + piece.size() <= b + s.size();
+    });
+    EXPECT_TRUE(inside);
+    joined.append(piece.data(), piece.size());
   }
-  EXPECT_EQ(pool.counters().takes, 3u);
-  EXPECT_EQ(pool.counters().reused, 2u);
+  EXPECT_TRUE(joined == r.blocks(0).inline_bytes());
+  EXPECT_GE(views.blocks[0].size(), 16 * kMiB / 16384);
 }
 
 TEST(InlineWireTest, SaveRequestOddEncodingsAreDeclinedOrEqual) {
