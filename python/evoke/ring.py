@@ -11,8 +11,9 @@ instructions, stores become visible in program order (TSO), and a futex
 system call is a full barrier. After publishing submissions the client
 always clears sq_need_wake and calls FUTEX_WAKE (one system call per batch,
 not per block), so a daemon about to sleep never misses them. A client
-waiting for completions sets cq_need_wake, issues the same barrier, re-reads
-cq_tail and only then sleeps, for at most 20 ms at a time. On other
+waiting for completions polls cq_tail for a window learned from its recent
+waits (AdaptiveSpin), then sets cq_need_wake, issues the same barrier,
+re-reads cq_tail and only then sleeps, for at most 20 ms at a time. On other
 architectures the module refuses to run the ring (the client then uses the
 RPCs).
 """
@@ -47,6 +48,30 @@ _SYS_FUTEX = {"x86_64": 202}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+
+
+class AdaptiveSpin:
+    """How long a waiter polls for a completion before it sleeps on the
+    futex, from how long its recent waits took (the C++ client's
+    common/adaptive_spin.h): twice the recent mean wait while that is under
+    half of `max_s`, `base_s` otherwise. A daemon that answers within a few
+    hundred microseconds is then polled for, not slept on (a futex sleep and
+    wake-up each cost tens of microseconds); a slow one costs one short
+    poll. Not thread-safe (the ring's lock guards it)."""
+
+    def __init__(self, base_s, max_s):
+        self.base = base_s
+        self.max = max(base_s, max_s)
+        self.mean = self.max  # Starts slow: the first waits poll for `base`.
+
+    def window(self):
+        w = 2 * self.mean
+        return max(self.base, w) if w <= self.max else self.base
+
+    def record(self, waited_s):
+        """A wait that took `waited_s`, counted as at most `max_s`, weighted
+        1/8 against the past."""
+        self.mean += (min(max(waited_s, 0.0), self.max) - self.mean) / 8
 
 
 class _Timespec(ctypes.Structure):
@@ -121,6 +146,7 @@ class Ring:
         self._done = {}      # ticket -> Completion
         self._dead = False
         self._sleeper = False
+        self._spin = AdaptiveSpin(0.00002, 0.0005)
 
     @staticmethod
     def init_header(region, entries):
@@ -238,7 +264,7 @@ class Ring:
         self._store(_CQ_HEAD, self._cq_head)
         return n
 
-    def wait(self, ticket, deadline, spin=0.00002):
+    def wait(self, ticket, deadline):
         """The Completion of `ticket`."""
         with self._lock:
             while True:
@@ -260,11 +286,15 @@ class Ring:
                     continue
                 self._sleeper = True
                 seen = self._cq_head
+                window = self._spin.window()
                 self._lock.release()
+                start = time.monotonic()
                 try:
-                    self._sleep_until_posted(seen, deadline, spin)
+                    self._sleep_until_posted(seen, deadline, window)
                 finally:
                     self._lock.acquire()
+                    if self._load(_CQ_TAIL) != seen:
+                        self._spin.record(time.monotonic() - start)
                     self._sleeper = False
                     self._reaped.notify_all()
 

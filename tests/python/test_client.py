@@ -309,6 +309,25 @@ class ClientTest(unittest.TestCase):
 
 
 @unittest.skipIf(EVOKED is None, "EVOKED (the path of evoked) is not set")
+class AdaptiveSpinTest(unittest.TestCase):
+    """The ring's wait window (evoke.ring.AdaptiveSpin), as the C++ one."""
+
+    def test_polls_for_a_fast_daemon_and_not_for_a_slow_one(self):
+        from evoke.ring import AdaptiveSpin
+        spin = AdaptiveSpin(0.00002, 0.0005)
+        self.assertAlmostEqual(spin.window(), 0.00002)  # No history: slow.
+        for _ in range(64):
+            spin.record(0.00004)  # Answers in 40 us: poll about twice that.
+        self.assertGreater(spin.window(), 0.00007)
+        self.assertLessEqual(spin.window(), 0.0005)
+        for _ in range(64):
+            spin.record(0.5)  # Idle or slow: counted as max, back to base.
+        self.assertAlmostEqual(spin.window(), 0.00002)
+        for _ in range(64):
+            spin.record(-1.0)  # A clock step backwards counts as 0.
+        self.assertAlmostEqual(spin.window(), 0.00002)
+
+
 class RestartTest(unittest.TestCase):
 
     def test_reconnects_and_leases_again_after_a_restart(self):
