@@ -1,25 +1,33 @@
 #include "storage/engine_core.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <list>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
 #include "common/log.h"
+#include "common/status_macros.h"
+#include "storage/tier_types.h"
 
 namespace evoke {
 
 EngineCore::EngineCore(const TierManagerOptions& opts, std::unique_ptr<PinnedArena> arena,
                        std::unique_ptr<Tier> disk_tier)
-    : options(opts),
-      clock(opts.clock != nullptr ? opts.clock : Clock::Real()),
-      host(std::move(arena), [this] { room_cv.SignalAll(); }),
-      disk(std::move(disk_tier)),
-      copier(opts.copy_threads),
-      staging(opts.staging_bytes),
-      high_bytes(static_cast<uint64_t>(opts.high_watermark * host.capacity_bytes())),
-      low_bytes(static_cast<uint64_t>(opts.low_watermark * host.capacity_bytes())),
-      start(clock->Now()) {}
+    : options_(opts),
+      clock_(opts.clock != nullptr ? opts.clock : Clock::Real()),
+      host_(std::move(arena), [this] { room_cv_.SignalAll(); }),
+      disk_(std::move(disk_tier)),
+      copier_(opts.copy_threads),
+      staging_(opts.staging_bytes),
+      high_bytes_(static_cast<uint64_t>(opts.high_watermark * host_.capacity_bytes())),
+      low_bytes_(static_cast<uint64_t>(opts.low_watermark * host_.capacity_bytes())),
+      start_(clock_->Now()) {}
 
 storage::SpillRecord EngineCore::RecordOf(const IndexEntry& e) {
   storage::SpillRecord record;
@@ -30,30 +38,30 @@ storage::SpillRecord EngineCore::RecordOf(const IndexEntry& e) {
 
 void EngineCore::LogTierError(const absl::Status& s) {
   const int64_t now = absl::ToUnixSeconds(absl::Now());
-  int64_t last = last_tier_error_log_s.load();
-  if (now - last >= 10 && last_tier_error_log_s.compare_exchange_strong(last, now)) {
-    EVOKE_LOG_ERROR(disk->name(), " write failed (tier 1 cannot drain; saves will wait, "
+  int64_t last = last_tier_error_log_s_.load();
+  if (now - last >= 10 && last_tier_error_log_s_.compare_exchange_strong(last, now)) {
+    EVOKE_LOG_ERROR(disk_->name(), " write failed (tier 1 cannot drain; saves will wait, "
                     "then fail with RESOURCE_EXHAUSTED): ", s.ToString());
   }
 }
 
 absl::Status EngineCore::ReadFromDisk(const BlockId& id, uint64_t checksum,
-                                           uint64_t payload_bytes, uint8_t* dest,
-                                           uint8_t* promote) {
-  return disk->Read(
+                                      uint64_t payload_bytes, uint8_t* dest, uint8_t* promote) {
+  return disk_->Read(
       id, [&](const storage::SpillRecord& record, absl::string_view payload) -> absl::Status {
         if (record.meta().checksum() != checksum ||
             record.meta().payload_bytes() != payload_bytes) {
           // The copy belongs to another version of this id (deleted and
           // saved again while we read).
-          return absl::NotFoundError(absl::StrCat(BlockName(id), " changed while being read; retry"));
+          return absl::NotFoundError(
+              absl::StrCat(BlockName(id), " changed while being read; retry"));
         }
         if (payload.size() != payload_bytes) {
           return absl::DataLossError(absl::StrCat(BlockName(id), ": disk payload is ",
                                                   payload.size(), " bytes, expected ",
                                                   payload_bytes));
         }
-        const uint64_t got = copier.CopyHashingSource(dest, payload.data(), payload.size());
+        const uint64_t got = copier_.CopyHashingSource(dest, payload.data(), payload.size());
         if (got != checksum) {
           return absl::DataLossError(absl::StrCat(BlockName(id),
                                                   ": disk copy fails its checksum (stored ",
@@ -71,8 +79,8 @@ void EngineCore::QuarantineDisk(const BlockId& id, uint64_t gen) {
   storage::SpillRecord record;
   bool in_ram = false;
   {
-    absl::MutexLock lock(&mu);
-    const IndexEntry* e = index.FindGen(id, gen);
+    absl::MutexLock lock(&mu_);
+    const IndexEntry* e = index_.FindGen(id, gen);
     if (e == nullptr || !e->on_disk()) return;
     record = EngineCore::RecordOf(*e);
     in_ram = e->ram_readable();
@@ -80,64 +88,348 @@ void EngineCore::QuarantineDisk(const BlockId& id, uint64_t gen) {
   absl::Status s;
   if (in_ram) {
     const BlockId ids[] = {id};
-    s = disk->Delete(ids);
+    s = disk_->Delete(ids);
   } else {
     const TierWrite w[] = {TierWrite{id, &record, {}}};
-    s = disk->DropPayloads(w);
+    s = disk_->DropPayloads(w);
   }
-  absl::MutexLock lock(&mu);
-  IndexEntry* e = index.FindGen(id, gen);
+  absl::MutexLock lock(&mu_);
+  IndexEntry* e = index_.FindGen(id, gen);
   if (!s.ok() || e == nullptr || !e->on_disk()) return;
-  index.MarkOffDisk(e, /*record_kept=*/!in_ram);
+  index_.MarkOffDisk(e, /*record_kept=*/!in_ram);
 }
 
-IndexEntry* EngineCore::CommitPromotion(const BlockId& id, uint64_t gen,
-                                             ArenaReservation ram, bool hold) {
-  absl::MutexLock lock(&mu);
-  IndexEntry* e = index.FindGen(id, gen);
+IndexEntry* EngineCore::CommitPromotion(const BlockId& id, uint64_t gen, ArenaReservation ram,
+                                        bool hold) {
+  absl::MutexLock lock(&mu_);
+  IndexEntry* e = index_.FindGen(id, gen);
   if (e == nullptr) return nullptr;  // Frees `ram`.
   if (e->state != BlockState::kSpilled) {
     // Another Load promoted the same generation (the same verified bytes)
     // meanwhile: share its copy; `ram` is freed.
     if (!hold || !e->ram_readable()) return nullptr;
-    index.AddReader(e);
+    index_.AddReader(e);
     return e;
   }
-  index.AttachRam(e, std::move(ram));
-  ++counters.promotions;
+  index_.AttachRam(e, std::move(ram));
+  ++counters_.promotions;
   if (!hold) return nullptr;
-  index.AddReader(e);
+  index_.AddReader(e);
   return e;
 }
 
+// ------------------------------------------------------------ room
+
+absl::Status EngineCore::CanMakeRoom(uint64_t total) const {
+  const uint64_t capacity = host_.capacity_bytes();
+  const uint64_t used = host_.used_bytes();
+  const uint64_t could_free = index_.evictable_bytes() + host_.pending_bytes();
+  if (total > capacity) {
+    return WithLimit(absl::ResourceExhaustedError(absl::StrCat(
+                         "a batch of ", FormatByteSize(total), " cannot fit in tier 1 (",
+                         FormatByteSize(capacity), "); save it in smaller batches")),
+                     StorageLimit::kTier1Capacity);
+  }
+  if ((capacity - used) + could_free < total || could_free == 0) {
+    return WithLimit(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "tier 1 cannot make room for ", FormatByteSize(total), ": ",
+            FormatByteSize(capacity - used), " free, ", FormatByteSize(could_free),
+            " evictable, ", index_.pinned_blocks(), " pinned blocks (capacity ",
+            FormatByteSize(capacity), ")")),
+        StorageLimit::kTier1Capacity);
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ reads
+
+EngineCore::ReadHold EngineCore::HoldForRead(IndexEntry* e) {
+  ReadHold hold{e->gen, e->checksum, e->payload_bytes, e->on_disk(), nullptr};
+  if (e->ram_readable()) {
+    index_.AddReader(e);
+    hold.ram = e;
+  }
+  return hold;
+}
+
+std::optional<EngineCore::ReadHold> EngineCore::HoldVisible(const BlockId& id) {
+  absl::MutexLock lock(&mu_);
+  IndexEntry* e = index_.FindVisible(id);
+  if (e == nullptr) return std::nullopt;
+  return HoldForRead(e);
+}
+
+std::optional<EngineCore::ReadHold> EngineCore::HoldGen(const BlockId& id, uint64_t gen,
+                                                        storage::SpillRecord* record) {
+  IndexEntry* e = index_.FindGen(id, gen);
+  if (e == nullptr || !e->bytes_available()) return std::nullopt;
+  *record = RecordOf(*e);
+  return HoldForRead(e);
+}
+
+void EngineCore::ReleaseReader(IndexEntry* e, bool corrupt) {
+  absl::MutexLock lock(&mu_);
+  if (corrupt) {
+    ++counters_.checksum_failures;
+    index_.Quarantine(e);
+  }
+  index_.ReleaseReader(e);
+}
+
+void EngineCore::ReleaseReaders(absl::Span<IndexEntry* const> held) {
+  absl::MutexLock lock(&mu_);
+  for (IndexEntry* e : held) index_.ReleaseReader(e);
+}
+
+void EngineCore::QuarantineRam(IndexEntry* e) {
+  absl::MutexLock lock(&mu_);
+  ++counters_.checksum_failures;
+  index_.Quarantine(e);
+}
+
+void EngineCore::DropCorruptDiskCopy(const BlockId& id, uint64_t gen) {
+  CountChecksumFailure();
+  absl::MutexLock disk(&disk_mu_);
+  QuarantineDisk(id, gen);
+}
+
+void EngineCore::CountChecksumFailure() {
+  absl::MutexLock lock(&mu_);
+  ++counters_.checksum_failures;
+}
+
+void EngineCore::CountMiss() {
+  absl::MutexLock lock(&mu_);
+  ++counters_.misses;
+}
+
+// ------------------------------------------------------------ tier 1
+
+uint64_t EngineCore::Evict(IndexEntry* e) {
+  const uint64_t freed = e->ram.length();
+  index_.DetachRam(e).Release();
+  ++counters_.evictions;
+  return freed;
+}
+
+uint64_t EngineCore::EvictWritten(absl::Span<IndexEntry* const> entries) {
+  absl::MutexLock lock(&mu_);
+  uint64_t freed = 0;
+  for (IndexEntry* e : entries) {
+    if (e->state == BlockState::kClean && e->readers == 0 && e->pins == 0) freed += Evict(e);
+  }
+  return freed;
+}
+
+uint64_t EngineCore::EvictAllClean() {
+  absl::MutexLock lock(&mu_);
+  std::vector<IndexEntry*> clean;
+  for (IndexEntry* e : index_.ram_lru()) {
+    if (e->state == BlockState::kClean && e->readers == 0) clean.push_back(e);
+  }
+  for (IndexEntry* e : clean) Evict(e);
+  return clean.size();
+}
+
+uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_range,
+                                      std::vector<IndexEntry*>* victims) {
+  const uint64_t capacity = host_.capacity_bytes();
+  const uint64_t target =
+      std::min(low_bytes_, wanted_total > capacity ? 0 : capacity - wanted_total);
+  uint64_t freed = 0;
+  uint64_t batch = 0;
+  uint64_t pending_free = 0;  // Extents of chosen dirty victims.
+  auto done = [&] {
+    const uint64_t used = host_.used_bytes() - pending_free;
+    return used <= target && (wanted_range == 0 || host_.largest_free_bytes() >= wanted_range);
+  };
+  // Walk from the cold end. Clean blocks leave at once (their bytes are on
+  // disk); dirty ones are collected into one write batch.
+  const std::list<IndexEntry*>& lru = index_.ram_lru();
+  auto it = lru.end();
+  while (it != lru.begin() && !done()) {
+    auto cur = std::prev(it);
+    IndexEntry* e = *cur;
+    if (e->readers > 0) {
+      it = cur;
+      continue;
+    }
+    if (e->state == BlockState::kClean) {
+      freed += Evict(e);  // Erases `cur`; `it` stays valid.
+      continue;
+    }
+    if (!victims->empty() && batch + e->payload_bytes > options_.spill_batch_bytes) break;
+    victims->push_back(e);
+    batch += e->payload_bytes;
+    pending_free += e->ram.length();
+    it = cur;
+  }
+  return freed;
+}
+
+// ------------------------------------------------------------ write-back
+
+std::vector<IndexEntry*> EngineCore::DirtyByAccess() {
+  absl::MutexLock lock(&mu_);
+  return index_.DirtyByAccess();
+}
+
+size_t EngineCore::TakeWriteBatch(absl::Span<IndexEntry* const> entries,
+                                  std::vector<IndexEntry*>* batch,
+                                  std::vector<storage::SpillRecord>* records,
+                                  std::vector<bool>* fresh) {
+  absl::MutexLock lock(&mu_);
+  uint64_t batch_bytes = 0;
+  size_t end = 0;
+  while (end < entries.size() &&
+         (batch->empty() || batch_bytes + entries[end]->payload_bytes <=
+                                options_.spill_batch_bytes)) {
+    IndexEntry* e = entries[end++];
+    if (e->state != BlockState::kDirty || e->ram_quarantined) continue;
+    index_.AddReader(e);
+    batch->push_back(e);
+    batch_bytes += e->payload_bytes;
+  }
+  records->reserve(batch->size());
+  fresh->reserve(batch->size());
+  for (IndexEntry* e : *batch) {
+    storage::SpillRecord& r = records->emplace_back();
+    r.unsafe_arena_set_allocated_meta(&e->meta);
+    r.set_last_access_unix_ms(e->last_access_ms);
+    fresh->push_back(!e->record_on_disk);
+  }
+  return end;
+}
+
+void EngineCore::FinishWriteBatch(absl::Span<IndexEntry* const> batch,
+                                  const absl::Status& written) {
+  absl::MutexLock lock(&mu_);
+  for (IndexEntry* e : batch) {
+    if (written.ok() && e->state == BlockState::kDirty) {
+      index_.MarkOnDisk(e);
+      ++counters_.spills;
+      counters_.spilled_bytes += e->payload_bytes;
+    }
+    index_.ReleaseReader(e);
+  }
+  if (!written.ok()) ++counters_.spill_errors;
+}
+
+// ------------------------------------------------------------ spill budget
+
+bool EngineCore::PickBudgetVictims(DiskVictims* out) {
+  absl::MutexLock lock(&mu_);
+  // Past the spill budget, the coldest payloads go; else past a namespace's
+  // tier-2 quota, that namespace's coldest.
+  const uint64_t on_disk = index_.disk_payload_bytes();
+  uint64_t excess = 0;
+  std::optional<std::string> only_ns;
+  if (on_disk > options_.spill_bytes) {
+    excess = on_disk - options_.spill_bytes;
+  } else if (options_.quota) {
+    for (const auto& [ns, usage] : index_.usage()) {
+      const uint64_t quota = options_.quota(ns).tier2_bytes;
+      if (quota > 0 && usage.tier2_bytes > quota) {
+        excess = usage.tier2_bytes - quota;
+        only_ns = ns;
+        break;
+      }
+    }
+  }
+  if (excess == 0) return false;
+  uint64_t freed = 0;
+  size_t visits = 0;
+  const std::list<IndexEntry*>& lru = index_.disk_lru();
+  for (auto it = lru.rbegin(); it != lru.rend() && freed < excess &&
+                               out->entries.size() < 4096 && visits++ < (1u << 20);
+       ++it) {
+    if (only_ns && (*it)->meta.fingerprint().namespace_() != *only_ns) continue;
+    out->entries.push_back(*it);
+    freed += (*it)->payload_bytes;
+  }
+  if (out->entries.empty()) return false;
+  out->records.reserve(out->entries.size());  // `drop` points into it.
+  for (IndexEntry* e : out->entries) {
+    out->breadcrumb.push_back(!e->in_ram());
+    if (e->in_ram()) {
+      out->forget.push_back(e->id);
+    } else {
+      out->records.push_back(RecordOf(*e));
+      out->drop.push_back(TierWrite{e->id, &out->records.back(), {}});
+    }
+  }
+  return true;
+}
+
+void EngineCore::FinishBudgetDrop(const DiskVictims& victims, const absl::Status& dropped) {
+  absl::MutexLock lock(&mu_);
+  if (!dropped.ok()) {
+    ++counters_.spill_errors;
+    return;
+  }
+  for (size_t i = 0; i < victims.entries.size(); ++i) {
+    IndexEntry* e = victims.entries[i];
+    index_.MarkOffDisk(e, /*record_kept=*/victims.breadcrumb[i]);
+    if (e->state == BlockState::kBreadcrumb) ++counters_.breadcrumbs;
+  }
+}
+
+// ------------------------------------------------------------ verification
+
+void EngineCore::VerifyTargets(std::vector<BlockId>* ids,
+                               std::vector<std::pair<BlockId, std::string>>* invalid) {
+  absl::MutexLock lock(&mu_);
+  if (ids->empty()) {
+    *ids = index_.VisibleIds();
+    invalid->assign(invalid_records_.begin(), invalid_records_.end());
+    return;
+  }
+  for (const BlockId& id : *ids) {
+    auto it = invalid_records_.find(id);
+    if (it != invalid_records_.end()) invalid->emplace_back(it->first, it->second);
+  }
+}
+
+absl::Status EngineCore::RemoveInvalidRecord(const BlockId& id) {
+  absl::MutexLock disk(&disk_mu_);
+  const BlockId one[] = {id};
+  EVOKE_RETURN_IF_ERROR(disk_->Delete(one));
+  absl::MutexLock lock(&mu_);
+  invalid_records_.erase(id);
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ stats
+
 TierStats EngineCore::Stats() {
   TierStats out;
-  const PinnedArena::Stats arena = host.arena_stats();
-  out.disk.used_bytes = disk->UsedBytes();  // I/O: outside the lock.
-  out.disk_health = disk->Health();
-  absl::MutexLock lock(&mu);
-  out.host = TierOccupancy{index.ram_blocks(), index.ram_payload_bytes(), arena.used_bytes,
+  const PinnedArena::Stats arena = host_.arena_stats();
+  out.disk.used_bytes = disk_->UsedBytes();  // I/O: outside the lock.
+  out.disk_health = disk_->Health();
+  absl::MutexLock lock(&mu_);
+  out.host = TierOccupancy{index_.ram_blocks(), index_.ram_payload_bytes(), arena.used_bytes,
                            arena.capacity_bytes};
-  out.disk.blocks = index.disk_blocks();
-  out.disk.payload_bytes = index.disk_payload_bytes();
-  out.disk.capacity_bytes = options.spill_bytes;
-  out.breadcrumb_blocks = index.count(BlockState::kBreadcrumb);
-  out.pinned_blocks = index.pinned_blocks();
-  out.pins = index.pin_count();
-  out.counters = counters;
+  out.disk.blocks = index_.disk_blocks();
+  out.disk.payload_bytes = index_.disk_payload_bytes();
+  out.disk.capacity_bytes = options_.spill_bytes;
+  out.breadcrumb_blocks = index_.count(BlockState::kBreadcrumb);
+  out.pinned_blocks = index_.pinned_blocks();
+  out.pins = index_.pin_count();
+  out.counters = counters_;
   out.host_locked = arena.locked;
   out.host_lock_error = arena.lock_error;
   out.host_prefaulted_bytes = arena.prefaulted_bytes;
   out.host_prefault_error = arena.prefault_error;
   out.host_largest_free_bytes = arena.largest_free_bytes;
-  out.high_watermark = options.high_watermark;
-  out.low_watermark = options.low_watermark;
-  out.uptime = clock->Now() - start;
-  out.metadata_bytes = index.metadata_bytes();
-  out.metadata_budget_bytes = options.metadata_bytes;
+  out.high_watermark = options_.high_watermark;
+  out.low_watermark = options_.low_watermark;
+  out.uptime = clock_->Now() - start_;
+  out.metadata_bytes = index_.metadata_bytes();
+  out.metadata_budget_bytes = options_.metadata_bytes;
   // Bounded: a daemon with a million namespaces answers Stat with a sample.
   constexpr size_t kMaxStatNamespaces = 4096;
-  for (const auto& [ns, usage] : index.usage()) {
+  for (const auto& [ns, usage] : index_.usage()) {
     if (out.namespaces.size() == kMaxStatNamespaces) break;
     out.namespaces.emplace_back(ns, usage);
   }

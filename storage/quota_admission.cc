@@ -19,25 +19,26 @@ namespace evoke {
 absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
                                             absl::Span<const SavePlan> plans, bool durable,
                                             absl::Time deadline, QuotaLedger::Hold* hold) {
-  if (core_.options.metadata_bytes == 0 && !core_.options.quota) return absl::OkStatus();
+  if (core_.options().metadata_bytes == 0 && !core_.options().quota) return absl::OkStatus();
   // Outside the lock: sizes of the metadata as it will be stored.
   std::vector<uint64_t> item_meta(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     // The writer replaces the client's (field tag, length, bytes).
-    item_meta[i] = MetadataBytes(*items[i].meta) + 2 + items[i].writer.size() +
-                   (core_.options.summary_bound ? core_.options.summary_bound(*items[i].meta) : 0);
+    item_meta[i] =
+        MetadataBytes(*items[i].meta) + 2 + items[i].writer.size() +
+        (core_.options().summary_bound ? core_.options().summary_bound(*items[i].meta) : 0);
   }
   for (int attempt = 0;;) {
     std::vector<std::pair<std::string, uint64_t>> write_back;  // ns, bytes.
     {
-      absl::MutexLock lock(&core_.mu);
+      absl::MutexLock lock(core_.mu());
       bool wait_for_commits = false;
       absl::flat_hash_map<std::string, QuotaNeed> needs;
       absl::flat_hash_map<std::string, size_t> first_of;  // For the error.
       uint64_t meta_total = 0;
       std::optional<size_t> first_fresh;
       for (size_t i = 0; i < items.size(); ++i) {
-        const IndexEntry* e = core_.index.Find(plans[i].id);
+        const IndexEntry* e = core_.index_.Find(plans[i].id);
         if (e != nullptr && e->bytes_available()) continue;  // Deduplicated.
         if (!first_fresh) first_fresh = i;
         const std::string& ns = items[i].meta->fingerprint().namespace_();
@@ -49,8 +50,8 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
         meta_total += item_meta[i];
       }
       if (!first_fresh) return absl::OkStatus();
-      const uint64_t budget = core_.options.metadata_bytes;
-      const uint64_t meta_used = core_.index.metadata_bytes() + core_.quotas.pending_metadata();
+      const uint64_t budget = core_.options().metadata_bytes;
+      const uint64_t meta_used = core_.index_.metadata_bytes() + core_.quotas_.pending_metadata();
       if (budget > 0 && meta_used + meta_total > budget) {
         return ItemError(absl::StatusCode::kResourceExhausted, *first_fresh, ItemPart::kBlock,
                          absl::StrCat("the metadata budget is full (", meta_used, " of ", budget,
@@ -58,14 +59,14 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
                                       " more asked): delete blocks or sessions, or raise "
                                       "--metadata-bytes"));
       }
-      if (core_.options.quota) {
+      if (core_.options().quota) {
         // Not a structured binding: clang 14 cannot capture one in a lambda.
         for (const auto& entry : needs) {
           const std::string& ns = entry.first;
           const QuotaNeed& need = entry.second;
-          const NamespaceQuota q = core_.options.quota(ns);
-          const NamespaceUsage u = core_.index.Usage(ns);
-          const QuotaNeed pending = core_.quotas.Pending(ns);
+          const NamespaceQuota q = core_.options().quota(ns);
+          const NamespaceUsage u = core_.index_.Usage(ns);
+          const QuotaNeed pending = core_.quotas_.Pending(ns);
           auto over = [&](absl::string_view what, uint64_t used, uint64_t more, uint64_t quota) {
             return ItemError(absl::StatusCode::kResourceExhausted, first_of[ns], ItemPart::kBlock,
                              absl::StrCat("namespace \"", ns, "\" is over its ", what,
@@ -95,18 +96,18 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
             continue;
           }
           if (attempt >= 3 || absl::Now() >= deadline) {
-            return over("tier-1", core_.index.Usage(ns).tier1_bytes + pending.tier1, need.tier1,
+            return over("tier-1", core_.index_.Usage(ns).tier1_bytes + pending.tier1, need.tier1,
                         q.tier1_bytes);
           }
           write_back.emplace_back(ns, excess - freed);
         }
       }
       if (wait_for_commits) {
-        core_.writes_cv.WaitWithDeadline(&core_.mu, deadline);
+        core_.writes_cv_.WaitWithDeadline(core_.mu(), deadline);
         continue;
       }
       if (write_back.empty()) {
-        *hold = core_.quotas.Charge(needs);
+        *hold = core_.quotas_.Charge(needs);
         return absl::OkStatus();
       }
     }
@@ -120,7 +121,7 @@ uint64_t TierManagerImpl::EvictCleanOf(absl::string_view ns, uint64_t want) {
   constexpr size_t kMaxVisits = 1 << 16;
   uint64_t freed = 0;
   size_t visits = 0;
-  const std::list<IndexEntry*>& lru = core_.index.ram_lru();
+  const std::list<IndexEntry*>& lru = core_.index_.ram_lru();
   auto it = lru.end();
   while (it != lru.begin() && freed < want && visits++ < kMaxVisits) {
     auto cur = std::prev(it);
@@ -131,22 +132,21 @@ uint64_t TierManagerImpl::EvictCleanOf(absl::string_view ns, uint64_t want) {
       continue;
     }
     freed += e->payload_bytes;
-    core_.index.DetachRam(e).Release();  // Erases `cur`; `it` stays valid.
-    ++core_.counters.evictions;
+    core_.Evict(e);  // Erases `cur`; `it` stays valid.
   }
-  if (freed > 0) core_.room_cv.SignalAll();
+  if (freed > 0) core_.NotifyRoom();
   return freed;
 }
 
 absl::Status TierManagerImpl::WriteBackOf(const std::string& ns, uint64_t want) {
   constexpr size_t kMaxVisits = 1 << 16;
-  absl::MutexLock disk(&core_.disk_mu);  // Entries stay in the index.
+  absl::MutexLock disk(core_.disk_mu());  // Entries stay in the index.
   std::vector<IndexEntry*> victims;
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     uint64_t chosen = 0;
     size_t visits = 0;
-    const std::list<IndexEntry*>& lru = core_.index.ram_lru();
+    const std::list<IndexEntry*>& lru = core_.index_.ram_lru();
     for (auto it = lru.rbegin(); it != lru.rend() && chosen < want && visits++ < kMaxVisits;
          ++it) {
       IndexEntry* e = *it;
@@ -158,14 +158,8 @@ absl::Status TierManagerImpl::WriteBackOf(const std::string& ns, uint64_t want) 
   if (victims.empty()) return absl::OkStatus();
   uint64_t blocks = 0, bytes = 0;
   EVOKE_RETURN_IF_ERROR(spiller_.WriteBack(victims, /*sync=*/false, &blocks, &bytes));
-  absl::MutexLock lock(&core_.mu);
-  for (IndexEntry* e : victims) {
-    if (e->state == BlockState::kClean && e->readers == 0 && e->pins == 0) {
-      core_.index.DetachRam(e).Release();
-      ++core_.counters.evictions;
-    }
-  }
-  core_.room_cv.SignalAll();
+  core_.EvictWritten(victims);
+  core_.NotifyRoom();
   return absl::OkStatus();
 }
 

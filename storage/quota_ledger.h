@@ -4,7 +4,7 @@
 // cannot each pass a check that only one of them fits; it is settled when
 // what it stored is in the index (usage counts it) or when it fails.
 //
-// Not thread-safe: the engine guards it with its own mutex (EngineCore::mu),
+// Not thread-safe: the engine guards it with its own mutex (EngineCore::mu_),
 // the one that guards the index whose usage it complements.
 #ifndef EVOKE_STORAGE_QUOTA_LEDGER_H_
 #define EVOKE_STORAGE_QUOTA_LEDGER_H_

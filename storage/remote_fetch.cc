@@ -20,10 +20,10 @@ std::vector<size_t> TierManagerImpl::RemoteMisses(absl::Span<const BlockId> ids,
                                                   const v1::LayoutFingerprint& fingerprint,
                                                   const NamespaceScope* scope) {
   std::vector<size_t> out;
-  if (core_.options.remote == nullptr || (scope != nullptr && !scope->SeesBlock(fingerprint))) {
+  if (core_.options().remote == nullptr || (scope != nullptr && !scope->SeesBlock(fingerprint))) {
     return out;
   }
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   for (size_t i = 0; i < ids.size(); ++i) {
     const IndexEntry* e = FindFor(ids[i], scope);
     if (e == nullptr || !e->bytes_available()) out.push_back(i);
@@ -34,8 +34,8 @@ std::vector<size_t> TierManagerImpl::RemoteMisses(absl::Span<const BlockId> ids,
 absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
                                           absl::Span<const size_t> which,
                                           const v1::LayoutFingerprint& fingerprint) {
-  RemoteTier* remote = core_.options.remote;
-  const uint64_t max_bytes = core_.options.limits.max_block_bytes;
+  RemoteTier* remote = core_.options().remote;
+  const uint64_t max_bytes = core_.options().limits.max_block_bytes;
   std::vector<BlockId> want;
   want.reserve(which.size());
   for (size_t i : which) want.push_back(ids[i]);
@@ -45,8 +45,8 @@ absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
   // read tells what went wrong).
   const std::vector<absl::StatusOr<uint64_t>> sizes =
       remote->Sizes(RemoteTier::RemoteNamespace(fingerprint), want);
-  const uint64_t capacity = core_.staging.capacity();
-  const absl::Time deadline = absl::Now() + core_.options.max_wait_for_room;
+  const uint64_t capacity = core_.staging().capacity();
+  const absl::Time deadline = absl::Now() + core_.options().max_wait_for_room;
   for (size_t k = 0; k < which.size();) {
     uint64_t bytes = 0;
     size_t end = k;
@@ -64,13 +64,13 @@ absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
       if (end > k && bytes + size > capacity) break;
       bytes += size;
     }
-    if (!core_.staging.Acquire(bytes, deadline)) {
+    if (!core_.staging().Acquire(bytes, deadline)) {
       return ItemError(absl::StatusCode::kResourceExhausted, which[k], ItemPart::kId,
                        absl::StrCat("the staging budget (", FormatByteSize(capacity),
                                     ", --staging-bytes) for reads from the remote tier stayed "
                                     "held by other loads; retry"));
     }
-    absl::Cleanup release = [&] { core_.staging.Release(bytes); };
+    absl::Cleanup release = [&] { core_.staging().Release(bytes); };
     EVOKE_RETURN_IF_ERROR(FetchRemoteBatch(ids, which.subspan(k, end - k), fingerprint));
     k = end;
   }
@@ -80,7 +80,7 @@ absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
 absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
                                                absl::Span<const size_t> which,
                                                const v1::LayoutFingerprint& fingerprint) {
-  RemoteTier* remote = core_.options.remote;
+  RemoteTier* remote = core_.options().remote;
   const std::string ns = RemoteTier::RemoteNamespace(fingerprint);
   std::vector<BlockId> want;
   want.reserve(which.size());
@@ -88,7 +88,7 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
   std::vector<storage::SpillRecord> records;
   std::vector<std::string> payloads;
   const std::vector<absl::Status> got =
-      remote->Fetch(ns, want, core_.options.limits.max_block_bytes, &records, &payloads);
+      remote->Fetch(ns, want, core_.options().limits.max_block_bytes, &records, &payloads);
   const FingerprintDigest expected = DigestFingerprint(fingerprint);
   std::vector<SaveItem> items;
   std::vector<absl::string_view> views;
@@ -98,25 +98,21 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
     switch (s.code()) {
       case absl::StatusCode::kOk:
         break;
-      case absl::StatusCode::kNotFound: {
-        absl::MutexLock lock(&core_.mu);
-        ++core_.counters.misses;
+      case absl::StatusCode::kNotFound:
+        core_.CountMiss();
         // The same answer as for a block no tier holds.
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          absl::StrCat(BlockName(ids[i]), " not found"));
-      }
       case absl::StatusCode::kUnavailable:
         return ItemError(absl::StatusCode::kUnavailable, i, ItemPart::kId,
                          absl::StrCat(BlockName(ids[i]), " is not on this host, and the remote "
                                       "tier that may hold it cannot be reached: ", s.message()));
-      case absl::StatusCode::kDataLoss: {
+      case absl::StatusCode::kDataLoss:
         DropRemoteCopy(ns, ids[i], s);
-        absl::MutexLock lock(&core_.mu);
-        ++core_.counters.checksum_failures;
+        core_.CountChecksumFailure();
         return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
                          absl::StrCat(BlockName(ids[i]), ": its remote copy was refused: ",
                                       s.message()));
-      }
       case absl::StatusCode::kFailedPrecondition:  // Over the limit; never read.
         remote->CountRefusedRecord();
         return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
@@ -144,8 +140,7 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
     if (!valid.ok()) {
       remote->CountChecksumFailure();
       DropRemoteCopy(ns, ids[i], valid);
-      absl::MutexLock lock(&core_.mu);
-      ++core_.counters.checksum_failures;
+      core_.CountChecksumFailure();
       return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
                        absl::StrCat(BlockName(ids[i]), ": its remote record was refused: ",
                                     valid.message()));
@@ -170,8 +165,7 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
   if (s.code() == absl::StatusCode::kDataLoss) {
     remote->CountChecksumFailure();
     DropRemoteCopy(ns, ids[i], s);
-    absl::MutexLock lock(&core_.mu);
-    ++core_.counters.checksum_failures;
+    core_.CountChecksumFailure();
     return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
                      absl::StrCat(BlockName(ids[i]), ": its remote copy fails its checksum and was "
                                   "refused: ", s.message()));
@@ -185,7 +179,7 @@ void TierManagerImpl::DropRemoteCopy(absl::string_view ns, const BlockId& id,
   // would never replace it: remove it, so the next host that computes the
   // block writes a good one.
   const BlockId ids[] = {id};
-  const absl::Status removed = core_.options.remote->Remove(ns, ids);
+  const absl::Status removed = core_.options().remote->Remove(ns, ids);
   // Per request: at most one line a second (the count says how many).
   EVOKE_LOG_ERROR_EVERY_N_SEC(1, "remote copy of ", BlockName(id), " in namespace '", ns,
                               "' refused: ", why.message(),

@@ -46,19 +46,19 @@ class Spiller {
   // fill it, or the deadline passed. Errors: RESOURCE_EXHAUSTED (with the
   // tier-1 capacity limit attached), UNAVAILABLE (stopping).
   absl::Status WaitForRoom(uint64_t total, uint64_t largest, absl::Time deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu());
 
   // WriteBack writes the tier-1 bytes of dirty `entries` to tier 2 in
   // batches; each written entry becomes clean. Entries that changed
   // meanwhile are skipped. Stops at the first failing batch.
   absl::Status WriteBack(const std::vector<IndexEntry*>& entries, bool sync,
                          uint64_t* blocks, uint64_t* bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->disk_mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->disk_mu());
 
   // EnforceBudget drops the coldest tier-2 payloads past spill_bytes:
   // blocks only in tier 2 become breadcrumbs, blocks also in tier 1 lose
   // their disk copy.
-  void EnforceBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->disk_mu);
+  void EnforceBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->disk_mu());
 
   // Flush writes every dirty block to tier 2 (coldest first, so that the
   // disk LRU keeps access order) and makes it durable; with `evict`, clean
@@ -78,12 +78,12 @@ class Spiller {
 
   EngineCore* const core_;
   absl::CondVar spill_cv_;
-  bool stop_ ABSL_GUARDED_BY(core_->mu) = false;
-  bool active_ ABSL_GUARDED_BY(core_->mu) = false;  // Between high and low.
-  bool busy_ ABSL_GUARDED_BY(core_->mu) = false;
-  int waiters_ ABSL_GUARDED_BY(core_->mu) = 0;
-  uint64_t wanted_total_ ABSL_GUARDED_BY(core_->mu) = 0;
-  uint64_t wanted_largest_ ABSL_GUARDED_BY(core_->mu) = 0;
+  bool stop_ ABSL_GUARDED_BY(core_->mu()) = false;
+  bool active_ ABSL_GUARDED_BY(core_->mu()) = false;  // Between high and low.
+  bool busy_ ABSL_GUARDED_BY(core_->mu()) = false;
+  int waiters_ ABSL_GUARDED_BY(core_->mu()) = 0;
+  uint64_t wanted_total_ ABSL_GUARDED_BY(core_->mu()) = 0;
+  uint64_t wanted_largest_ ABSL_GUARDED_BY(core_->mu()) = 0;
   std::thread thread_;
 };
 

@@ -46,31 +46,32 @@ class SpillerTest : public ::testing::Test {
   IndexEntry* Add(uint64_t seq, bool pin = false) {
     const v1::BlockMeta meta = evoke::testing::SessionMeta(
         evoke::testing::OpaqueFingerprint(), "s", seq, 16, 0, 1, 0);
-    std::optional<ArenaReservation> ram = core_->host.Reserve(kBlock);
+    std::optional<ArenaReservation> ram = core_->host().Reserve(kBlock);
     EXPECT_TRUE(ram.has_value());
     std::memset(ram->data(), static_cast<int>(seq), kBlock);
-    absl::MutexLock lock(&core_->mu);
+    absl::MutexLock lock(core_->mu());
+    BlockIndex& index = core_->index_for_testing();
     bool revived = false;
-    IndexEntry* e = core_->index.BeginWrite(evoke::testing::IdOf(meta), &revived);
+    IndexEntry* e = index.BeginWrite(evoke::testing::IdOf(meta), &revived);
     v1::BlockMeta stored = meta;
     stored.set_payload_bytes(kBlock);
     stored.set_checksum(PayloadChecksum(ram->data(), kBlock));
-    core_->index.ReplaceMetaForWrite(e, stored);
+    index.ReplaceMetaForWrite(e, stored);
     e->payload_bytes = kBlock;
     e->checksum = stored.checksum();
-    if (pin) core_->index.AddPin(e, 1);
-    core_->index.CommitWrite(e, std::move(*ram), static_cast<int64_t>(seq));
+    if (pin) index.AddPin(e, 1);
+    index.CommitWrite(e, std::move(*ram), static_cast<int64_t>(seq));
     return e;
   }
 
   absl::Status WriteBack(const std::vector<IndexEntry*>& entries) {
-    absl::MutexLock disk(&core_->disk_mu);
+    absl::MutexLock disk(core_->disk_mu());
     uint64_t blocks = 0, bytes = 0;
     return spiller_->WriteBack(entries, /*sync=*/false, &blocks, &bytes);
   }
 
   BlockState StateOf(const IndexEntry* e) {
-    absl::MutexLock lock(&core_->mu);
+    absl::MutexLock lock(core_->mu());
     return e->state;
   }
 
@@ -97,9 +98,9 @@ TEST_F(SpillerTest, WriteBackMakesDirtyBlocksClean) {
   }
   // Five blocks in batches of four bytes' worth: two Puts.
   EXPECT_EQ(disk_.counters().calls_of(TierOp::kPut), 2u);
-  absl::MutexLock lock(&core_->mu);
-  EXPECT_EQ(core_->counters.spills, 5u);
-  EXPECT_EQ(core_->index.disk_blocks(), 5u);
+  const TierStats stats = core_->Stats();
+  EXPECT_EQ(stats.counters.spills, 5u);
+  EXPECT_EQ(stats.disk.blocks, 5u);
 }
 
 TEST_F(SpillerTest, FailedWriteBackLeavesBlocksDirtyAndCounts) {
@@ -109,9 +110,9 @@ TEST_F(SpillerTest, FailedWriteBackLeavesBlocksDirtyAndCounts) {
   EXPECT_THAT(WriteBack({e}), StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(StateOf(e), BlockState::kDirty);
   EXPECT_FALSE(PayloadOnDisk(e));
+  EXPECT_EQ(core_->Stats().counters.spill_errors, 1u);
   {
-    absl::MutexLock lock(&core_->mu);
-    EXPECT_EQ(core_->counters.spill_errors, 1u);
+    absl::MutexLock lock(core_->mu());
     EXPECT_EQ(e->readers, 0u);  // The write's reader was released.
   }
   ASSERT_OK(WriteBack({e}));  // The disk came back.
@@ -124,12 +125,12 @@ TEST_F(SpillerTest, BudgetTurnsTheColdestIntoBreadcrumbs) {
   ASSERT_OK(WriteBack(entries));
   {
     // 1 and 2 leave tier 1 (spilled); 3 and 4 stay clean.
-    absl::MutexLock lock(&core_->mu);
-    core_->index.DetachRam(entries[0]).Release();
-    core_->index.DetachRam(entries[1]).Release();
+    absl::MutexLock lock(core_->mu());
+    core_->Evict(entries[0]);
+    core_->Evict(entries[1]);
   }
   {
-    absl::MutexLock disk(&core_->disk_mu);
+    absl::MutexLock disk(core_->disk_mu());
     spiller_->EnforceBudget();
   }
   // The disk LRU is in write-back order: 1 and 2 are the coldest.
@@ -137,9 +138,10 @@ TEST_F(SpillerTest, BudgetTurnsTheColdestIntoBreadcrumbs) {
   EXPECT_EQ(StateOf(entries[1]), BlockState::kBreadcrumb);
   EXPECT_FALSE(PayloadOnDisk(entries[0]));
   EXPECT_EQ(StateOf(entries[2]), BlockState::kClean);
-  absl::MutexLock lock(&core_->mu);
-  EXPECT_EQ(core_->counters.breadcrumbs, 2u);
-  EXPECT_LE(core_->index.disk_payload_bytes(), 2 * kBlock);
+  const TierStats stats = core_->Stats();
+  EXPECT_EQ(stats.counters.breadcrumbs, 2u);
+  EXPECT_LE(stats.disk.payload_bytes, 2 * kBlock);
+  absl::MutexLock lock(core_->mu());
   EXPECT_TRUE(entries[0]->record_on_disk);  // The breadcrumb record stays.
 }
 
@@ -148,21 +150,21 @@ TEST_F(SpillerTest, BudgetDropsDiskCopiesOfBlocksStillInTier1) {
   std::vector<IndexEntry*> entries = {Add(1), Add(2)};
   ASSERT_OK(WriteBack(entries));
   {
-    absl::MutexLock disk(&core_->disk_mu);
+    absl::MutexLock disk(core_->disk_mu());
     spiller_->EnforceBudget();
   }
   EXPECT_EQ(StateOf(entries[0]), BlockState::kDirty);  // Back to tier 1 only.
   EXPECT_FALSE(PayloadOnDisk(entries[0]));
-  absl::MutexLock lock(&core_->mu);
+  EXPECT_EQ(core_->Stats().counters.breadcrumbs, 0u);
+  absl::MutexLock lock(core_->mu());
   EXPECT_FALSE(entries[0]->record_on_disk);
-  EXPECT_EQ(core_->counters.breadcrumbs, 0u);
 }
 
 TEST_F(SpillerTest, WaitForRoomRefusesWhatWaitingCannotFix) {
   Open(64 * kKiB);
   for (int i = 0; i < 16; ++i) Add(i, /*pin=*/true);  // Tier 1 full of pins.
   spiller_->Start();
-  absl::MutexLock lock(&core_->mu);
+  absl::MutexLock lock(core_->mu());
   const absl::Status pinned =
       spiller_->WaitForRoom(kBlock, kBlock, absl::Now() + absl::Seconds(5));
   EXPECT_THAT(pinned, StatusIs(absl::StatusCode::kResourceExhausted));
@@ -178,7 +180,7 @@ TEST_F(SpillerTest, SpillsPastTheHighWatermarkDownToTheLow) {
   for (int i = 0; i < 16; ++i) entries.push_back(Add(i));
   spiller_->Wake();
   ASSERT_TRUE(spiller_->WaitForIdle(absl::Seconds(10)));
-  EXPECT_LE(core_->host.used_bytes(), 64 * kKiB * 80 / 100);
+  EXPECT_LE(core_->host().used_bytes(), 64 * kKiB * 80 / 100);
   // The coldest left first.
   EXPECT_EQ(StateOf(entries[0]), BlockState::kSpilled);
   EXPECT_TRUE(PayloadOnDisk(entries[0]));

@@ -41,23 +41,18 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
                                         const NamespaceScope* scope) {
   const FingerprintDigest expected = DigestFingerprint(fingerprint);
   const size_t n = ids.size();
-  struct Plan {
-    uint64_t gen = 0, checksum = 0, bytes = 0;
-    bool on_disk = false;
-    IndexEntry* ram = nullptr;  // Tier-1 copy we hold a reader on.
-  };
-  std::vector<Plan> plan(n);
+  std::vector<EngineCore::ReadHold> plan(n);
   // Entries whose tier-1 bytes we hold a reader on, released at the end
   // (after sink.Finish(), since Deliver's bytes must stay valid until then).
   std::vector<IndexEntry*> held;
   metas->assign(n, v1::BlockMeta());
   infos->assign(n, LoadedInfo());
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     for (size_t i = 0; i < n; ++i) {
       const IndexEntry* e = FindFor(ids[i], scope);
       if (e == nullptr || !e->bytes_available()) {
-        ++core_.counters.misses;
+        ++core_.counters_.misses;
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          e == nullptr ? absl::StrCat(BlockName(ids[i]), " not found")
                                       : absl::StrCat(BlockName(ids[i]),
@@ -73,14 +68,10 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     }
     const int64_t now_ms = core_.NowMs();
     for (size_t i = 0; i < n; ++i) {
-      IndexEntry* e = core_.index.FindVisible(ids[i]);
-      plan[i] = Plan{e->gen, e->checksum, e->payload_bytes, e->on_disk(), nullptr};
-      if (e->ram_readable()) {
-        core_.index.AddReader(e);
-        plan[i].ram = e;
-        held.push_back(e);
-      }
-      core_.index.Touch(e, now_ms);
+      IndexEntry* e = core_.index_.FindVisible(ids[i]);
+      plan[i] = core_.HoldForRead(e);
+      if (plan[i].ram != nullptr) held.push_back(e);
+      core_.index_.Touch(e, now_ms);
       (*metas)[i] = e->meta;
       if (scope != nullptr && !scope->SeesTokensOf(e->meta)) (*metas)[i].clear_tokens();
     }
@@ -89,29 +80,28 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   absl::Status failure = sink.Prepare(*metas);
   // Deliver-path copies of disk reads, under the staging budget; they live
   // until Finish, or until the sink drains.
-  StagingBudget::Buffers staging(&core_.staging);
+  StagingBudget::Buffers staging(&core_.staging());
   std::optional<absl::Time> staging_deadline;  // Set at the first staged block.
   uint64_t hits1 = 0, hits2 = 0;
   std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
   for (size_t i = 0; i < n && failure.ok(); ++i) {
-    const Plan& p = plan[i];
+    const EngineCore::ReadHold& p = plan[i];
+    const uint64_t size = p.payload_bytes;
     uint8_t* dest = sink.HostDestination(i);
     if (p.ram != nullptr) {
       const uint8_t* bytes = p.ram->ram.data();
       const bool sink_verifies = dest == nullptr && sink.VerifiesDeliveries();
       const uint64_t got = sink_verifies     ? p.checksum
-                           : dest != nullptr ? core_.copier.CopyHashingSource(dest, bytes, p.bytes)
-                                             : core_.copier.Checksum(bytes, p.bytes);
+                           : dest != nullptr ? core_.copier().CopyHashingSource(dest, bytes, size)
+                                             : core_.copier().Checksum(bytes, size);
       if (got == p.checksum) {
-        failure = dest == nullptr ? sink.Deliver(i, bytes, p.bytes, p.checksum)
-                                  : sink.AfterHostCopy(i, dest, p.bytes);
+        failure = dest == nullptr ? sink.Deliver(i, bytes, size, p.checksum)
+                                  : sink.AfterHostCopy(i, dest, size);
         (*infos)[i].served_from = BlockLocation::kHost;
         ++hits1;
         continue;
       }
-      absl::MutexLock lock(&core_.mu);
-      ++core_.counters.checksum_failures;
-      core_.index.Quarantine(p.ram);
+      core_.QuarantineRam(p.ram);
       if (!p.on_disk) {
         failure = ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
                             absl::StrCat(BlockName(ids[i]),
@@ -124,15 +114,15 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     // A block whose tier-1 copy just failed is still in tier 1 (we hold a
     // reader): read it through a staging buffer, not a promotion.
     std::optional<ArenaReservation> promote;
-    if (p.ram == nullptr) promote = core_.host.ReserveBelow(p.bytes, core_.high_bytes);
+    if (p.ram == nullptr) promote = core_.host().ReserveBelow(size, core_.high_bytes());
     uint8_t* target = dest;
     if (target == nullptr) {
       if (promote) {
         target = promote->data();
       } else {
-        if (!staging_deadline) staging_deadline = absl::Now() + core_.options.max_wait_for_room;
+        if (!staging_deadline) staging_deadline = absl::Now() + core_.options().max_wait_for_room;
         absl::StatusOr<uint8_t*> buffer =
-            staging.Take(p.bytes, *staging_deadline, [&sink] { return sink.Drain(); });
+            staging.Take(size, *staging_deadline, [&sink] { return sink.Drain(); });
         if (!buffer.ok()) {
           failure = WithItem(buffer.status(), i, ItemPart::kId);
           break;
@@ -141,19 +131,13 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
       }
     }
     absl::Status s =
-        core_.ReadFromDisk(ids[i], p.checksum, p.bytes, target, promote ? promote->data() : nullptr);
+        core_.ReadFromDisk(ids[i], p.checksum, size, target, promote ? promote->data() : nullptr);
     if (!s.ok()) {
       promote.reset();
       if (s.code() == absl::StatusCode::kDataLoss) {
-        {
-          absl::MutexLock lock(&core_.mu);
-          ++core_.counters.checksum_failures;
-        }
-        absl::MutexLock disk(&core_.disk_mu);
-        core_.QuarantineDisk(ids[i], p.gen);
+        core_.DropCorruptDiskCopy(ids[i], p.gen);
       } else if (s.code() == absl::StatusCode::kNotFound) {
-        absl::MutexLock lock(&core_.mu);
-        ++core_.counters.misses;
+        core_.CountMiss();
       }
       failure = WithItem(s, i, ItemPart::kId);
       break;
@@ -173,8 +157,8 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
         break;
       }
     }
-    failure = dest == nullptr ? sink.Deliver(i, target, p.bytes, p.checksum)
-                              : sink.AfterHostCopy(i, dest, p.bytes);
+    failure = dest == nullptr ? sink.Deliver(i, target, size, p.checksum)
+                              : sink.AfterHostCopy(i, dest, size);
   }
   if (failure.ok()) failure = sink.Finish();
   copying.reset();
@@ -182,20 +166,18 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     PhaseTimer checking(Phase::kChecksum);
     // A delivery failed its check where it landed: find the tier-1 copies
     // that are bad (if any) and drop them.
-    for (const Plan& p : plan) {
-      if (p.ram == nullptr || core_.copier.Checksum(p.ram->ram.data(), p.bytes) == p.checksum) {
-        continue;
+    for (const EngineCore::ReadHold& p : plan) {
+      if (p.ram != nullptr &&
+          core_.copier().Checksum(p.ram->ram.data(), p.payload_bytes) != p.checksum) {
+        core_.QuarantineRam(p.ram);
       }
-      absl::MutexLock lock(&core_.mu);
-      ++core_.counters.checksum_failures;
-      core_.index.Quarantine(p.ram);
     }
   }
-  absl::MutexLock lock(&core_.mu);
-  for (IndexEntry* e : held) core_.index.ReleaseReader(e);
-  core_.counters.hits_tier1 += hits1;
-  core_.counters.hits_tier2 += hits2;
-  if (failure.ok()) core_.counters.loads += n;
+  absl::MutexLock lock(core_.mu());
+  for (IndexEntry* e : held) core_.index_.ReleaseReader(e);
+  core_.counters_.hits_tier1 += hits1;
+  core_.counters_.hits_tier2 += hits2;
+  if (failure.ok()) core_.counters_.loads += n;
   return failure;
 }
 

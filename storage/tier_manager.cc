@@ -57,29 +57,30 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Open(
 
 absl::Status TierManagerImpl::Rebuild() {
   std::vector<std::string> skipped;
-  absl::MutexLock lock(&core_.mu);
-  EVOKE_RETURN_IF_ERROR(core_.disk->ForEachRecord(
+  absl::MutexLock lock(core_.mu());
+  // Tier 2 is only read, before any other thread starts: no disk_mu.
+  EVOKE_RETURN_IF_ERROR(core_.disk_->ForEachRecord(
       [&](const BlockId& id, storage::SpillRecord record) -> absl::Status {
         if (absl::Status valid = ValidateRecord(id, record.meta()); !valid.ok()) {
-          if (core_.invalid_records.size() < 20) {
+          if (core_.invalid_records_.size() < 20) {
             EVOKE_LOG_ERROR("record ", id.ToHex(), " is invalid and is not served: ",
                             valid.message());
           }
-          core_.invalid_records.emplace(id, std::string(valid.message()));
-          ++core_.counters.invalid_records;
+          core_.invalid_records_.emplace(id, std::string(valid.message()));
+          ++core_.counters_.invalid_records;
           return absl::OkStatus();
         }
         IndexEntry* e =
-            core_.index.AddRecovered(id, std::move(*record.mutable_meta()),
-                                     record.payload_present(), record.last_access_unix_ms());
+            core_.index_.AddRecovered(id, std::move(*record.mutable_meta()),
+                                      record.payload_present(), record.last_access_unix_ms());
         if (observer() != nullptr) observer()->Added(id, e->meta);
         return absl::OkStatus();
       },
       &skipped));
-  core_.index.FinishLoading();
-  core_.counters.checksum_failures += skipped.size();
-  if (!core_.invalid_records.empty()) {
-    EVOKE_LOG_ERROR(core_.invalid_records.size(),
+  core_.index_.FinishLoading();
+  core_.counters_.checksum_failures += skipped.size();
+  if (!core_.invalid_records_.empty()) {
+    EVOKE_LOG_ERROR(core_.invalid_records_.size(),
                     " records failed validation and are kept out of the index (Stat: "
                     "invalid_records; evokectl verify or delete removes them)");
   }
@@ -91,7 +92,7 @@ absl::Status TierManagerImpl::ValidateRecord(const BlockId& id, const v1::BlockM
     return absl::DataLossError("meta.id: differs from the record's key");
   }
   if (!meta.has_checksum()) return absl::DataLossError("meta.checksum: is missing");
-  return ValidateStoredBlock(meta, meta.payload_bytes(), core_.options.limits, "record");
+  return ValidateStoredBlock(meta, meta.payload_bytes(), core_.options().limits, "record");
 }
 
 // ------------------------------------------------------------ Save
@@ -101,7 +102,7 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
                                                               absl::Time deadline,
                                                               PinOwner owner) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  deadline = std::min(deadline, absl::Now() + core_.options.max_wait_for_room);
+  deadline = std::min(deadline, absl::Now() + core_.options().max_wait_for_room);
   std::vector<SavePlan> plans(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     absl::StatusOr<BlockId> id = BlockId::FromBytes(items[i].meta->id());
@@ -116,9 +117,9 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
   // settles all but the durable tier-2 part).
   absl::Cleanup settle = [this, &hold] {
     if (hold.empty()) return;
-    absl::MutexLock lock(&core_.mu);
-    core_.quotas.Settle(&hold);
-    core_.writes_cv.SignalAll();  // Saves waiting for reserved tier-1 room.
+    absl::MutexLock lock(core_.mu());
+    core_.quotas_.Settle(&hold);
+    core_.writes_cv_.SignalAll();  // Saves waiting for reserved tier-1 room.
   };
   EVOKE_RETURN_IF_ERROR(ReserveForSave(items, deadline, &plans));
   absl::Status copied = CopyIn(items, source, &plans);
@@ -144,14 +145,14 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
 absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
                                              absl::Time deadline,
                                              std::vector<SavePlan>* plans) {
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   for (;;) {
     bool in_flight = false;
     std::vector<uint64_t> sizes;
     uint64_t total = 0, largest = 0;
     for (size_t i = 0; i < items.size() && !in_flight; ++i) {
       SavePlan& p = (*plans)[i];
-      const IndexEntry* e = core_.index.Find(p.id);
+      const IndexEntry* e = core_.index_.Find(p.id);
       in_flight = e != nullptr && e->state == BlockState::kWriting;
       if (e != nullptr && !in_flight &&
           e->meta.fingerprint().namespace_() != items[i].meta->fingerprint().namespace_()) {
@@ -159,8 +160,9 @@ absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
         // lands here; deduplicating (or reviving a breadcrumb) across
         // namespaces would hand one tenant's bytes to another.
         return ItemError(absl::StatusCode::kAlreadyExists, i, ItemPart::kId,
-                         absl::StrCat(BlockName(p.id), " collides with a block of another namespace "
-                                                  "(a 128-bit id collision); not stored"));
+                         absl::StrCat(BlockName(p.id),
+                                      " collides with a block of another namespace "
+                                      "(a 128-bit id collision); not stored"));
       }
       p.fresh = e == nullptr || !e->bytes_available();
       if (!p.fresh) {
@@ -169,26 +171,26 @@ absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
         continue;
       }
       sizes.push_back(items[i].size);
-      const uint64_t rounded = core_.host.RoundedSize(items[i].size);
+      const uint64_t rounded = core_.host().RoundedSize(items[i].size);
       total += rounded;
       largest = std::max(largest, rounded);
     }
     if (in_flight) {
-      if (core_.writes_cv.WaitWithDeadline(&core_.mu, deadline)) {
+      if (core_.writes_cv_.WaitWithDeadline(core_.mu(), deadline)) {
         return absl::UnavailableError(
             "another save of the same block is still in progress; retry");
       }
       continue;
     }
     std::vector<ArenaReservation> reserved;
-    if (core_.host.ReserveAll(sizes, &reserved)) {
+    if (core_.host().ReserveAll(sizes, &reserved)) {
       size_t k = 0;
       for (SavePlan& p : *plans) {
         if (!p.fresh) continue;
         p.ram = std::move(reserved[k++]);
-        p.entry = core_.index.BeginWrite(p.id, &p.revived);
+        p.entry = core_.index_.BeginWrite(p.id, &p.revived);
       }
-      if (core_.host.used_bytes() > core_.high_bytes) spiller_.Wake();
+      if (core_.host().used_bytes() > core_.high_bytes()) spiller_.Wake();
       return absl::OkStatus();
     }
     EVOKE_RETURN_IF_ERROR(spiller_.WaitForRoom(total, largest, deadline));
@@ -212,9 +214,9 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
       return absl::InternalError("source size differs from the item size");
     }
     if (!host.empty()) {
-      p.checksum = p.fresh ? core_.copier.CopyHashingDestination(p.ram.data(), host.data(),
-                                                                  host.size())
-                           : PayloadChecksum(host.data(), host.size());
+      p.checksum =
+          p.fresh ? core_.copier().CopyHashingDestination(p.ram.data(), host.data(), host.size())
+                  : PayloadChecksum(host.data(), host.size());
       continue;
     }
     // An id already stored has no reservation: its bytes are fetched into
@@ -235,11 +237,11 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
     for (size_t k = 0; k < fetch_items.size(); ++k) {
       const size_t i = fetch_items[k];
       (*plans)[i].checksum =
-          fetched[k] ? *fetched[k] : core_.copier.Checksum(fetch_dsts[k], items[i].size);
+          fetched[k] ? *fetched[k] : core_.copier().Checksum(fetch_dsts[k], items[i].size);
     }
   }
   copying.reset();
-  if (core_.options.summarize) {
+  if (core_.options().summarize) {
     PhaseTimer summarizing(Phase::kSummary);
     // Summaries of fresh blocks, one task each across the copy pool (a mean
     // over 16 MiB of K is milliseconds).
@@ -247,10 +249,10 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
     for (size_t i = 0; i < items.size(); ++i) {
       if ((*plans)[i].fresh) fresh.push_back(i);
     }
-    core_.copier.ParallelFor(fresh.size(), [&](size_t k) {
+    core_.copier().ParallelFor(fresh.size(), [&](size_t k) {
       SavePlan& p = (*plans)[fresh[k]];
-      p.summary = core_.options.summarize(*items[fresh[k]].meta, p.ram.data(),
-                                          items[fresh[k]].size);
+      p.summary =
+          core_.options().summarize(*items[fresh[k]].meta, p.ram.data(), items[fresh[k]].size);
     });
   }
   for (size_t i = 0; i < items.size(); ++i) {
@@ -271,31 +273,33 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
                                          std::vector<SavedBlock>* results,
                                          std::vector<size_t>* pin_later,
                                          QuotaLedger::Hold* hold) {
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   // Committed blocks are in the index's usage from here on, aborted ones
   // never will be: either way the reservation of tier 1 and metadata ends
   // with this critical section (tier 2 when the blocks are on disk).
-  core_.quotas.SettleCommitted(hold);
+  core_.quotas_.SettleCommitted(hold);
   for (size_t i = 0; i < items.size() && failure.ok(); ++i) {
     const SavePlan& p = (*plans)[i];
     if (p.fresh) continue;
-    const IndexEntry* e = core_.index.FindGen(p.id, p.existing_gen);
+    const IndexEntry* e = core_.index_.FindGen(p.id, p.existing_gen);
     if (e == nullptr || !e->bytes_available()) {
       failure = ItemError(absl::StatusCode::kAborted, i, ItemPart::kId,
-                          absl::StrCat(BlockName(p.id), " was deleted or dropped during the save; retry"));
+                          absl::StrCat(BlockName(p.id),
+                                       " was deleted or dropped during the save; retry"));
     } else if (p.existing_checksum != p.checksum &&
                items[i].meta->kind() == v1::BLOCK_KIND_SESSION) {
       failure = ItemError(absl::StatusCode::kAlreadyExists, i, ItemPart::kId,
                           absl::StrCat("session ", BlockName(p.id),
-                                       " is already stored with different content; Delete it first"));
+                                       " is already stored with different content; "
+                                       "Delete it first"));
     }
   }
-  core_.writes_cv.SignalAll();
+  core_.writes_cv_.SignalAll();
   if (!failure.ok()) {
     for (SavePlan& p : *plans) {
       if (p.entry == nullptr) continue;
       p.ram.Release();
-      core_.index.AbortWrite(p.entry, p.revived);
+      core_.index_.AbortWrite(p.entry, p.revived);
     }
     return failure;
   }
@@ -313,50 +317,50 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
       meta.set_payload_bytes(items[i].size);
       meta.set_checksum(p.checksum);
       if (!p.revived) meta.set_created_unix_ms(now_ms);
-      core_.index.ReplaceMetaForWrite(e, std::move(meta));
+      core_.index_.ReplaceMetaForWrite(e, std::move(meta));
       e->fp_digest = p.digest;
       e->payload_bytes = items[i].size;
       e->checksum = p.checksum;
-      if (items[i].pin) core_.index.AddPin(e, owner);
-      core_.index.CommitWrite(e, std::move(p.ram), now_ms);
+      if (items[i].pin) core_.index_.AddPin(e, owner);
+      core_.index_.CommitWrite(e, std::move(p.ram), now_ms);
       if (observer() != nullptr) observer()->Added(e->id, e->meta);
       if (uploader_ != nullptr && !items[i].from_remote &&
-          (items[i].meta->kind() != v1::BLOCK_KIND_SESSION || core_.options.remote_sessions)) {
+          (items[i].meta->kind() != v1::BLOCK_KIND_SESSION || core_.options().remote_sessions)) {
         uploader_->Enqueue(*e);
       }
-      ++core_.counters.saves;
+      ++core_.counters_.saves;
       r.checksum = p.checksum;
       r.location = BlockLocation::kHost;
       p.existing_gen = e->gen;
       continue;
     }
-    IndexEntry* e = core_.index.FindGen(p.id, p.existing_gen);
-    core_.index.Touch(e, now_ms);
-    ++core_.counters.dedups;
+    IndexEntry* e = core_.index_.FindGen(p.id, p.existing_gen);
+    core_.index_.Touch(e, now_ms);
+    ++core_.counters_.dedups;
     r.deduplicated = true;
     r.checksum = e->checksum;
     r.location = e->location();
     if (items[i].pin) {
       if (e->in_ram()) {
-        core_.index.AddPin(e, owner);
+        core_.index_.AddPin(e, owner);
       } else {
         pin_later->push_back(i);
       }
     }
   }
-  core_.room_cv.SignalAll();
+  core_.NotifyRoom();
   return absl::OkStatus();
 }
 
 absl::Status TierManagerImpl::WriteDurably(std::vector<SavePlan>& plans,
                                            std::vector<SavedBlock>* results) {
-  absl::MutexLock disk(&core_.disk_mu);
+  absl::MutexLock disk(core_.disk_mu());
   std::vector<IndexEntry*> dirty;
   bool written_by_others = false;  // On disk already, maybe without an fsync.
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     for (const SavePlan& p : plans) {
-      IndexEntry* e = core_.index.FindGen(p.id, p.existing_gen);
+      IndexEntry* e = core_.index_.FindGen(p.id, p.existing_gen);
       if (e == nullptr) continue;
       if (e->state == BlockState::kDirty) dirty.push_back(e);
       written_by_others |= e->on_disk();
@@ -366,15 +370,15 @@ absl::Status TierManagerImpl::WriteDurably(std::vector<SavePlan>& plans,
   absl::Status s = spiller_.WriteBack(dirty, /*sync=*/true, &blocks, &bytes);
   // The spiller may have written some of these blocks without an fsync
   // between the commit and now; make them durable too.
-  if (s.ok() && written_by_others) s = core_.disk->Persist();
+  if (s.ok() && written_by_others) s = core_.disk()->Persist();
   if (s.ok()) EVOKE_FAILPOINT("save.durable.synced");
   if (!s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("blocks are in tier 1 but the durable write failed: ", s.message()));
   }
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   for (size_t i = 0; i < plans.size(); ++i) {
-    const IndexEntry* e = core_.index.FindGen(plans[i].id, plans[i].existing_gen);
+    const IndexEntry* e = core_.index_.FindGen(plans[i].id, plans[i].existing_gen);
     if (e != nullptr && e->state == BlockState::kDirty) {
       // Write-back skipped it: its tier-1 copy failed verification meanwhile.
       return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kBlock,
@@ -393,35 +397,36 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
   uint64_t gen, checksum, bytes;
   std::optional<ArenaReservation> ram;
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     for (;;) {
-      IndexEntry* e = core_.index.FindVisible(id);
+      IndexEntry* e = core_.index_.FindVisible(id);
       if (e == nullptr || !e->bytes_available()) {
-        return absl::NotFoundError(absl::StrCat(BlockName(id), " disappeared before it was pinned"));
+        return absl::NotFoundError(
+            absl::StrCat(BlockName(id), " disappeared before it was pinned"));
       }
       if (e->in_ram()) {
-        core_.index.AddPin(e, owner);
-        core_.index.Touch(e, core_.NowMs());
+        core_.index_.AddPin(e, owner);
+        core_.index_.Touch(e, core_.NowMs());
         return absl::OkStatus();
       }
       gen = e->gen;
       checksum = e->checksum;
       bytes = e->payload_bytes;
       EVOKE_RETURN_IF_ERROR(CheckFits(bytes));
-      ram = core_.host.Reserve(bytes);
+      ram = core_.host().Reserve(bytes);
       if (ram) break;
-      const uint64_t rounded = core_.host.RoundedSize(bytes);
+      const uint64_t rounded = core_.host().RoundedSize(bytes);
       EVOKE_RETURN_IF_ERROR(spiller_.WaitForRoom(rounded, rounded, deadline));
     }
   }
   absl::Status s = core_.ReadFromDisk(id, checksum, bytes, ram->data());
-  absl::MutexLock lock(&core_.mu);
-  IndexEntry* e = core_.index.FindGen(id, gen);
+  absl::MutexLock lock(core_.mu());
+  IndexEntry* e = core_.index_.FindGen(id, gen);
   const bool attachable = e != nullptr && (e->state == BlockState::kSpilled ||
                                            e->state == BlockState::kBreadcrumb);
   if (!s.ok() || !attachable) {
     ram->Release();
-    if (s.code() == absl::StatusCode::kDataLoss) ++core_.counters.checksum_failures;
+    if (s.code() == absl::StatusCode::kDataLoss) ++core_.counters_.checksum_failures;
     if (!s.ok()) return s;
     if (e == nullptr) {
       return absl::NotFoundError(absl::StrCat(BlockName(id), " was deleted while being pinned"));
@@ -429,20 +434,20 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
     if (!e->in_ram()) {
       return absl::AbortedError(absl::StrCat(BlockName(id), " changed while being pinned; retry"));
     }
-    core_.index.AddPin(e, owner);  // Promoted by someone else meanwhile.
+    core_.index_.AddPin(e, owner);  // Promoted by someone else meanwhile.
     return absl::OkStatus();
   }
-  core_.index.AttachRam(e, std::move(*ram));
-  core_.index.AddPin(e, owner);
-  core_.index.Touch(e, core_.NowMs());
-  ++core_.counters.promotions;
+  core_.index_.AttachRam(e, std::move(*ram));
+  core_.index_.AddPin(e, owner);
+  core_.index_.Touch(e, core_.NowMs());
+  ++core_.counters_.promotions;
   return absl::OkStatus();
 }
 
 // ------------------------------------------------------------ small calls
 
 IndexEntry* TierManagerImpl::FindFor(const BlockId& id, const NamespaceScope* scope) const {
-  IndexEntry* e = core_.index.FindVisible(id);
+  IndexEntry* e = core_.index_.FindVisible(id);
   if (e == nullptr || scope == nullptr || scope->SeesBlock(e->meta.fingerprint())) {
     return e;
   }
@@ -452,7 +457,7 @@ IndexEntry* TierManagerImpl::FindFor(const BlockId& id, const NamespaceScope* sc
 std::vector<BlockLocation> TierManagerImpl::Lookup(absl::Span<const BlockId> ids,
                                                    const NamespaceScope* scope) {
   std::vector<BlockLocation> found;
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   for (const BlockId& id : ids) {
     const IndexEntry* e = FindFor(id, scope);
     if (e == nullptr || !e->bytes_available()) break;
@@ -466,7 +471,7 @@ std::vector<BlockLocation> TierManagerImpl::LookupFleet(absl::Span<const BlockId
                                                         absl::string_view trust_group,
                                                         const NamespaceScope* scope) {
   std::vector<BlockLocation> found = Lookup(ids, scope);
-  RemoteTier* remote = core_.options.remote;
+  RemoteTier* remote = core_.options().remote;
   if (remote == nullptr || found.size() == ids.size() || !CheckOpen().ok()) return found;
   v1::LayoutFingerprint where;
   where.set_namespace_(std::string(ns));
@@ -482,10 +487,10 @@ std::vector<BlockLocation> TierManagerImpl::LookupFleet(absl::Span<const BlockId
 
 TierStats TierManagerImpl::Stats() {
   TierStats out = core_.Stats();
-  if (core_.options.remote != nullptr) {
-    RemoteStats r = core_.options.remote->Stats();  // Its own lock, outside mu.
+  if (core_.options().remote != nullptr) {
+    RemoteStats r = core_.options().remote->Stats();  // Its own lock, outside mu.
     if (uploader_ != nullptr) {
-      absl::MutexLock lock(&core_.mu);
+      absl::MutexLock lock(core_.mu());
       uploader_->Fill(&r);
     }
     out.remote = std::move(r);
@@ -496,15 +501,15 @@ TierStats TierManagerImpl::Stats() {
 absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids,
                                      const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  absl::MutexLock disk(&core_.disk_mu);
+  absl::MutexLock disk(core_.disk_mu());
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     // Records that failed validation at start have no trusted namespace:
     // only a caller that sees everything may remove them.
     const bool sees_all = scope == nullptr || scope->SeesEveryBlock();
     for (size_t i = 0; i < ids.size(); ++i) {
       if (FindFor(ids[i], scope) == nullptr &&
-          !(sees_all && core_.invalid_records.contains(ids[i]))) {
+          !(sees_all && core_.invalid_records_.contains(ids[i]))) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          absl::StrCat(BlockName(ids[i]), " not found; nothing deleted"));
       }
@@ -516,11 +521,11 @@ absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids,
 absl::StatusOr<uint32_t> TierManagerImpl::DropSession(absl::string_view ns,
                                                       absl::string_view session_id) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  absl::MutexLock disk(&core_.disk_mu);
+  absl::MutexLock disk(core_.disk_mu());
   std::vector<BlockId> ids;
   {
-    absl::MutexLock lock(&core_.mu);
-    ids = core_.index.SessionIds(ns, session_id);
+    absl::MutexLock lock(core_.mu());
+    ids = core_.index_.SessionIds(ns, session_id);
   }
   return RemoveBlocks(ids);
 }
@@ -528,10 +533,10 @@ absl::StatusOr<uint32_t> TierManagerImpl::DropSession(absl::string_view ns,
 absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId> ids) {
   std::vector<BlockId> on_disk;
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     for (const BlockId& id : ids) {
-      const IndexEntry* e = core_.index.FindVisible(id);
-      if ((e != nullptr && e->record_on_disk) || core_.invalid_records.contains(id)) {
+      const IndexEntry* e = core_.index_.FindVisible(id);
+      if ((e != nullptr && e->record_on_disk) || core_.invalid_records_.contains(id)) {
         on_disk.push_back(id);
       }
     }
@@ -539,27 +544,27 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
   // Tier 2 first: if it fails, the index is unchanged and nothing
   // resurrects after a restart.
   EVOKE_FAILPOINT("delete.before_disk");
-  if (!on_disk.empty()) EVOKE_RETURN_IF_ERROR(core_.disk->Delete(on_disk));
+  if (!on_disk.empty()) EVOKE_RETURN_IF_ERROR(core_.disk()->Delete(on_disk));
   EVOKE_FAILPOINT("delete.after_disk");
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   uint32_t n = 0;
   for (const BlockId& id : ids) {
-    if (core_.invalid_records.erase(id) > 0) {
-      ++core_.counters.deletes;
+    if (core_.invalid_records_.erase(id) > 0) {
+      ++core_.counters_.deletes;
       ++n;
       continue;
     }
-    IndexEntry* e = core_.index.FindVisible(id);
+    IndexEntry* e = core_.index_.FindVisible(id);
     if (e == nullptr) continue;
     if (observer() != nullptr) observer()->Removed(e->id, e->meta);
     // A deleted session block's remote copy goes too; prefix blocks are
     // shared by content and stay (expiry removes them).
-    if (uploader_ != nullptr && core_.options.remote_sessions &&
+    if (uploader_ != nullptr && core_.options().remote_sessions &&
         e->meta.kind() == v1::BLOCK_KIND_SESSION) {
       uploader_->EnqueueRemoval(RemoteTier::RemoteNamespace(e->meta.fingerprint()), e->id);
     }
-    core_.index.Remove(e);
-    ++core_.counters.deletes;
+    core_.index_.Remove(e);
+    ++core_.counters_.deletes;
     ++n;
   }
   EVOKE_FAILPOINT("delete.after_index");
@@ -572,7 +577,7 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
   std::vector<BlockId> to_promote;
   std::vector<std::pair<BlockId, uint64_t>> pinned;
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     for (size_t i = 0; i < ids.size(); ++i) {
       const IndexEntry* e = FindFor(ids[i], scope);
       if (e == nullptr || !e->bytes_available()) {
@@ -583,13 +588,13 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
     }
     const int64_t now_ms = core_.NowMs();
     for (const BlockId& id : ids) {
-      IndexEntry* e = core_.index.FindVisible(id);
+      IndexEntry* e = core_.index_.FindVisible(id);
       if (!e->in_ram()) {
         to_promote.push_back(id);
         continue;
       }
-      core_.index.AddPin(e, owner);
-      core_.index.Touch(e, now_ms);
+      core_.index_.AddPin(e, owner);
+      core_.index_.Touch(e, now_ms);
       pinned.emplace_back(id, e->gen);
     }
   }
@@ -597,16 +602,16 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
     absl::Status s = PromoteForPin(to_promote[i], owner, deadline);
     if (s.ok()) continue;
     // Undo, so that Pin stays all-or-nothing.
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     for (const auto& [id, gen] : pinned) {
-      if (IndexEntry* e = core_.index.FindGen(id, gen); e != nullptr) {
-        core_.index.RemovePin(e, owner);
+      if (IndexEntry* e = core_.index_.FindGen(id, gen); e != nullptr) {
+        core_.index_.RemovePin(e, owner);
         Unpinned(e);
       }
     }
     for (size_t j = 0; j < i; ++j) {
-      if (IndexEntry* e = core_.index.FindVisible(to_promote[j]); e != nullptr) {
-        core_.index.RemovePin(e, owner);
+      if (IndexEntry* e = core_.index_.FindVisible(to_promote[j]); e != nullptr) {
+        core_.index_.RemovePin(e, owner);
         Unpinned(e);
       }
     }
@@ -618,7 +623,7 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
 absl::Status TierManagerImpl::Unpin(absl::Span<const BlockId> ids, PinOwner owner,
                                     const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   absl::flat_hash_map<BlockId, uint32_t> asked;
   for (size_t i = 0; i < ids.size(); ++i) {
     const IndexEntry* e = FindFor(ids[i], scope);
@@ -626,24 +631,24 @@ absl::Status TierManagerImpl::Unpin(absl::Span<const BlockId> ids, PinOwner owne
       return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                        absl::StrCat(BlockName(ids[i]), " not found"));
     }
-    if (++asked[ids[i]] > core_.index.PinsOf(*e, owner)) {
+    if (++asked[ids[i]] > core_.index_.PinsOf(*e, owner)) {
       return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
                        absl::StrCat(BlockName(ids[i]), " is not pinned by this lease"));
     }
   }
   for (const BlockId& id : ids) {
-    IndexEntry* e = core_.index.FindVisible(id);
-    core_.index.RemovePin(e, owner);
+    IndexEntry* e = core_.index_.FindVisible(id);
+    core_.index_.RemovePin(e, owner);
     Unpinned(e);
   }
   return absl::OkStatus();
 }
 
 uint64_t TierManagerImpl::ReleaseOwner(PinOwner owner) {
-  absl::MutexLock lock(&core_.mu);
-  const uint64_t released = core_.index.ReleaseOwner(owner);
+  absl::MutexLock lock(core_.mu());
+  const uint64_t released = core_.index_.ReleaseOwner(owner);
   if (released > 0) {
-    core_.room_cv.SignalAll();
+    core_.NotifyRoom();
     spiller_.Wake();
   }
   return released;
@@ -651,7 +656,7 @@ uint64_t TierManagerImpl::ReleaseOwner(PinOwner owner) {
 
 absl::StatusOr<BlockInfo> TierManagerImpl::Describe(const BlockId& id,
                                                     const NamespaceScope* scope) {
-  absl::MutexLock lock(&core_.mu);
+  absl::MutexLock lock(core_.mu());
   const IndexEntry* e = FindFor(id, scope);
   if (e == nullptr) {
     return ItemError(absl::StatusCode::kNotFound, 0, ItemPart::kId,
@@ -671,9 +676,9 @@ std::vector<BlockInfo> TierManagerImpl::List(const ListFilter& filter, const Blo
   std::optional<BlockId> cursor;
   if (after != nullptr) cursor = *after;
   for (;;) {
-    absl::MutexLock lock(&core_.mu);
-    cursor = core_.index.ListPage(filter, cursor ? &*cursor : nullptr, limit + 1 - out.size(),
-                                  kListVisitsPerLock, &out);
+    absl::MutexLock lock(core_.mu());
+    cursor = core_.index_.ListPage(filter, cursor ? &*cursor : nullptr, limit + 1 - out.size(),
+                                   kListVisitsPerLock, &out);
     if (!cursor || out.size() > limit) break;
   }
   *more = out.size() > limit;
@@ -694,7 +699,7 @@ absl::StatusOr<VerifyReport> TierManagerImpl::Verify(absl::Span<const BlockId> i
   std::vector<BlockId> seen;
   uint64_t hidden = 0;
   {
-    absl::MutexLock lock(&core_.mu);
+    absl::MutexLock lock(core_.mu());
     for (const BlockId& id : ids) {
       if (FindFor(id, scope) != nullptr) {
         seen.push_back(id);
@@ -722,8 +727,8 @@ absl::Status TierManagerImpl::Shutdown() {
   // does not). Then tier 2 is closed: the process may exit without tearing
   // the index and tier 1 down.
   absl::Status s = spiller_.Flush(/*evict=*/false, /*compact=*/false).status();
-  absl::MutexLock disk(&core_.disk_mu);
-  const absl::Status closed = core_.disk->Close();
+  absl::MutexLock disk(core_.disk_mu());
+  const absl::Status closed = core_.disk()->Close();
   return s.ok() ? closed : s;
 }
 

@@ -79,8 +79,8 @@ class TierManagerImpl final : public TierManager {
                               bool* more) override;
   TierStats Stats() override;
   NamespaceUsage Usage(absl::string_view ns) override {
-    absl::MutexLock lock(&core_.mu);
-    return core_.index.Usage(ns);
+    absl::MutexLock lock(core_.mu());
+    return core_.index_.Usage(ns);
   }
   absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids,
                                       const NamespaceScope* scope) override;
@@ -91,11 +91,11 @@ class TierManagerImpl final : public TierManager {
   }
   void VisitMetas(absl::Span<const BlockId> ids,
                   absl::FunctionRef<void(size_t, const v1::BlockMeta&)> visit) override {
-    absl::ReaderMutexLock lock(&core_.mu);
+    absl::ReaderMutexLock lock(core_.mu());
     for (size_t i = 0; i < ids.size(); ++i) {
       // Find, not FindVisible: a breadcrumb being re-saved keeps the meta
       // the observer was last told of until its save commits.
-      if (const IndexEntry* e = core_.index.Find(ids[i]); e != nullptr) visit(i, e->meta);
+      if (const IndexEntry* e = core_.index_.Find(ids[i]); e != nullptr) visit(i, e->meta);
     }
   }
 
@@ -103,7 +103,7 @@ class TierManagerImpl final : public TierManager {
   // Save, in three phases.
   // EnforceQuotas refuses a Save past the metadata budget or a namespace's
   // quota, counting what concurrent Saves have reserved, and reserves this
-  // Save's share in `hold` (core_.quotas). Over a tier-1 quota it first
+  // Save's share in `hold` (core_.quotas_). Over a tier-1 quota it first
   // makes room from the namespace's own blocks: clean ones leave tier 1,
   // dirty ones are written back first.
   absl::Status EnforceQuotas(absl::Span<const SaveItem> items,
@@ -112,7 +112,7 @@ class TierManagerImpl final : public TierManager {
   // EvictCleanOf drops up to `want` bytes of `ns`'s clean, unread, unpinned
   // tier-1 copies, coldest first; returns the bytes freed.
   uint64_t EvictCleanOf(absl::string_view ns, uint64_t want)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu());
   // WriteBackOf writes up to `want` bytes of `ns`'s coldest dirty blocks to
   // tier 2 and evicts them from tier 1.
   absl::Status WriteBackOf(const std::string& ns, uint64_t want);
@@ -151,31 +151,31 @@ class TierManagerImpl final : public TierManager {
   // RemoveBlocks deletes those of `ids` that still exist from every tier and
   // returns how many.
   absl::StatusOr<uint32_t> RemoveBlocks(absl::Span<const BlockId> ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.disk_mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.disk_mu());
   // FindFor is FindVisible for a caller limited to `scope`: another
   // namespace's block is not there.
   IndexEntry* FindFor(const BlockId& id, const NamespaceScope* scope) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu());
   absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);
   // Unpinned wakes saves and the spiller when `e` became evictable.
-  void Unpinned(const IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) {
+  void Unpinned(const IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu()) {
     if (e->pins == 0 && e->in_ram()) {
-      core_.room_cv.SignalAll();
+      core_.NotifyRoom();
       spiller_.Wake();
     }
   }
   absl::Status CheckFits(uint64_t size) const {
-    if (size <= core_.host.capacity_bytes()) return absl::OkStatus();
+    if (size <= core_.host().capacity_bytes()) return absl::OkStatus();
     return WithLimit(absl::ResourceExhaustedError(absl::StrCat(
                          "payload of ", FormatByteSize(size), " is larger than tier 1 (",
-                         FormatByteSize(core_.host.capacity_bytes()), ")")),
+                         FormatByteSize(core_.host().capacity_bytes()), ")")),
                      StorageLimit::kTier1Capacity);
   }
   absl::Status CheckOpen() const {
     if (shut_down_.load()) return absl::UnavailableError("evoked is shutting down");
     return absl::OkStatus();
   }
-  BlockObserver* observer() const { return core_.options.observer; }
+  BlockObserver* observer() const { return core_.options().observer; }
 
   EngineCore core_;
   Spiller spiller_;

@@ -1,6 +1,7 @@
 #include "storage/remote/uploader.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,13 +23,13 @@ void Uploader::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void Uploader::Stop() {
   {
-    absl::MutexLock lock(&core_->mu);
+    absl::MutexLock lock(core_->mu());
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
     cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
-  absl::MutexLock lock(&core_->mu);
+  absl::MutexLock lock(core_->mu());
   if (!queue_.empty()) {
     EVOKE_LOG_WARNING("write-behind stopped with ", queue_.size(),
                       " blocks not written to the remote tier (their local copies remain)");
@@ -46,7 +47,7 @@ void Uploader::Enqueue(const IndexEntry& e) {
   // A full queue refuses the newest block, not the oldest: chains are saved
   // head first, and a fleet-wide lookup stops at the first missing block,
   // so a tail whose head was dropped could never be found.
-  if (queue_bytes_ + e.payload_bytes > core_->options.remote_queue_bytes) {
+  if (queue_bytes_ + e.payload_bytes > core_->options().remote_queue_bytes) {
     ++dropped_;
     return;
   }
@@ -67,9 +68,9 @@ void Uploader::EnqueueRemoval(absl::string_view ns, const BlockId& id) {
 
 bool Uploader::WaitForIdle(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&core_->mu);
+  absl::MutexLock lock(core_->mu());
   while (!queue_.empty() || !removals_.empty() || inflight_ != 0) {
-    if (idle_cv_.WaitWithDeadline(&core_->mu, deadline)) {
+    if (idle_cv_.WaitWithDeadline(core_->mu(), deadline)) {
       return queue_.empty() && removals_.empty() && inflight_ == 0;
     }
   }
@@ -86,11 +87,11 @@ void Uploader::Fill(RemoteStats* stats) {
 }
 
 void Uploader::Loop() {
-  absl::MutexLock lock(&core_->mu);
+  absl::MutexLock lock(core_->mu());
   while (!stop_) {
     if (queue_.empty() && removals_.empty()) {
       idle_cv_.SignalAll();
-      cv_.Wait(&core_->mu);
+      cv_.Wait(core_->mu());
       continue;
     }
     absl::Duration wait;
@@ -99,8 +100,8 @@ void Uploader::Loop() {
       // Down, or past budget: keep the queue (it refuses the newest past
       // its bound) and look again when the breaker may let a probe through.
       // Removals go on past the budget: they free space.
-      cv_.WaitWithTimeout(&core_->mu, std::clamp(wait, absl::Milliseconds(10),
-                                                 absl::Seconds(1)));
+      cv_.WaitWithTimeout(core_->mu(), std::clamp(wait, absl::Milliseconds(10),
+                                                  absl::Seconds(1)));
       continue;
     }
     if (!removals_.empty()) {
@@ -122,9 +123,9 @@ void Uploader::RemoveRound() {
     removals_.pop_front();
   }
   inflight_ = ids.size();
-  core_->mu.Unlock();
+  core_->mu()->Unlock();
   const absl::Status s = remote_->Remove(ns, ids);
-  core_->mu.Lock();
+  core_->mu()->Lock();
   inflight_ = 0;
   if (s.ok()) return;
   if (s.code() == absl::StatusCode::kUnavailable && !stop_ &&
@@ -151,35 +152,32 @@ void Uploader::Round() {
   };
   std::vector<Job> jobs;
   uint64_t batch_bytes = 0;
-  const size_t max_blocks = static_cast<size_t>(std::max(1, core_->options.remote_batch_blocks));
+  const size_t max_blocks =
+      static_cast<size_t>(std::max(1, core_->options().remote_batch_blocks));
   while (!queue_.empty() && jobs.size() < max_blocks &&
          (jobs.empty() || batch_bytes + queue_.front().bytes <= kBatchBytes)) {
     Item item = queue_.front();
     queue_.pop_front();
     queue_bytes_ -= item.bytes;
-    IndexEntry* e = core_->index.FindGen(item.id, item.gen);
-    if (e == nullptr || !e->bytes_available()) {
+    Job job;
+    job.item = item;
+    const std::optional<EngineCore::ReadHold> hold =
+        core_->HoldGen(item.id, item.gen, &job.record);
+    if (!hold) {
       ++dropped_;  // Deleted, replaced or dropped before its turn.
       continue;
     }
-    Job job;
-    job.item = item;
-    job.record = EngineCore::RecordOf(*e);
-    job.ns = RemoteTier::RemoteNamespace(e->meta.fingerprint());
-    job.exclusive = e->meta.kind() != v1::BLOCK_KIND_SESSION;
-    job.checksum = e->checksum;
-    if (e->ram_readable()) {
-      core_->index.AddReader(e);
-      job.held = e;
-    } else {
-      job.from_disk = true;
-    }
+    job.ns = RemoteTier::RemoteNamespace(job.record.meta().fingerprint());
+    job.exclusive = job.record.meta().kind() != v1::BLOCK_KIND_SESSION;
+    job.checksum = hold->checksum;
+    job.held = hold->ram;
+    job.from_disk = hold->ram == nullptr;
     batch_bytes += item.bytes;
     jobs.push_back(std::move(job));
   }
   if (jobs.empty()) return;
   inflight_ = jobs.size();
-  core_->mu.Unlock();
+  core_->mu()->Unlock();
 
   // Copy each payload out and check the copy: a block whose bytes fail
   // their checksum is never written to a store other hosts read.
@@ -188,7 +186,7 @@ void Uploader::Round() {
     uint8_t* dest = reinterpret_cast<uint8_t*>(job.bytes.data());
     if (job.held != nullptr) {
       const uint64_t got =
-          core_->copier.CopyHashingSource(dest, job.held->ram.data(), job.item.bytes);
+          core_->copier().CopyHashingSource(dest, job.held->ram.data(), job.item.bytes);
       if (got != job.checksum) {
         job.status = absl::DataLossError("tier-1 copy fails its checksum");
       }
@@ -196,13 +194,12 @@ void Uploader::Round() {
       job.status = core_->ReadFromDisk(job.item.id, job.checksum, job.item.bytes, dest);
     }
   }
-  {
-    absl::MutexLock lock(&core_->mu);
-    for (Job& job : jobs) {
-      if (job.held != nullptr) core_->index.ReleaseReader(job.held);
-      job.held = nullptr;
-    }
+  std::vector<IndexEntry*> held;
+  for (Job& job : jobs) {
+    if (job.held != nullptr) held.push_back(job.held);
+    job.held = nullptr;
   }
+  core_->ReleaseReaders(held);
   std::vector<RemoteTier::Block> blocks;
   std::vector<size_t> which;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -214,7 +211,7 @@ void Uploader::Round() {
   std::vector<absl::Status> written = remote_->Write(blocks);
   for (size_t k = 0; k < which.size(); ++k) jobs[which[k]].status = written[k];
 
-  core_->mu.Lock();
+  core_->mu()->Lock();
   inflight_ = 0;
   // Outages go back to the front of the queue (in their order), to be
   // retried once the breaker lets calls through; anything else is dropped.
@@ -222,7 +219,7 @@ void Uploader::Round() {
     const Job& job = jobs[i];
     if (job.status.ok()) continue;
     if (job.status.code() == absl::StatusCode::kUnavailable && !stop_ &&
-        queue_bytes_ + job.item.bytes <= core_->options.remote_queue_bytes) {
+        queue_bytes_ + job.item.bytes <= core_->options().remote_queue_bytes) {
       queue_.push_front(job.item);
       queue_bytes_ += job.item.bytes;
       continue;

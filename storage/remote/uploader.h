@@ -43,13 +43,13 @@ class Uploader {
   void Stop();
 
   // Enqueue queues a committed block for write-behind.
-  void Enqueue(const IndexEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  void Enqueue(const IndexEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu());
   // EnqueueRemoval queues the removal of a deleted session block's remote
   // copy. Removals run on the same thread after any write of that block in
   // flight, so a copy being written is removed after it lands. Past
   // kMaxRemovals queued, they are dropped (counted; expiry removes them).
   void EnqueueRemoval(absl::string_view ns, const BlockId& id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu());
   static constexpr size_t kMaxRemovals = 1 << 16;
 
   // WaitForIdle blocks until the queue is empty and nothing is in flight,
@@ -57,7 +57,7 @@ class Uploader {
   bool WaitForIdle(absl::Duration timeout);
 
   // Fill adds the queue's figures to `stats`.
-  void Fill(RemoteStats* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  void Fill(RemoteStats* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu());
 
  private:
   struct Item {
@@ -67,25 +67,25 @@ class Uploader {
   };
   void Loop();
   // Round writes one batch taken from the queue (mu released inside).
-  void Round() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  void Round() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu());
   // RemoveRound removes one batch of queued removals (mu released inside).
-  void RemoveRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  void RemoveRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu());
 
   EngineCore* const core_;
   RemoteTier* const remote_;
   absl::CondVar cv_;       // Work queued, or stopping.
   absl::CondVar idle_cv_;  // The queue emptied and nothing is in flight.
-  bool stop_ ABSL_GUARDED_BY(core_->mu) = false;
-  std::deque<Item> queue_ ABSL_GUARDED_BY(core_->mu);
-  uint64_t queue_bytes_ ABSL_GUARDED_BY(core_->mu) = 0;
-  uint64_t inflight_ ABSL_GUARDED_BY(core_->mu) = 0;
-  uint64_t dropped_ ABSL_GUARDED_BY(core_->mu) = 0;
+  bool stop_ ABSL_GUARDED_BY(core_->mu()) = false;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(core_->mu());
+  uint64_t queue_bytes_ ABSL_GUARDED_BY(core_->mu()) = 0;
+  uint64_t inflight_ ABSL_GUARDED_BY(core_->mu()) = 0;
+  uint64_t dropped_ ABSL_GUARDED_BY(core_->mu()) = 0;
   struct Removal {
     std::string ns;
     BlockId id;
   };
-  std::deque<Removal> removals_ ABSL_GUARDED_BY(core_->mu);
-  uint64_t removals_dropped_ ABSL_GUARDED_BY(core_->mu) = 0;
+  std::deque<Removal> removals_ ABSL_GUARDED_BY(core_->mu());
+  uint64_t removals_dropped_ ABSL_GUARDED_BY(core_->mu()) = 0;
   std::thread thread_;
 };
 
