@@ -59,6 +59,35 @@ uint64_t CopyHashingImpl(void* dst, const void* src, size_t size) {
   return CombineChunkChecksums(chunks, size);
 }
 
+// ForEachFragment calls fn(data, n) on bytes [offset, offset + size) of the
+// concatenation of `pieces`, in order, at most kPiece bytes at a time.
+template <typename Fn>
+void ForEachFragment(absl::Span<const absl::string_view> pieces, size_t offset, size_t size,
+                     Fn fn) {
+  size_t at = 0;  // Where the current piece starts in the concatenation.
+  for (absl::string_view piece : pieces) {
+    if (size == 0) return;
+    if (offset >= at + piece.size()) {
+      at += piece.size();
+      continue;
+    }
+    size_t begin = offset - at;
+    const size_t end = begin + std::min(piece.size() - begin, size);
+    offset += end - begin;
+    size -= end - begin;
+    for (; begin < end; begin += std::min(kPiece, end - begin)) {
+      fn(reinterpret_cast<const uint8_t*>(piece.data()) + begin, std::min(kPiece, end - begin));
+    }
+    at += piece.size();
+  }
+}
+
+size_t TotalSize(absl::Span<const absl::string_view> pieces) {
+  size_t total = 0;
+  for (absl::string_view piece : pieces) total += piece.size();
+  return total;
+}
+
 }  // namespace
 
 uint64_t ChunkChecksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
@@ -88,6 +117,44 @@ uint64_t CopyHashingDestination(void* dst, const void* src, size_t size) {
 
 uint64_t CopyHashingSource(void* dst, const void* src, size_t size) {
   return CopyHashingImpl<false>(dst, src, size);
+}
+
+uint64_t PiecesChecksum(absl::Span<const absl::string_view> pieces) {
+  const size_t total = TotalSize(pieces);
+  std::vector<uint64_t> chunks;
+  for (size_t off = 0; off < total; off += kChecksumChunkBytes) {
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    ForEachFragment(pieces, off, std::min(kChecksumChunkBytes, total - off),
+                    [&](const uint8_t* p, size_t n) { XXH3_64bits_update(&state, p, n); });
+    chunks.push_back(XXH3_64bits_digest(&state));
+  }
+  return CombineChunkChecksums(chunks, total);
+}
+
+uint64_t CopyPiecesHashingDestinationChunk(void* dst, absl::Span<const absl::string_view> pieces,
+                                           size_t offset, size_t size) {
+  auto* d = static_cast<uint8_t*>(dst);
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  size_t filled = 0;
+  ForEachFragment(pieces, offset, size, [&](const uint8_t* p, size_t n) {
+    std::memcpy(d + filled, p, n);
+    XXH3_64bits_update(&state, d + filled, n);  // The copy, still in cache.
+    filled += n;
+  });
+  return XXH3_64bits_digest(&state);
+}
+
+uint64_t CopyPiecesHashingDestination(void* dst, absl::Span<const absl::string_view> pieces) {
+  const size_t total = TotalSize(pieces);
+  std::vector<uint64_t> chunks;
+  for (size_t off = 0; off < total; off += kChecksumChunkBytes) {
+    const size_t n = std::min(kChecksumChunkBytes, total - off);
+    chunks.push_back(
+        CopyPiecesHashingDestinationChunk(static_cast<uint8_t*>(dst) + off, pieces, off, n));
+  }
+  return CombineChunkChecksums(chunks, total);
 }
 
 uint64_t CopyHashingDestinationChunk(void* dst, const void* src, size_t size) {

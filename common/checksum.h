@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace evoke {
@@ -51,6 +52,20 @@ uint64_t CopyHashingSource(void* dst, const void* src, size_t size);
 // ChunkChecksum of the hashed side. Building blocks of parallel copies.
 uint64_t CopyHashingDestinationChunk(void* dst, const void* src, size_t size);
 uint64_t CopyHashingSourceChunk(void* dst, const void* src, size_t size);
+
+// Payloads held in several pieces, in order (bytes left in the buffers a
+// transport received them in), without gathering them first:
+//   PiecesChecksum is PayloadChecksum of the pieces' concatenation;
+//   CopyPiecesHashingDestination copies the concatenation to `dst` (the sum
+//     of the pieces' sizes) and returns PayloadChecksum of the copy, each
+//     piece hashed from cache right after it is copied;
+//   CopyPiecesHashingDestinationChunk does that for bytes [offset, offset +
+//     size) of the concatenation (size <= kChecksumChunkBytes) and returns
+//     ChunkChecksum of the copy: the building block of parallel copies.
+uint64_t PiecesChecksum(absl::Span<const absl::string_view> pieces);
+uint64_t CopyPiecesHashingDestination(void* dst, absl::Span<const absl::string_view> pieces);
+uint64_t CopyPiecesHashingDestinationChunk(void* dst, absl::Span<const absl::string_view> pieces,
+                                           size_t offset, size_t size);
 
 }  // namespace evoke
 

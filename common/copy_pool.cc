@@ -90,6 +90,20 @@ uint64_t CopyPool::CopyHashingDestination(void* dst, const void* src, size_t siz
   return CombineChunkChecksums(sums, size);
 }
 
+uint64_t CopyPool::CopyHashingDestination(void* dst, absl::Span<const absl::string_view> pieces,
+                                          size_t size) {
+  if (size <= 2 * kChecksumChunkBytes || threads_.empty()) {
+    return CopyPiecesHashingDestination(dst, pieces);
+  }
+  std::vector<uint64_t> sums(Chunks(size));
+  ParallelFor(sums.size(), [&](size_t i) {
+    const size_t off = i * kChecksumChunkBytes;
+    sums[i] = CopyPiecesHashingDestinationChunk(static_cast<uint8_t*>(dst) + off, pieces, off,
+                                                std::min(kChecksumChunkBytes, size - off));
+  });
+  return CombineChunkChecksums(sums, size);
+}
+
 uint64_t CopyPool::CopyHashingSource(void* dst, const void* src, size_t size) {
   if (size <= 2 * kChecksumChunkBytes || threads_.empty()) {
     return evoke::CopyHashingSource(dst, src, size);

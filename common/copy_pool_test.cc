@@ -28,6 +28,23 @@ TEST(CopyPoolTest, ParallelResultsEqualTheSerialDefinition) {
   }
 }
 
+TEST(CopyPoolTest, PiecesCopyInParallelAsTheSerialDefinition) {
+  CopyPool pool(3);
+  std::mt19937_64 rng(10);
+  for (size_t size : {1ul, (2ul << 20) + 1, (5ul << 20) + 12345, 16ul << 20}) {
+    std::string src(size, '\0');
+    for (size_t i = 0; i < size; i += 8) src[i] = static_cast<char>(rng());
+    std::vector<absl::string_view> pieces;
+    for (size_t at = 0; at < size; at += 16384 + 3) {
+      pieces.emplace_back(src.data() + at, std::min<size_t>(16384 + 3, size - at));
+    }
+    std::string a(size, 'a');
+    EXPECT_EQ(pool.CopyHashingDestination(a.data(), pieces, size),
+              PayloadChecksum(src.data(), size)) << size;
+    EXPECT_TRUE(a == src) << size;
+  }
+}
+
 TEST(CopyPoolTest, ManyConcurrentCallers) {
   CopyPool pool(2);
   const size_t size = (6 << 20) + 3;

@@ -99,19 +99,6 @@ absl::StatusOr<std::unique_ptr<SaveRequestSource>> SaveRequestSource::Create(
   source->gathers_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const PayloadRef& payload = command.blocks[i].payload;
-    if (payload.kind == PayloadRef::Kind::kInline && !payload.inline_pieces.empty()) {
-      // Inline bytes left in the transport's buffers: a host gather list
-      // (only read: SliceList's pointers are writable for scatter lists).
-      SliceList& list = source->gathers_[i];
-      list.pieces.reserve(payload.inline_pieces.size());
-      for (absl::string_view piece : payload.inline_pieces) {
-        list.pieces.push_back({const_cast<uint8_t*>(
-                                   reinterpret_cast<const uint8_t*>(piece.data())),
-                               piece.size()});
-        list.total += piece.size();
-      }
-      continue;
-    }
     if (payload.kind != PayloadRef::Kind::kGather && payload.kind != PayloadRef::Kind::kRegion) {
       continue;
     }
@@ -135,9 +122,13 @@ absl::StatusOr<std::unique_ptr<SaveRequestSource>> SaveRequestSource::Create(
   return source;
 }
 
+absl::Span<const absl::string_view> SaveRequestSource::HostPieces(size_t i) {
+  return command_.blocks[i].payload.inline_pieces;
+}
+
 absl::string_view SaveRequestSource::HostBytes(size_t i) {
   const PayloadRef& payload = command_.blocks[i].payload;
-  if (!gathers_[i].empty()) return {};
+  if (!gathers_[i].empty() || !payload.inline_pieces.empty()) return {};
   if (regions_[i] == nullptr) return payload.inline_bytes;
   if (regions_[i]->host_data() == nullptr) return {};
   return absl::string_view(

@@ -80,9 +80,9 @@ struct SliceList {
 // SaveRequestSource serves the payloads of a validated SaveCommand. Host
 // payloads (inline, shared memory) are read in place; CUDA slices are
 // fetched with one DeviceOps::FetchBlocks per device (coalesced copies, the
-// session blocks hashed on the device beside them); gather lists (and
-// inline payloads left in pieces in the transport's buffers) are copied
+// session blocks hashed on the device beside them); gather lists are copied
 // slice by slice into tier 1 (host) or in the same FetchBlocks (CUDA).
+// Inline payloads left in pieces in the transport's buffers are HostPieces.
 class SaveRequestSource final : public SaveSource {
  public:
   // Create resolves every region slice of the command (region slices and
@@ -95,9 +95,11 @@ class SaveRequestSource final : public SaveSource {
   static absl::StatusOr<std::unique_ptr<SaveRequestSource>> Create(
       const SaveCommand& command, RegionResolver* regions, DeviceCopiers* copiers);
 
-  // Empty for CUDA slices and for gathered blocks (host or CUDA): the
-  // TierManager then calls Fetch.
+  // Empty for CUDA slices, for gathered blocks (host or CUDA: the
+  // TierManager then calls Fetch) and for inline pieces.
   absl::string_view HostBytes(size_t i) override;
+  // An inline payload's pieces (PayloadRef::inline_pieces).
+  absl::Span<const absl::string_view> HostPieces(size_t i) override;
   // CUDA slices: one FetchBlocks per device copies them device to host
   // and, in the same plan, checksums the session blocks on the GPU from the
   // client's device memory while the copies run (their bytes are private to
@@ -119,8 +121,7 @@ class SaveRequestSource final : public SaveSource {
   const SaveCommand& command_;
   DeviceCopiers* const copiers_;
   std::vector<std::shared_ptr<Region>> regions_;  // Per block; null unless kRegion.
-  // Per block; empty unless kGather or inline pieces.
-  std::vector<SliceList> gathers_;
+  std::vector<SliceList> gathers_;                // Per block; empty unless kGather.
 };
 
 // CheckInlineBudget refuses (RESOURCE_EXHAUSTED) a Load whose payloads

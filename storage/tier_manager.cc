@@ -209,6 +209,17 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
   std::optional<PhaseTimer> copying(std::in_place, Phase::kCopy);
   for (size_t i = 0; i < items.size(); ++i) {
     SavePlan& p = (*plans)[i];
+    if (const absl::Span<const absl::string_view> pieces = source.HostPieces(i);
+        !pieces.empty()) {
+      uint64_t total = 0;
+      for (absl::string_view piece : pieces) total += piece.size();
+      if (total != items[i].size) {
+        return absl::InternalError("source size differs from the item size");
+      }
+      p.checksum = p.fresh ? core_.copier().CopyHashingDestination(p.ram.data(), pieces, total)
+                           : PiecesChecksum(pieces);
+      continue;
+    }
     const absl::string_view host = source.HostBytes(i);
     if (!host.empty() && host.size() != items[i].size) {
       return absl::InternalError("source size differs from the item size");

@@ -129,6 +129,11 @@ class SaveSource {
   // cannot make it store bytes that differ from their checksum). Empty when
   // the payload must be fetched with Fetch.
   virtual absl::string_view HostBytes(size_t i) = 0;
+  // HostPieces returns item `i`'s payload when it is host memory in several
+  // pieces, in order (inline bytes left in the buffers a transport received
+  // them in), copied and hashed as HostBytes, chunk by chunk across the
+  // copy pool. Empty otherwise (HostBytes or Fetch then serve the item).
+  virtual absl::Span<const absl::string_view> HostPieces(size_t /*i*/) { return {}; }
   // Fetch copies the payloads of `items` into `dsts` (dsts[k] receives
   // items[k], exactly its size). Called once per Save with every such item,
   // so that an implementation can batch and coalesce (e.g. device copies).

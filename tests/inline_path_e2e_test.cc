@@ -135,6 +135,27 @@ TEST_F(InlinePathTest, SixteenMiBBlocksRoundTripAsWithTheStub) {
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(lib[i].payload == payloads[i]) << i;
 }
 
+// A large inline payload saved again under the same id is checksummed
+// where gRPC received it (no copy): the same bytes are a duplicate, other
+// bytes a conflict, and the first copy stays.
+TEST_F(InlinePathTest, LargePayloadsSavedAgainDeduplicateOrConflict) {
+  Start();
+  const v1::BlockMeta meta = Meta(7);
+  const std::string payload = Payload(70, 16 * kMiB + 3);
+  v1::SaveResponse saved;
+  ASSERT_TRUE(Save({meta}, {payload}, &saved).ok());
+  EXPECT_FALSE(saved.results(0).deduplicated());
+  ASSERT_TRUE(Save({meta}, {payload}, &saved).ok());
+  EXPECT_TRUE(saved.results(0).deduplicated());
+  std::string other = payload;
+  other[9 * kMiB] ^= 1;
+  const grpc::Status conflict = Save({meta}, {other}, &saved);
+  EXPECT_EQ(conflict.error_code(), grpc::StatusCode::ALREADY_EXISTS) << conflict.error_message();
+  std::vector<LoadedBlock> got;
+  ASSERT_TRUE(Load({meta}, &got).ok());
+  EXPECT_TRUE(got[0].payload == payload);
+}
+
 TEST_F(InlinePathTest, BlocksFromTheSpillStoreComeBackInline) {
   Start();
   std::vector<v1::BlockMeta> metas = {Meta(0), Meta(1)};
