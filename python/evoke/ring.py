@@ -19,6 +19,7 @@ RPCs).
 """
 
 import ctypes
+import os
 import platform
 import struct
 import threading
@@ -323,9 +324,16 @@ class Ring:
 
     def _sleep_until_posted(self, seen, deadline, spin):
         spin_until = time.monotonic() + spin
+        polls = 0
         while time.monotonic() < spin_until:
             if self._load(_CQ_TAIL) != seen:
                 return
+            polls += 1
+            if polls % 16 == 0:
+                # Every few microseconds, let the threads doing the work run
+                # (the daemon's ring thread, on a machine with few cores);
+                # returns at once when nothing else is runnable.
+                os.sched_yield()
         self._store(_CQ_NEED_WAKE, 1)
         # A barrier between the store above and the load below (a FUTEX_WAKE
         # on a word nobody sleeps on: the kernel's full fence).
