@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <thread>
 #include <utility>
@@ -24,8 +23,8 @@
 #include "common/byte_size.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "common/summaries.h"
 #include "daemon/access_policy.h"
+#include "daemon/daemon_parts.h"
 #include "daemon/executor.h"
 #include "daemon/fd_channel.h"
 #include "daemon/kvtier_service.h"
@@ -43,9 +42,6 @@
 #include "recovery/recovery_index.h"
 #include "storage/remote/remote_tier.h"
 #include "storage/tier_manager.h"
-#ifdef EVOKE_HAVE_RADOS
-#include "storage/remote/rados_store.h"
-#endif
 
 #ifndef EVOKE_VERSION
 #define EVOKE_VERSION "dev"
@@ -107,58 +103,67 @@ absl::Status PrepareSocketPath(const std::string& path) {
   return absl::OkStatus();
 }
 
+// LoadPolicy reads --policy; without one only evoked's own uid (and root)
+// may call.
+absl::StatusOr<std::unique_ptr<AccessPolicy>> LoadPolicy(const DaemonOptions::Server& server) {
+  if (server.policy.empty()) {
+    return std::make_unique<AccessPolicy>(AccessPolicy::OwnerOnly(geteuid()));
+  }
+  EVOKE_ASSIGN_OR_RETURN(AccessPolicy policy, AccessPolicy::Load(server.policy));
+  return std::make_unique<AccessPolicy>(std::move(policy));
+}
+
+// BindMetrics binds /metrics (null when off). An address given explicitly
+// that cannot be had stops the start; the default one may be taken by
+// another evoked on this host, which keeps it, and this one serves without.
+absl::StatusOr<std::unique_ptr<MetricsServer>> BindMetrics(
+    const DaemonOptions::Metrics& options) {
+  if (options.address.empty()) return std::unique_ptr<MetricsServer>();
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = MetricsServer::Bind(options.address);
+  if (metrics.ok() || options.address_given) return metrics;
+  EVOKE_LOG_WARNING("serving without /metrics: default ", metrics.status().message(),
+                    " (another evoked on this host?); set --metrics-address to "
+                    "choose another address, or \"\" to turn it off");
+  return std::unique_ptr<MetricsServer>();
+}
+
 // OpenRemoteTier connects tier 3. With --remote-required a failure stops
 // the start; otherwise evoked runs without it and keeps retrying.
-absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonOptions& options) {
+absl::StatusOr<std::unique_ptr<RemoteTier>> OpenRemoteTier(
+    const DaemonOptions::Remote& options) {
 #ifdef EVOKE_HAVE_RADOS
-  RadosOptions rados;
-  rados.conf_path = options.remote_conf;
-  rados.pool = options.remote_pool;
-  rados.user = options.remote_user;
-  rados.keyring = options.remote_keyring;
-  rados.op_timeout = absl::Milliseconds(options.remote_op_timeout_ms);
-  rados.inflight = static_cast<int>(options.remote_inflight);
-  RemoteTierOptions tier;
-  tier.retry = absl::Milliseconds(options.remote_retry_ms);
-  tier.retry_max = absl::Milliseconds(options.remote_retry_max_ms);
-  tier.budget_bytes = options.remote_bytes;
-  if (options.remote_expiry_s > 0) {
-    tier.expire_after = absl::Seconds(static_cast<int64_t>(
-        std::min<uint64_t>(options.remote_expiry_s, uint64_t{1} << 40)));
-    tier.sweep_every = std::clamp(tier.expire_after / 4, absl::Seconds(1), absl::Hours(1));
-  }
-  auto remote = std::make_unique<RemoteTier>(NewRadosObjectStore(rados), tier);
+  auto remote = std::make_unique<RemoteTier>(NewRadosObjectStore(ToRadosOptions(options)),
+                                             ToRemoteTierOptions(options));
   const absl::Status s = remote->Start();
   if (!s.ok()) {
-    if (options.remote_required) {
+    if (options.required) {
       return absl::Status(s.code(), absl::StrCat("remote tier (--remote-required): ",
                                                  s.message()));
     }
     EVOKE_LOG_WARNING("remote tier not available, serving from the local tiers and "
                       "retrying in the background: ", s.message());
   } else {
-    EVOKE_LOG_INFO("remote tier: rados pool ", options.remote_pool, " (", options.remote_conf,
-                   ")");
+    EVOKE_LOG_INFO("remote tier: rados pool ", options.pool, " (", options.conf, ")");
   }
   return remote;
 #else
   return absl::FailedPreconditionError(absl::StrCat(
-      "--remote-conf ", options.remote_conf,
+      "--remote-conf ", options.conf,
       ": this evoked was built without Ceph RADOS support (EVOKE_WITH_RADOS=OFF; "
       "install librados-dev and libradospp-dev and rebuild)"));
 #endif
 }
 
-// NeedsMeanKeys: the daemon adds a MEAN_KEYS summary to canonical blocks
-// saved without one (and with room for one more summary).
-bool NeedsMeanKeys(const v1::BlockMeta& meta) {
-  if (meta.fingerprint().layout() != v1::LAYOUT_CANONICAL_V1 || meta.summaries_size() >= 8) {
-    return false;
+// CreateTier1 allocates the pinned arena. Not being able to lock it is no
+// reason to refuse to start (Stat reports it), but worth a warning.
+absl::StatusOr<std::unique_ptr<PinnedArena>> CreateTier1(const DaemonOptions::Tier1& tier1) {
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena,
+                         PinnedArena::Create(ToArenaOptions(tier1)));
+  const PinnedArena::Stats stats = arena->GetStats();
+  if (!stats.locked) {
+    EVOKE_LOG_WARNING("tier 1 is not locked in RAM: ", stats.lock_error);
   }
-  for (const v1::Summary& s : meta.summaries()) {
-    if (s.kind() == v1::SUMMARY_MEAN_KEYS) return false;
-  }
-  return true;
+  return arena;
 }
 
 }  // namespace
@@ -171,6 +176,20 @@ class Daemon::Impl {
       lease_reaper.join();
     }
   }
+
+  // The steps of Daemon::Start that wire parts to one another, in the order
+  // Start calls them.
+  void OpenRecovery(const DaemonOptions::Tiers& tiers_options);
+  TierManagerOptions TierOptions(const DaemonOptions& options);
+  void StartGpus(const DaemonOptions::Tier1& tier1, uint8_t* arena_base,
+                 uint64_t arena_bytes);
+  void StartLeaseReaper(const DaemonOptions::Leases& leases_options);
+  KvTierServiceOptions ServiceOptions(const DaemonOptions& options);
+  absl::Status StartFdChannel(const DaemonOptions& options);
+  absl::Status Serve(const DaemonOptions& options,
+                     std::shared_ptr<grpc::ServerCredentials> tcp_credentials);
+  void ServeMetrics(const DaemonOptions::Metrics& metrics_options);
+
   std::string socket_path;
   std::unique_ptr<CopyPool> scan_pool;      // Outlives the RecoveryIndex.
   std::unique_ptr<RecoveryIndex> recovery;  // Outlives the TierManager.
@@ -195,232 +214,126 @@ class Daemon::Impl {
   std::thread lease_reaper;
   absl::Notification stop_reaper;
   bool cuda_available = false;
-  DaemonOptions options;
+  uint32_t shutdown_grace_ms = 0;  // --shutdown-grace-ms, for Shutdown.
   absl::Mutex mu;
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   absl::Status shutdown_status ABSL_GUARDED_BY(mu);
 };
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
-  EVOKE_RETURN_IF_ERROR(options.Validate());
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
-  impl->socket_path = std::filesystem::absolute(options.socket).string();
-  const std::string data_dir = std::filesystem::absolute(options.data_dir).string();
-  const absl::Time start = absl::Now();
-
-  if (options.policy.empty()) {
-    impl->policy = std::make_unique<AccessPolicy>(AccessPolicy::OwnerOnly(geteuid()));
-  } else {
-    EVOKE_ASSIGN_OR_RETURN(AccessPolicy policy, AccessPolicy::Load(options.policy));
-    impl->policy = std::make_unique<AccessPolicy>(std::move(policy));
-  }
-  EVOKE_LOG_INFO(impl->policy->Summary());
-  // TLS files and tokens are checked before any storage is opened.
-  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
-  if (!options.tcp_listen.empty()) {
-    EVOKE_ASSIGN_OR_RETURN(
-        tcp_credentials,
-        TcpServerCredentials(options.tls_cert, options.tls_key, impl->policy.get()));
-  }
-
-  // /metrics is bound before any storage opens, so that an address given
-  // explicitly that cannot be had stops the start at once. The default one
-  // may be taken by another evoked on this host: that one keeps it.
-  if (!options.metrics_address.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Bind(options.metrics_address);
-    if (metrics.ok()) {
-      impl->metrics = std::move(metrics).value();
-    } else if (options.metrics_address_given) {
-      return metrics.status();
-    } else {
-      EVOKE_LOG_WARNING("serving without /metrics: default ", metrics.status().message(),
-                        " (another evoked on this host?); set --metrics-address to "
-                        "choose another address, or \"\" to turn it off");
-    }
-  }
-
-  if (!options.remote_conf.empty()) {
-    EVOKE_ASSIGN_OR_RETURN(impl->remote, OpenRemoteTier(options));
-  }
-
-  SpillStoreOptions spill_options;
-  spill_options.path = data_dir;
-  spill_options.sync = options.spill_sync;
-  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> spill,
-                         SpillStore::Open(spill_options));
-
-  PinnedArenaOptions arena_options;
-  arena_options.capacity_bytes = options.pinned_bytes;
-  arena_options.lock_memory = options.lock_memory;
-  arena_options.prefault = options.prefault_memory;
-  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena,
-                         PinnedArena::Create(arena_options));
-  const PinnedArena::Stats arena_stats = arena->GetStats();
-  uint8_t* const arena_base = arena->base();
-  const uint64_t arena_bytes = arena->capacity_bytes();
-  if (!arena_stats.locked) {
-    EVOKE_LOG_WARNING("tier 1 is not locked in RAM: ", arena_stats.lock_error);
-  }
-
-  // Large recovery scans run on copy_threads threads of their own.
-  if (options.copy_threads > 0) {
-    impl->scan_pool = std::make_unique<CopyPool>(static_cast<int>(options.copy_threads));
+// The recovery index, fed by the TierManager (opened next). Large scans run
+// on copy_threads threads of their own.
+void Daemon::Impl::OpenRecovery(const DaemonOptions::Tiers& tiers_options) {
+  if (tiers_options.copy_threads > 0) {
+    scan_pool = std::make_unique<CopyPool>(static_cast<int>(tiers_options.copy_threads));
   }
   // Recover rescores with the summaries' exact values read from the
   // engine's in-RAM metadata (no f32 copy in the index). The source runs
   // without the index's lock (the engine calls the feed under its own), and
   // only for searches, which start after the TierManager is open.
-  Impl* const self = impl.get();
-  ExactSource exact = [self](const ExactRows& rows) {
-    TierManager* const tiers = self->tiers.get();
-    if (tiers == nullptr) return;  // Not open yet: every row reads as gone.
+  ExactSource exact = [this](const ExactRows& rows) {
+    TierManager* const open_tiers = tiers.get();
+    if (open_tiers == nullptr) return;  // Not open yet: every row reads as gone.
     const size_t width = static_cast<size_t>(rows.heads) * rows.dim;
-    tiers->VisitMetas(rows.ids, [&](size_t i, const v1::BlockMeta& meta) {
+    open_tiers->VisitMetas(rows.ids, [&](size_t i, const v1::BlockMeta& meta) {
       rows.found[i] = RecoveryIndex::CopySummary(meta, rows.kind, rows.layer, rows.heads,
                                                  rows.dim, rows.values + i * width);
     });
   };
-  impl->recovery = std::make_unique<RecoveryIndex>(impl->scan_pool.get(), std::move(exact));
-  impl->recovery_feed = std::make_unique<RecoveryFeed>(impl->recovery.get());
-  TierManagerOptions tier_options;
-  tier_options.observer = impl->recovery_feed.get();
-  // MEAN_KEYS for canonical blocks saved without one, so Recover can find
-  // every block an engine evicts.
-  tier_options.summarize = [layer_option = options.summary_layer](
-                               const v1::BlockMeta& meta, const uint8_t* payload,
-                               uint64_t size) -> std::optional<v1::Summary> {
-    if (!NeedsMeanKeys(meta)) return std::nullopt;
-    uint32_t layer = DefaultSummaryLayer(meta);
-    if (layer_option >= 0 && static_cast<uint32_t>(layer_option) >= meta.layer_begin() &&
-        static_cast<uint32_t>(layer_option) < meta.layer_end()) {
-      layer = static_cast<uint32_t>(layer_option);
-    }
-    absl::StatusOr<v1::Summary> s = MeanKeysSummary(meta, payload, size, layer);
-    if (!s.ok()) {
-      EVOKE_LOG_DEBUG("no mean_keys summary: ", s.status().ToString());
-      return std::nullopt;
-    }
-    return std::move(s).value();
-  };
-  // Charged at the quota check: a float per KV head and dimension, and the
-  // summary's own fields and framing.
-  tier_options.summary_bound = [](const v1::BlockMeta& meta) -> uint64_t {
-    if (!NeedsMeanKeys(meta)) return 0;
-    return 4ull * meta.fingerprint().n_kv_heads() * meta.fingerprint().head_dim() + 64;
-  };
-  tier_options.limits.max_block_bytes = options.max_block_bytes;
-  tier_options.staging_bytes = options.staging_bytes;
-  tier_options.metadata_bytes = options.metadata_bytes;
-  if (!impl->policy->proto().namespaces().empty()) {
-    const AccessPolicy* policy = impl->policy.get();
-    tier_options.quota = [policy](absl::string_view ns) { return policy->QuotaOf(ns); };
-  }
-  tier_options.high_watermark = options.high_watermark;
-  tier_options.low_watermark = options.low_watermark;
-  tier_options.spill_bytes = options.spill_bytes;
-  tier_options.spill_batch_bytes = options.spill_batch_bytes;
-  tier_options.max_wait_for_room = absl::Milliseconds(options.save_wait_ms);
-  tier_options.copy_threads = static_cast<int>(options.copy_threads);
-  tier_options.remote = impl->remote.get();
-  tier_options.remote_sessions = options.remote_sessions;
-  tier_options.remote_queue_bytes = options.remote_queue_bytes;
-  tier_options.remote_batch_blocks = static_cast<int>(options.remote_inflight);
-  EVOKE_ASSIGN_OR_RETURN(
-      impl->tiers, TierManager::Open(tier_options, std::move(arena), std::move(spill)));
+  recovery = std::make_unique<RecoveryIndex>(scan_pool.get(), std::move(exact));
+  recovery_feed = std::make_unique<RecoveryFeed>(recovery.get());
+}
 
+// What the options say, and the parts opened before the TierManager: the
+// recovery feed, the policy's quotas and tier 3.
+TierManagerOptions Daemon::Impl::TierOptions(const DaemonOptions& options) {
+  TierManagerOptions tier_options = ToTierManagerOptions(options);
+  tier_options.observer = recovery_feed.get();
+  if (!policy->proto().namespaces().empty()) {
+    const AccessPolicy* quotas = policy.get();
+    tier_options.quota = [quotas](absl::string_view ns) { return quotas->QuotaOf(ns); };
+  }
+  tier_options.remote = remote.get();
+  return tier_options;
+}
+
+// With a GPU, tier 1 is registered with CUDA in the background (unless
+// --cuda-register-chunk-bytes is 0); without one, host paths only.
+void Daemon::Impl::StartGpus(const DaemonOptions::Tier1& tier1, uint8_t* arena_base,
+                             uint64_t arena_bytes) {
   absl::StatusOr<std::vector<GpuDevice>> gpus = ListGpus();
-  impl->cuda_available = gpus.ok();
-  if (gpus.ok()) {
-    for (const GpuDevice& g : *gpus) {
-      EVOKE_LOG_INFO("GPU ", g.ordinal, ": ", g.name, " (",
-                     FormatByteSize(g.total_memory_bytes), ", sm_", g.compute_major,
-                     g.compute_minor, ")");
-    }
-    if (options.cuda_register_chunk_bytes > 0) {
-      absl::StatusOr<std::unique_ptr<HostRegistration>> reg = HostRegistration::Start(
-          arena_base, arena_bytes, options.cuda_register_chunk_bytes);
-      if (reg.ok()) {
-        impl->registration = std::move(reg).value();
-      } else {
-        EVOKE_LOG_WARNING("tier 1 not registered with CUDA: ", reg.status().ToString());
-      }
-    }
-  } else {
+  cuda_available = gpus.ok();
+  if (!gpus.ok()) {
     EVOKE_LOG_INFO("no GPU: ", gpus.status().message(), "; host paths only");
+    return;
   }
-
-  LeaseManagerOptions lease_options;
-  lease_options.max_leases = options.max_leases;
-  lease_options.max_leases_per_uid = options.max_leases_per_uid;
-  lease_options.max_regions_per_lease = options.max_regions_per_lease;
-  lease_options.max_region_bytes = options.max_region_bytes;
-  lease_options.max_mapped_bytes = options.max_mapped_bytes;
-  lease_options.max_mapped_bytes_per_uid = options.ResolvedMaxMappedBytesPerUid();
-  lease_options.max_mappings = options.max_mappings;
-  if (options.lease_idle_ms > 0) {
-    lease_options.idle_timeout = absl::Milliseconds(options.lease_idle_ms);
+  for (const GpuDevice& g : *gpus) {
+    EVOKE_LOG_INFO("GPU ", g.ordinal, ": ", g.name, " (", FormatByteSize(g.total_memory_bytes),
+                   ", sm_", g.compute_major, g.compute_minor, ")");
   }
-  impl->leases = std::make_unique<LeaseManager>(lease_options, impl->tiers.get());
-  impl->copiers = std::make_unique<DeviceCopiers>();
+  if (tier1.cuda_register_chunk_bytes == 0) return;
+  absl::StatusOr<std::unique_ptr<HostRegistration>> reg =
+      HostRegistration::Start(arena_base, arena_bytes, tier1.cuda_register_chunk_bytes);
+  if (reg.ok()) {
+    registration = std::move(reg).value();
+  } else {
+    EVOKE_LOG_WARNING("tier 1 not registered with CUDA: ", reg.status().ToString());
+  }
+}
 
-  if (options.lease_idle_ms > 0) {
-    const absl::Duration every =
-        std::clamp(absl::Milliseconds(options.lease_idle_ms) / 4, absl::Milliseconds(50),
-                   absl::Seconds(5));
-    LeaseManager* leases = impl->leases.get();
-    absl::Notification* stop = &impl->stop_reaper;
-    impl->lease_reaper = std::thread([leases, stop, every] {
-      while (!stop->WaitForNotificationWithTimeout(every)) {
-        if (const size_t n = leases->ExpireIdle(); n > 0) {
-          EVOKE_LOG_INFO("ended ", n, " idle lease(s) (--lease-idle-ms)");
-        }
+// Ends leases idle past --lease-idle-ms (none when it is 0).
+void Daemon::Impl::StartLeaseReaper(const DaemonOptions::Leases& leases_options) {
+  if (leases_options.idle_ms == 0) return;
+  const absl::Duration every = LeaseReaperInterval(leases_options);
+  LeaseManager* const reaped = leases.get();
+  absl::Notification* const stop = &stop_reaper;
+  lease_reaper = std::thread([reaped, stop, every] {
+    while (!stop->WaitForNotificationWithTimeout(every)) {
+      if (const size_t n = reaped->ExpireIdle(); n > 0) {
+        EVOKE_LOG_INFO("ended ", n, " idle lease(s) (--lease-idle-ms)");
       }
-    });
-  }
-  impl->executor = std::make_unique<Executor>(options.ResolvedWorkerThreads());
-  const std::string fd_socket =
-      std::filesystem::absolute(options.ResolvedFdSocket()).string();
-  KvTierServiceOptions service_options;
-  service_options.limits.block.max_block_bytes = options.max_block_bytes;
-  service_options.max_message_bytes = options.max_message_bytes;
-  service_options.rings.spin_max = absl::Microseconds(options.ring_poll_max_us);
-  service_options.max_calls_per_uid = options.ResolvedMaxCallsPerUid();
-  service_options.data_dir = data_dir;
-  service_options.version = EVOKE_VERSION;
-  service_options.fd_socket = fd_socket;
-  Impl* raw = impl.get();
-  service_options.policy = impl->policy.get();
+    }
+  });
+}
+
+// What the options say, and the service's hooks into the daemon: who is
+// calling, GPU state and metrics for Stat.
+KvTierServiceOptions Daemon::Impl::ServiceOptions(const DaemonOptions& options) {
+  KvTierServiceOptions service_options = ToServiceOptions(options);
+  service_options.policy = policy.get();
   // TCP calls by their own bearer token, Unix-socket calls by their
   // connection's SO_PEERCRED; neither path can resolve the other's calls.
-  service_options.identify = [raw](const grpc::CallbackServerContext& context) {
-    return IdentifyCaller(context, *raw->policy, raw->connections);
+  service_options.identify = [this](const grpc::CallbackServerContext& context) {
+    return IdentifyCaller(context, *policy, connections);
   };
-  service_options.gpu_stats = [raw](v1::StatResponse* s) {
-    s->set_cuda_available(raw->cuda_available);
-    if (raw->registration != nullptr) {
-      s->set_pinned_cuda_registered_bytes(raw->registration->registered_bytes());
-      if (raw->registration->done()) {
-        s->set_pinned_cuda_registration_ms(
-            absl::ToInt64Milliseconds(raw->registration->elapsed()));
+  service_options.gpu_stats = [this](v1::StatResponse* s) {
+    s->set_cuda_available(cuda_available);
+    if (registration != nullptr) {
+      s->set_pinned_cuda_registered_bytes(registration->registered_bytes());
+      if (registration->done()) {
+        s->set_pinned_cuda_registration_ms(absl::ToInt64Milliseconds(registration->elapsed()));
       }
     }
   };
-  service_options.rpc_metrics = &impl->rpc_metrics;
-  if (impl->metrics != nullptr) service_options.metrics_address = impl->metrics->address();
-  impl->service = std::make_unique<KvTierService>(
-      impl->tiers.get(), impl->executor.get(), impl->leases.get(),
-      impl->copiers.get(), impl->recovery.get(), std::move(service_options));
+  service_options.rpc_metrics = &rpc_metrics;
+  if (metrics != nullptr) service_options.metrics_address = metrics->address();
+  return service_options;
+}
 
-  EVOKE_RETURN_IF_ERROR(PrepareSocketPath(impl->socket_path));
-  FdChannelOptions fd_options;
-  fd_options.connection_timeout = absl::Milliseconds(options.fd_connection_deadline_ms);
+// The fd socket, where clients hand over shared memory for their leases.
+absl::Status Daemon::Impl::StartFdChannel(const DaemonOptions& options) {
+  FdChannelOptions fd_options = ToFdChannelOptions(options.fd);
   // The same policy as the gRPC socket: a peer it refuses is refused here
   // before anything it sends is read.
-  fd_options.admit = [raw](const PeerCred& peer) { return raw->policy->ForPeer(peer).status(); };
-  EVOKE_ASSIGN_OR_RETURN(impl->fd_channel,
-                         FdChannel::Start(fd_socket, impl->leases.get(), fd_options));
+  fd_options.admit = [this](const PeerCred& peer) { return policy->ForPeer(peer).status(); };
+  const std::string fd_socket = std::filesystem::absolute(options.ResolvedFdSocket()).string();
+  EVOKE_ASSIGN_OR_RETURN(fd_channel, FdChannel::Start(fd_socket, leases.get(), fd_options));
+  return absl::OkStatus();
+}
+
+// Serve builds the gRPC server and starts accepting on the Unix socket
+// (and on TCP when configured).
+absl::Status Daemon::Impl::Serve(const DaemonOptions& options,
+                                 std::shared_ptr<grpc::ServerCredentials> tcp_credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -428,55 +341,109 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // hands each connection over once it knows who connected. TCP, when
   // configured, is a listening port with TLS and bearer tokens only.
   if (tcp_credentials != nullptr) {
-    builder.AddListeningPort(options.tcp_listen, tcp_credentials, &impl->tcp_port);
+    builder.AddListeningPort(options.tcp.listen, tcp_credentials, &tcp_port);
   }
   {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
         interceptors;
-    interceptors.push_back(impl->rpc_metrics.NewInterceptorFactory());
+    interceptors.push_back(rpc_metrics.NewInterceptorFactory());
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.RegisterService(impl->service.get());
-  impl->server = builder.BuildAndStart();
-  if (!options.tcp_listen.empty() && (impl->server == nullptr || impl->tcp_port == 0)) {
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.server.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.server.max_message_bytes));
+  builder.RegisterService(service.get());
+  server = builder.BuildAndStart();
+  if (!options.tcp.listen.empty() && (server == nullptr || tcp_port == 0)) {
     return absl::UnavailableError(absl::StrCat(
-        "--tcp-listen: cannot serve TLS on ", options.tcp_listen,
+        "--tcp-listen: cannot serve TLS on ", options.tcp.listen,
         " (address in use or not local, or --tls-cert and --tls-key not a matching "
         "certificate and key)"));
   }
-  if (impl->server == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("--socket: cannot serve on ", impl->socket_path));
+  if (server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("--socket: cannot serve on ", socket_path));
   }
-  if (impl->tcp_port != 0) {
-    EVOKE_LOG_INFO("serving TCP on ", options.tcp_listen, " (port ", impl->tcp_port,
-                   "): TLS with ", options.tls_cert,
+  if (tcp_port != 0) {
+    EVOKE_LOG_INFO("serving TCP on ", options.tcp.listen, " (port ", tcp_port,
+                   "): TLS with ", options.tcp.tls_cert,
                    ", every call needs a principal's bearer token");
   }
   EVOKE_ASSIGN_OR_RETURN(
-      impl->listener,
-      PeerListener::Start(impl->socket_path, [raw](int fd, const PeerCred& peer) {
-        absl::StatusOr<std::shared_ptr<const Caller>> caller = raw->policy->ForPeer(peer);
+      listener, PeerListener::Start(socket_path, [this](int fd, const PeerCred& peer) {
+        absl::StatusOr<std::shared_ptr<const Caller>> caller = policy->ForPeer(peer);
         if (!caller.ok()) {
           // Served anyway, so that every call it makes is answered with the
           // reason (PERMISSION_DENIED) instead of a dropped connection.
           EVOKE_LOG_WARNING_EVERY_N_SEC(1, "connection from ", DescribePeer(peer), ": ",
                                         caller.status().message());
         }
-        raw->connections.Set(fd, std::move(caller));
-        grpc::AddInsecureChannelFromFd(raw->server.get(), fd);
+        connections.Set(fd, std::move(caller));
+        grpc::AddInsecureChannelFromFd(server.get(), fd);
       }));
-  if (impl->metrics != nullptr) {
-    KvTierService* service = impl->service.get();
-    impl->metrics->Serve([service](v1::StatResponse* s) { service->AdminStat(s); },
-                         &impl->rpc_metrics, options.metrics_namespaces);
-    EVOKE_LOG_FIELDS(LogLevel::kInfo,
-                     absl::StrCat("serving /metrics on http://", impl->metrics->address(),
-                                  "/metrics"),
-                     LogField("metrics_address", impl->metrics->address()));
+  return absl::OkStatus();
+}
+
+// /metrics, bound at the start of Start, serves once the service exists.
+void Daemon::Impl::ServeMetrics(const DaemonOptions::Metrics& metrics_options) {
+  if (metrics == nullptr) return;
+  KvTierService* const stat_source = service.get();
+  metrics->Serve([stat_source](v1::StatResponse* s) { stat_source->AdminStat(s); },
+                 &rpc_metrics, metrics_options.namespaces);
+  EVOKE_LOG_FIELDS(LogLevel::kInfo,
+                   absl::StrCat("serving /metrics on http://", metrics->address(), "/metrics"),
+                   LogField("metrics_address", metrics->address()));
+}
+
+// Start builds the parts in an order that fails early and cheaply: access
+// and the addresses to bind are checked before any storage opens, and the
+// sockets are served only once everything behind them exists.
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  EVOKE_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->shutdown_grace_ms = options.server.shutdown_grace_ms;
+  impl->socket_path = std::filesystem::absolute(options.server.socket).string();
+  const absl::Time start = absl::Now();
+
+  // Access: the policy, and the TLS files and tokens of TCP.
+  EVOKE_ASSIGN_OR_RETURN(impl->policy, LoadPolicy(options.server));
+  EVOKE_LOG_INFO(impl->policy->Summary());
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
+  if (!options.tcp.listen.empty()) {
+    EVOKE_ASSIGN_OR_RETURN(tcp_credentials, TcpServerCredentials(options.tcp.tls_cert,
+                                                                 options.tcp.tls_key,
+                                                                 impl->policy.get()));
   }
+  EVOKE_ASSIGN_OR_RETURN(impl->metrics, BindMetrics(options.metrics));
+
+  // Storage: tier 3, tier 2, tier 1, and the TierManager over them (which
+  // rebuilds the block index from disk into the recovery index).
+  if (!options.remote.conf.empty()) {
+    EVOKE_ASSIGN_OR_RETURN(impl->remote, OpenRemoteTier(options.remote));
+  }
+  const SpillStoreOptions spill_options = ToSpillStoreOptions(options.tier2);
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> spill, SpillStore::Open(spill_options));
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena, CreateTier1(options.tier1));
+  uint8_t* const arena_base = arena->base();
+  const uint64_t arena_bytes = arena->capacity_bytes();
+  impl->OpenRecovery(options.tiers);
+  EVOKE_ASSIGN_OR_RETURN(impl->tiers, TierManager::Open(impl->TierOptions(options),
+                                                        std::move(arena), std::move(spill)));
+  impl->StartGpus(options.tier1, arena_base, arena_bytes);
+
+  // Clients' shared memory: leases, their reaper, device copies.
+  impl->leases =
+      std::make_unique<LeaseManager>(ToLeaseManagerOptions(options.leases), impl->tiers.get());
+  impl->copiers = std::make_unique<DeviceCopiers>();
+  impl->StartLeaseReaper(options.leases);
+
+  // The service, then the sockets in front of it.
+  impl->executor = std::make_unique<Executor>(options.server.ResolvedWorkerThreads());
+  impl->service = std::make_unique<KvTierService>(
+      impl->tiers.get(), impl->executor.get(), impl->leases.get(), impl->copiers.get(),
+      impl->recovery.get(), impl->ServiceOptions(options));
+  EVOKE_RETURN_IF_ERROR(PrepareSocketPath(impl->socket_path));
+  EVOKE_RETURN_IF_ERROR(impl->StartFdChannel(options));
+  EVOKE_RETURN_IF_ERROR(impl->Serve(options, std::move(tcp_credentials)));
+  impl->ServeMetrics(options.metrics);
   impl->server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   impl->server->GetHealthCheckService()->SetServingStatus("", true);
 
@@ -485,7 +452,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       "evoked ", EVOKE_VERSION, " serving on unix:", impl->socket_path,
       "; tier 1: ", FormatByteSize(stat.host.capacity_bytes),
       stat.host_locked ? " (locked)" : " (not locked)",
-      "; tier 2: ", data_dir, " (budget ", FormatByteSize(options.spill_bytes),
+      "; tier 2: ", spill_options.path, " (budget ", FormatByteSize(options.tier2.spill_bytes),
       "); recovered ", stat.disk.blocks, " blocks (",
       FormatByteSize(stat.disk.payload_bytes), ") and ",
       stat.breadcrumb_blocks, " breadcrumbs in ",
@@ -516,7 +483,7 @@ absl::Status Daemon::Shutdown() {
   // Stops accepting, lets calls in flight finish (the executor keeps
   // running them), then cancels what is left.
   impl_->server->Shutdown(std::chrono::system_clock::now() +
-                          std::chrono::milliseconds(impl_->options.shutdown_grace_ms));
+                          std::chrono::milliseconds(impl_->shutdown_grace_ms));
   impl_->executor.reset();  // Drains queued work.
   const uint64_t spills_before = impl_->tiers->Stats().counters.spills;
   absl::Status s = impl_->tiers->Shutdown();

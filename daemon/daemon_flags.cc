@@ -231,94 +231,97 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                "Print the effective options as a config file and exit");
   app.add_flag("--version", version, "Print the version and exit");
 
-  app.add_option("--socket", o->socket,
+  // The flags, each onto its field. Flags keep the flat names they had before
+  // DaemonOptions was grouped by part (--pinned-bytes, not --tier1-...), so
+  // command lines and config files written for any release still read.
+  app.add_option("--socket", o->server.socket,
                  "Unix socket to serve on (mode 0660); relative paths resolve "
                  "against the working directory")
       ->capture_default_str();
-  app.add_option("--data-dir", o->data_dir,
+  app.add_option("--data-dir", o->tier2.data_dir,
                  "Directory of tier 2 (RocksDB records, segment files); one evoked per directory")
       ->capture_default_str();
-  AddSize(app, "pinned-bytes", &o->pinned_bytes,
+  AddSize(app, "pinned-bytes", &o->tier1.pinned_bytes,
           "Size of tier 1, the pinned host-memory arena");
-  AddSize(app, "spill-bytes", &o->spill_bytes,
+  AddSize(app, "spill-bytes", &o->tier2.spill_bytes,
           "Budget of payload bytes on disk; past it payloads become breadcrumbs");
-  app.add_option("--high-watermark", o->high_watermark,
+  app.add_option("--high-watermark", o->tier1.high_watermark,
                  "Tier 1 starts spilling above this fraction of pinned-bytes")
       ->capture_default_str();
-  app.add_option("--low-watermark", o->low_watermark,
+  app.add_option("--low-watermark", o->tier1.low_watermark,
                  "Tier 1 spills down to this fraction of pinned-bytes")
       ->capture_default_str();
-  AddSize(app, "max-block-bytes", &o->max_block_bytes, "Largest payload of one block");
-  AddSize(app, "staging-bytes", &o->staging_bytes,
+  AddSize(app, "max-block-bytes", &o->tiers.max_block_bytes, "Largest payload of one block");
+  AddSize(app, "staging-bytes", &o->tiers.staging_bytes,
           "Heap bytes all Loads may hold for disk reads that miss tier 1");
-  AddSize(app, "max-message-bytes", &o->max_message_bytes,
+  AddSize(app, "max-message-bytes", &o->server.max_message_bytes,
           "Largest gRPC message received or sent");
-  app.add_option("--worker-threads", o->worker_threads,
+  app.add_option("--worker-threads", o->server.worker_threads,
                  "Threads for RPCs that copy bytes or touch disk (0 = auto)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--copy-threads", o->copy_threads,
+  app.add_option("--copy-threads", o->tiers.copy_threads,
                  "Extra threads that copy and checksum payloads over 2 MiB (and as many "
                  "that scan large recovery tables)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--lock-memory", o->lock_memory,
+  app.add_option("--lock-memory", o->tier1.lock_memory,
                  "mlock tier 1 (best effort; Stat reports the outcome)")
       ->capture_default_str();
-  app.add_option("--prefault-memory", o->prefault_memory,
+  app.add_option("--prefault-memory", o->tier1.prefault_memory,
                  "When tier 1 is not locked, fault its pages in on a background thread at "
                  "start, so that Saves do not pay for page zeroing (commits --pinned-bytes "
                  "of memory; Stat reports the progress)")
       ->capture_default_str();
-  app.add_option("--ring-poll-max-us", o->ring_poll_max_us,
+  app.add_option("--ring-poll-max-us", o->rings.poll_max_us,
                  "Longest a command ring's thread polls for its client's next submission before "
                  "sleeping: twice the recent gap while that is under half of this, 50 us "
                  "otherwise (50 or less: always 50 us; a polling ring keeps a core busy)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
-  app.add_option("--spill-sync", o->spill_sync,
+  app.add_option("--spill-sync", o->tier2.spill_sync,
                  "fsync the spill store's WAL on every spill batch")
       ->capture_default_str();
-  AddSize(app, "spill-batch-bytes", &o->spill_batch_bytes,
+  AddSize(app, "spill-batch-bytes", &o->tier2.spill_batch_bytes,
           "Payload bytes written to disk per spill batch");
-  app.add_option("--save-wait-ms", o->save_wait_ms,
+  app.add_option("--save-wait-ms", o->tiers.save_wait_ms,
                  "How long a Save may wait for tier 1 to make room")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--shutdown-grace-ms", o->shutdown_grace_ms,
+  app.add_option("--shutdown-grace-ms", o->server.shutdown_grace_ms,
                  "How long SIGTERM waits for in-flight RPCs")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--fd-socket", o->fd_socket,
+  app.add_option("--fd-socket", o->fd.socket,
                  "Unix socket for shared-memory registration (default: SOCKET.fd)");
-  app.add_option("--max-leases", o->max_leases, "Open leases at once")
+  app.add_option("--max-leases", o->leases.max_leases, "Open leases at once")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-leases-per-uid", o->max_leases_per_uid,
+  app.add_option("--max-leases-per-uid", o->leases.max_leases_per_uid,
                  "Open leases of one uid (0 = a quarter of --max-leases)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-calls-per-uid", o->max_calls_per_uid,
+  app.add_option("--max-calls-per-uid", o->server.max_calls_per_uid,
                  "RPCs of one uid queued or running at once; workers serve uids in turn "
                  "(0 = 4 x --worker-threads)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-regions-per-lease", o->max_regions_per_lease,
+  app.add_option("--max-regions-per-lease", o->leases.max_regions_per_lease,
                  "Regions one lease may register")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  AddSize(app, "max-region-bytes", &o->max_region_bytes, "Largest registered region");
-  AddSize(app, "cuda-register-chunk-bytes", &o->cuda_register_chunk_bytes,
+  AddSize(app, "max-region-bytes", &o->leases.max_region_bytes, "Largest registered region");
+  AddSize(app, "cuda-register-chunk-bytes", &o->tier1.cuda_register_chunk_bytes,
           "Chunk size of tier 1's background CUDA registration (0 = off)");
-  app.add_option("--summary-layer", o->summary_layer,
+  app.add_option("--summary-layer", o->tiers.summary_layer,
                  "Layer summarized for Recover (-1: the middle of each block's layers)")
       ->capture_default_str();
   app.add_option("--log-level", o->log_level, "debug, info, warning or error")
       ->capture_default_str();
-  app.add_option("--policy", o->policy,
+  app.add_option("--policy", o->server.policy,
                  "Access policy file: namespaces per uid/gid, admins, TCP bearer "
                  "tokens (default: none: only evoked's own uid and root may call)");
-  app.add_option("--tcp-listen", o->tcp_listen,
+  app.add_option("--tcp-listen", o->tcp.listen,
                  "Also serve the API on TCP HOST:PORT, with TLS and bearer tokens "
                  "(requires --tls-cert, --tls-key and --policy; default: off)");
   // A function option with an optional value, so that "--metrics-address="
@@ -326,79 +329,79 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   // neither).
   CLI::Option* metrics_address =
       app.add_option_function<std::string>(
-             "--metrics-address", [o](const std::string& v) { o->metrics_address = v; },
+             "--metrics-address", [o](const std::string& v) { o->metrics.address = v; },
              absl::StrCat("Serve Prometheus /metrics on HOST:PORT over plain HTTP (port 0: "
                           "any free port; empty: off; default ",
-                          DaemonOptions::kDefaultMetricsAddress,
+                          DaemonOptions::Metrics::kDefaultAddress,
                           "); aggregates only unless --metrics-namespaces"))
           ->expected(0, 1)
           ->type_name("HOST:PORT");
-  app.add_flag("--metrics-namespaces", o->metrics_namespaces,
+  app.add_flag("--metrics-namespaces", o->metrics.namespaces,
                "Per-namespace series on /metrics (each tenant's namespace name, blocks and "
                "bytes, readable by anyone who can reach /metrics; default: off, aggregates "
                "only)");
-  app.add_option("--tls-cert", o->tls_cert,
+  app.add_option("--tls-cert", o->tcp.tls_cert,
                  "PEM certificate chain of the TCP listener");
-  app.add_option("--tls-key", o->tls_key, "PEM private key of the TCP listener");
-  AddSize(app, "max-mapped-bytes", &o->max_mapped_bytes,
+  app.add_option("--tls-key", o->tcp.tls_key, "PEM private key of the TCP listener");
+  AddSize(app, "max-mapped-bytes", &o->leases.max_mapped_bytes,
           "Client shared memory mapped at once, over all leases");
-  app.add_option("--max-mappings", o->max_mappings,
+  app.add_option("--max-mappings", o->leases.max_mappings,
                  "Client shared-memory mappings at once (keep well under "
                  "vm.max_map_count)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  AddSize(app, "max-mapped-bytes-per-uid", &o->max_mapped_bytes_per_uid,
+  AddSize(app, "max-mapped-bytes-per-uid", &o->leases.max_mapped_bytes_per_uid,
           "Client shared memory mapped at once by one uid (0 = a quarter of "
           "--max-mapped-bytes)");
-  app.add_option("--fd-connection-deadline-ms", o->fd_connection_deadline_ms,
+  app.add_option("--fd-connection-deadline-ms", o->fd.connection_deadline_ms,
                  "Total time one fd-socket connection has, however slowly it sends")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--lease-idle-ms", o->lease_idle_ms,
+  app.add_option("--lease-idle-ms", o->leases.idle_ms,
                  "Close a lease with no RPC for this long (0 = never)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  AddSize(app, "metadata-bytes", &o->metadata_bytes,
+  AddSize(app, "metadata-bytes", &o->tiers.metadata_bytes,
           "Budget of block metadata in memory (tokens, positions, summaries), "
           "all namespaces together");
-  app.add_option("--remote-conf", o->remote_conf,
+  app.add_option("--remote-conf", o->remote.conf,
                  "ceph.conf of a Ceph cluster whose RADOS pool is tier 3, shared by "
                  "several hosts (default: none)");
-  app.add_option("--remote-pool", o->remote_pool,
+  app.add_option("--remote-pool", o->remote.pool,
                  "RADOS pool of tier 3 (each evoke namespace is a RADOS namespace in it)")
       ->capture_default_str();
-  app.add_option("--remote-user", o->remote_user, "Ceph user of tier 3")
+  app.add_option("--remote-user", o->remote.user, "Ceph user of tier 3")
       ->capture_default_str();
-  app.add_option("--remote-keyring", o->remote_keyring,
+  app.add_option("--remote-keyring", o->remote.keyring,
                  "Keyring of --remote-user (default: what --remote-conf says)");
-  app.add_option("--remote-op-timeout-ms", o->remote_op_timeout_ms,
+  app.add_option("--remote-op-timeout-ms", o->remote.op_timeout_ms,
                  "Deadline of every tier-3 operation, connect included")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   // Bare switches (--remote-required, or --remote-required=false), unlike the
   // older boolean options that take a value.
-  app.add_flag("--remote-required", o->remote_required,
+  app.add_flag("--remote-required", o->remote.required,
                "Exit at start when tier 3 cannot be reached (else: start without it "
                "and keep retrying)");
-  app.add_flag("--remote-sessions", o->remote_sessions,
+  app.add_flag("--remote-sessions", o->remote.sessions,
                "Write session blocks to tier 3 too (prefix blocks always go)");
-  AddSize(app, "remote-queue-bytes", &o->remote_queue_bytes,
+  AddSize(app, "remote-queue-bytes", &o->remote.queue_bytes,
           "Bound of the tier-3 write-behind queue (the newest are dropped past it)");
-  app.add_option("--remote-inflight", o->remote_inflight,
+  app.add_option("--remote-inflight", o->remote.inflight,
                  "Tier-3 operations in flight (and blocks per write-behind batch)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--remote-retry-ms", o->remote_retry_ms,
+  app.add_option("--remote-retry-ms", o->remote.retry_ms,
                  "First wait of tier 3's circuit breaker after a failure (doubles)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--remote-retry-max-ms", o->remote_retry_max_ms,
+  app.add_option("--remote-retry-max-ms", o->remote.retry_max_ms,
                  "Longest wait of tier 3's circuit breaker")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  AddSize(app, "remote-bytes", &o->remote_bytes,
+  AddSize(app, "remote-bytes", &o->remote.bytes,
           "Write-behind pauses while the pool holds more than this (0 = no limit)");
-  app.add_option("--remote-expiry-s", o->remote_expiry_s,
+  app.add_option("--remote-expiry-s", o->remote.expiry_s,
                  "Remove tier-3 blocks written more than this many seconds ago (0 = never)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -412,7 +415,7 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());
   }
-  o->metrics_address_given = metrics_address->count() > 0;
+  o->metrics.address_given = metrics_address->count() > 0;
   if (version) {
     *output = absl::StrCat("evoked ", EVOKE_VERSION, "\n");
     *exit_now = true;
@@ -449,58 +452,58 @@ std::string OptionsToConfig(const DaemonOptions& o) {
   auto str = [](const std::string& v) { return QuoteConfigString(v); };
   return absl::StrCat(
       "# evoked configuration (evoked --config FILE). Keys are the flags.\n",
-      "socket = ", str(o.socket), "\n",
-      "data-dir = ", str(o.data_dir), "\n",
-      "pinned-bytes = ", size(o.pinned_bytes), "\n",
-      "spill-bytes = ", size(o.spill_bytes), "\n",
-      "high-watermark = ", ShortestDouble(o.high_watermark), "\n",
-      "low-watermark = ", ShortestDouble(o.low_watermark), "\n",
-      "max-block-bytes = ", size(o.max_block_bytes), "\n",
-      "staging-bytes = ", size(o.staging_bytes), "\n",
-      "max-message-bytes = ", size(o.max_message_bytes), "\n",
-      "worker-threads = ", o.worker_threads, "\n",
-      "copy-threads = ", o.copy_threads, "\n",
-      "lock-memory = ", o.lock_memory ? "true" : "false", "\n",
-      "prefault-memory = ", o.prefault_memory ? "true" : "false", "\n",
-      "ring-poll-max-us = ", o.ring_poll_max_us, "\n",
-      "spill-sync = ", o.spill_sync ? "true" : "false", "\n",
-      "spill-batch-bytes = ", size(o.spill_batch_bytes), "\n",
-      "save-wait-ms = ", o.save_wait_ms, "\n",
-      "shutdown-grace-ms = ", o.shutdown_grace_ms, "\n",
-      "fd-socket = ", str(o.fd_socket), "\n",
-      "max-leases = ", o.max_leases, "\n",
-      "max-leases-per-uid = ", o.max_leases_per_uid, "\n",
-      "max-calls-per-uid = ", o.max_calls_per_uid, "\n",
-      "max-regions-per-lease = ", o.max_regions_per_lease, "\n",
-      "max-region-bytes = ", size(o.max_region_bytes), "\n",
-      "cuda-register-chunk-bytes = ", size(o.cuda_register_chunk_bytes), "\n",
-      "summary-layer = ", o.summary_layer, "\n",
+      "socket = ", str(o.server.socket), "\n",
+      "data-dir = ", str(o.tier2.data_dir), "\n",
+      "pinned-bytes = ", size(o.tier1.pinned_bytes), "\n",
+      "spill-bytes = ", size(o.tier2.spill_bytes), "\n",
+      "high-watermark = ", ShortestDouble(o.tier1.high_watermark), "\n",
+      "low-watermark = ", ShortestDouble(o.tier1.low_watermark), "\n",
+      "max-block-bytes = ", size(o.tiers.max_block_bytes), "\n",
+      "staging-bytes = ", size(o.tiers.staging_bytes), "\n",
+      "max-message-bytes = ", size(o.server.max_message_bytes), "\n",
+      "worker-threads = ", o.server.worker_threads, "\n",
+      "copy-threads = ", o.tiers.copy_threads, "\n",
+      "lock-memory = ", o.tier1.lock_memory ? "true" : "false", "\n",
+      "prefault-memory = ", o.tier1.prefault_memory ? "true" : "false", "\n",
+      "ring-poll-max-us = ", o.rings.poll_max_us, "\n",
+      "spill-sync = ", o.tier2.spill_sync ? "true" : "false", "\n",
+      "spill-batch-bytes = ", size(o.tier2.spill_batch_bytes), "\n",
+      "save-wait-ms = ", o.tiers.save_wait_ms, "\n",
+      "shutdown-grace-ms = ", o.server.shutdown_grace_ms, "\n",
+      "fd-socket = ", str(o.fd.socket), "\n",
+      "max-leases = ", o.leases.max_leases, "\n",
+      "max-leases-per-uid = ", o.leases.max_leases_per_uid, "\n",
+      "max-calls-per-uid = ", o.server.max_calls_per_uid, "\n",
+      "max-regions-per-lease = ", o.leases.max_regions_per_lease, "\n",
+      "max-region-bytes = ", size(o.leases.max_region_bytes), "\n",
+      "cuda-register-chunk-bytes = ", size(o.tier1.cuda_register_chunk_bytes), "\n",
+      "summary-layer = ", o.tiers.summary_layer, "\n",
       "log-level = ", str(o.log_level), "\n",
-      "policy = ", str(o.policy), "\n",
-      "tcp-listen = ", str(o.tcp_listen), "\n",
-      "metrics-address = ", str(o.metrics_address), "\n",
-      "metrics-namespaces = ", o.metrics_namespaces ? "true" : "false", "\n",
-      "tls-cert = ", str(o.tls_cert), "\n",
-      "tls-key = ", str(o.tls_key), "\n",
-      "max-mapped-bytes = ", size(o.max_mapped_bytes), "\n",
-      "max-mappings = ", o.max_mappings, "\n",
-      "max-mapped-bytes-per-uid = ", size(o.max_mapped_bytes_per_uid), "\n",
-      "fd-connection-deadline-ms = ", o.fd_connection_deadline_ms, "\n",
-      "lease-idle-ms = ", o.lease_idle_ms, "\n",
-      "metadata-bytes = ", size(o.metadata_bytes), "\n",
-      "remote-conf = ", str(o.remote_conf), "\n",
-      "remote-pool = ", str(o.remote_pool), "\n",
-      "remote-user = ", str(o.remote_user), "\n",
-      "remote-keyring = ", str(o.remote_keyring), "\n",
-      "remote-op-timeout-ms = ", o.remote_op_timeout_ms, "\n",
-      "remote-required = ", o.remote_required ? "true" : "false", "\n",
-      "remote-sessions = ", o.remote_sessions ? "true" : "false", "\n",
-      "remote-queue-bytes = ", size(o.remote_queue_bytes), "\n",
-      "remote-inflight = ", o.remote_inflight, "\n",
-      "remote-retry-ms = ", o.remote_retry_ms, "\n",
-      "remote-retry-max-ms = ", o.remote_retry_max_ms, "\n",
-      "remote-bytes = ", size(o.remote_bytes), "\n",
-      "remote-expiry-s = ", o.remote_expiry_s, "\n");
+      "policy = ", str(o.server.policy), "\n",
+      "tcp-listen = ", str(o.tcp.listen), "\n",
+      "metrics-address = ", str(o.metrics.address), "\n",
+      "metrics-namespaces = ", o.metrics.namespaces ? "true" : "false", "\n",
+      "tls-cert = ", str(o.tcp.tls_cert), "\n",
+      "tls-key = ", str(o.tcp.tls_key), "\n",
+      "max-mapped-bytes = ", size(o.leases.max_mapped_bytes), "\n",
+      "max-mappings = ", o.leases.max_mappings, "\n",
+      "max-mapped-bytes-per-uid = ", size(o.leases.max_mapped_bytes_per_uid), "\n",
+      "fd-connection-deadline-ms = ", o.fd.connection_deadline_ms, "\n",
+      "lease-idle-ms = ", o.leases.idle_ms, "\n",
+      "metadata-bytes = ", size(o.tiers.metadata_bytes), "\n",
+      "remote-conf = ", str(o.remote.conf), "\n",
+      "remote-pool = ", str(o.remote.pool), "\n",
+      "remote-user = ", str(o.remote.user), "\n",
+      "remote-keyring = ", str(o.remote.keyring), "\n",
+      "remote-op-timeout-ms = ", o.remote.op_timeout_ms, "\n",
+      "remote-required = ", o.remote.required ? "true" : "false", "\n",
+      "remote-sessions = ", o.remote.sessions ? "true" : "false", "\n",
+      "remote-queue-bytes = ", size(o.remote.queue_bytes), "\n",
+      "remote-inflight = ", o.remote.inflight, "\n",
+      "remote-retry-ms = ", o.remote.retry_ms, "\n",
+      "remote-retry-max-ms = ", o.remote.retry_max_ms, "\n",
+      "remote-bytes = ", size(o.remote.bytes), "\n",
+      "remote-expiry-s = ", o.remote.expiry_s, "\n");
 }
 
 }  // namespace evoke

@@ -34,10 +34,10 @@ absl::Status Parse(std::vector<std::string> args, DaemonOptions* options,
 TEST(DaemonOptionsTest, DefaultsAreValid) {
   DaemonOptions o;
   EXPECT_OK(o.Validate());
-  EXPECT_EQ(o.pinned_bytes, 1ull << 30);
-  EXPECT_EQ(o.socket, "evoked.sock");
-  EXPECT_EQ(o.data_dir, "evoke-data");
-  EXPECT_GE(o.max_message_bytes, o.max_block_bytes + (1u << 20));
+  EXPECT_EQ(o.tier1.pinned_bytes, 1ull << 30);
+  EXPECT_EQ(o.server.socket, "evoked.sock");
+  EXPECT_EQ(o.tier2.data_dir, "evoke-data");
+  EXPECT_GE(o.server.max_message_bytes, o.tiers.max_block_bytes + (1u << 20));
 }
 
 TEST(DaemonOptionsTest, ValidateNamesTheFlag) {
@@ -45,45 +45,45 @@ TEST(DaemonOptionsTest, ValidateNamesTheFlag) {
     void (*mutate)(DaemonOptions*);
     const char* message;
   } cases[] = {
-      {[](DaemonOptions* o) { o->socket = ""; }, "--socket: is required"},
-      {[](DaemonOptions* o) { o->socket = std::string(200, 's'); }, "--socket: path"},
-      {[](DaemonOptions* o) { o->data_dir = ""; }, "--data-dir: is required"},
-      {[](DaemonOptions* o) { o->pinned_bytes = 1000; }, "--pinned-bytes"},
-      {[](DaemonOptions* o) { o->low_watermark = 0.99; }, "--low-watermark: 0.99"},
-      {[](DaemonOptions* o) { o->high_watermark = 1.5; }, "--high-watermark: 1.5"},
-      {[](DaemonOptions* o) { o->max_block_bytes = 0; }, "--max-block-bytes"},
-      {[](DaemonOptions* o) { o->max_message_bytes = 64ull << 20; },
+      {[](DaemonOptions* o) { o->server.socket = ""; }, "--socket: is required"},
+      {[](DaemonOptions* o) { o->server.socket = std::string(200, 's'); }, "--socket: path"},
+      {[](DaemonOptions* o) { o->tier2.data_dir = ""; }, "--data-dir: is required"},
+      {[](DaemonOptions* o) { o->tier1.pinned_bytes = 1000; }, "--pinned-bytes"},
+      {[](DaemonOptions* o) { o->tier1.low_watermark = 0.99; }, "--low-watermark: 0.99"},
+      {[](DaemonOptions* o) { o->tier1.high_watermark = 1.5; }, "--high-watermark: 1.5"},
+      {[](DaemonOptions* o) { o->tiers.max_block_bytes = 0; }, "--max-block-bytes"},
+      {[](DaemonOptions* o) { o->server.max_message_bytes = 64ull << 20; },
        "--max-message-bytes"},
-      {[](DaemonOptions* o) { o->worker_threads = 1000; }, "--worker-threads"},
+      {[](DaemonOptions* o) { o->server.worker_threads = 1000; }, "--worker-threads"},
       {[](DaemonOptions* o) { o->log_level = "loud"; }, "--log-level: 'loud'"},
-      {[](DaemonOptions* o) { o->tcp_listen = "nonsense"; }, "--tcp-listen: 'nonsense'"},
-      {[](DaemonOptions* o) { o->tcp_listen = "host:0"; }, "--tcp-listen"},
-      {[](DaemonOptions* o) { o->tcp_listen = "host:65536"; }, "--tcp-listen"},
-      {[](DaemonOptions* o) { o->tcp_listen = "::1:7070"; }, "--tcp-listen"},
-      {[](DaemonOptions* o) { o->tcp_listen = "0.0.0.0:7070"; },
+      {[](DaemonOptions* o) { o->tcp.listen = "nonsense"; }, "--tcp-listen: 'nonsense'"},
+      {[](DaemonOptions* o) { o->tcp.listen = "host:0"; }, "--tcp-listen"},
+      {[](DaemonOptions* o) { o->tcp.listen = "host:65536"; }, "--tcp-listen"},
+      {[](DaemonOptions* o) { o->tcp.listen = "::1:7070"; }, "--tcp-listen"},
+      {[](DaemonOptions* o) { o->tcp.listen = "0.0.0.0:7070"; },
        "--tcp-listen: requires --tls-cert"},
       {[](DaemonOptions* o) {
-         o->tcp_listen = "0.0.0.0:7070";
-         o->tls_cert = "c.pem";
-         o->tls_key = "k.pem";
+         o->tcp.listen = "0.0.0.0:7070";
+         o->tcp.tls_cert = "c.pem";
+         o->tcp.tls_key = "k.pem";
        },
        "--tcp-listen: requires --policy"},
-      {[](DaemonOptions* o) { o->tls_cert = "c.pem"; }, "--tls-cert: is used only"},
-      {[](DaemonOptions* o) { o->tls_key = "k.pem"; }, "--tls-key: is used only"},
-      {[](DaemonOptions* o) { o->max_mapped_bytes = 0; }, "--max-mapped-bytes: must be"},
-      {[](DaemonOptions* o) { o->max_mappings = 0; }, "--max-mappings"},
-      {[](DaemonOptions* o) { o->max_mapped_bytes_per_uid = 65ull << 30; },
+      {[](DaemonOptions* o) { o->tcp.tls_cert = "c.pem"; }, "--tls-cert: is used only"},
+      {[](DaemonOptions* o) { o->tcp.tls_key = "k.pem"; }, "--tls-key: is used only"},
+      {[](DaemonOptions* o) { o->leases.max_mapped_bytes = 0; }, "--max-mapped-bytes: must be"},
+      {[](DaemonOptions* o) { o->leases.max_mappings = 0; }, "--max-mappings"},
+      {[](DaemonOptions* o) { o->leases.max_mapped_bytes_per_uid = 65ull << 30; },
        "--max-mapped-bytes-per-uid: 65 GiB exceeds"},
-      {[](DaemonOptions* o) { o->fd_connection_deadline_ms = 0; },
+      {[](DaemonOptions* o) { o->fd.connection_deadline_ms = 0; },
        "--fd-connection-deadline-ms"},
-      {[](DaemonOptions* o) { o->metadata_bytes = 4096; }, "--metadata-bytes"},
-      {[](DaemonOptions* o) { o->metrics_address = "9464"; },
+      {[](DaemonOptions* o) { o->tiers.metadata_bytes = 4096; }, "--metadata-bytes"},
+      {[](DaemonOptions* o) { o->metrics.address = "9464"; },
        "--metrics-address: '9464' is not HOST:PORT"},
-      {[](DaemonOptions* o) { o->metrics_address = ":9464"; }, "--metrics-address"},
-      {[](DaemonOptions* o) { o->metrics_address = "127.0.0.1:65536"; }, "--metrics-address"},
-      {[](DaemonOptions* o) { o->metrics_address = "127.0.0.1:x"; }, "--metrics-address"},
-      {[](DaemonOptions* o) { o->metrics_address = "a b:80"; }, "--metrics-address"},
-      {[](DaemonOptions* o) { o->metrics_address = "127.0.0.1:1,127.0.0.1:2"; },
+      {[](DaemonOptions* o) { o->metrics.address = ":9464"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics.address = "127.0.0.1:65536"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics.address = "127.0.0.1:x"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics.address = "a b:80"; }, "--metrics-address"},
+      {[](DaemonOptions* o) { o->metrics.address = "127.0.0.1:1,127.0.0.1:2"; },
        "--metrics-address"},
   };
   for (const Case& c : cases) {
@@ -96,22 +96,22 @@ TEST(DaemonOptionsTest, ValidateNamesTheFlag) {
 
 TEST(DaemonOptionsTest, HardeningDefaults) {
   DaemonOptions o;
-  EXPECT_EQ(o.policy, "");
-  EXPECT_EQ(o.tcp_listen, "");
-  EXPECT_EQ(o.tls_cert, "");
-  EXPECT_EQ(o.tls_key, "");
-  EXPECT_EQ(o.max_mapped_bytes, 64ull << 30);
-  EXPECT_EQ(o.max_mappings, 16384u);
-  EXPECT_EQ(o.max_mapped_bytes_per_uid, 0u);
+  EXPECT_EQ(o.server.policy, "");
+  EXPECT_EQ(o.tcp.listen, "");
+  EXPECT_EQ(o.tcp.tls_cert, "");
+  EXPECT_EQ(o.tcp.tls_key, "");
+  EXPECT_EQ(o.leases.max_mapped_bytes, 64ull << 30);
+  EXPECT_EQ(o.leases.max_mappings, 16384u);
+  EXPECT_EQ(o.leases.max_mapped_bytes_per_uid, 0u);
   // No uid may map it all by default: a quarter each.
-  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 16ull << 30);
-  o.max_mapped_bytes = 8ull << 30;
-  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 2ull << 30);
-  o.max_mapped_bytes_per_uid = 1ull << 30;
-  EXPECT_EQ(o.ResolvedMaxMappedBytesPerUid(), 1ull << 30);
-  EXPECT_EQ(o.fd_connection_deadline_ms, 2000u);
-  EXPECT_EQ(o.lease_idle_ms, 0u);
-  EXPECT_EQ(o.metadata_bytes, 1ull << 30);
+  EXPECT_EQ(o.leases.ResolvedMaxMappedBytesPerUid(), 16ull << 30);
+  o.leases.max_mapped_bytes = 8ull << 30;
+  EXPECT_EQ(o.leases.ResolvedMaxMappedBytesPerUid(), 2ull << 30);
+  o.leases.max_mapped_bytes_per_uid = 1ull << 30;
+  EXPECT_EQ(o.leases.ResolvedMaxMappedBytesPerUid(), 1ull << 30);
+  EXPECT_EQ(o.fd.connection_deadline_ms, 2000u);
+  EXPECT_EQ(o.leases.idle_ms, 0u);
+  EXPECT_EQ(o.tiers.metadata_bytes, 1ull << 30);
 }
 
 TEST(DaemonOptionsTest, SplitHostPort) {
@@ -135,28 +135,28 @@ TEST(DaemonOptionsTest, SplitHostPort) {
 TEST(DaemonFlagsTest, MetricsAddressDefaultsToLoopbackAndKnowsWhenGiven) {
   DaemonOptions o;
   ASSERT_OK(Parse({}, &o));
-  EXPECT_EQ(o.metrics_address, "127.0.0.1:9464");
-  EXPECT_FALSE(o.metrics_address_given);
-  EXPECT_FALSE(o.metrics_namespaces);
+  EXPECT_EQ(o.metrics.address, "127.0.0.1:9464");
+  EXPECT_FALSE(o.metrics.address_given);
+  EXPECT_FALSE(o.metrics.namespaces);
   DaemonOptions per_namespace;
   ASSERT_OK(Parse({"--metrics-namespaces"}, &per_namespace));
-  EXPECT_TRUE(per_namespace.metrics_namespaces);
+  EXPECT_TRUE(per_namespace.metrics.namespaces);
   DaemonOptions port0;
   ASSERT_OK(Parse({"--metrics-address", "127.0.0.1:0"}, &port0));
-  EXPECT_EQ(port0.metrics_address, "127.0.0.1:0");
-  EXPECT_TRUE(port0.metrics_address_given);
+  EXPECT_EQ(port0.metrics.address, "127.0.0.1:0");
+  EXPECT_TRUE(port0.metrics.address_given);
   DaemonOptions off;
   ASSERT_OK(Parse({"--metrics-address="}, &off));
-  EXPECT_EQ(off.metrics_address, "");
-  EXPECT_TRUE(off.metrics_address_given);
+  EXPECT_EQ(off.metrics.address, "");
+  EXPECT_TRUE(off.metrics.address_given);
   // From a config file it counts as given too.
   evoke::testing::TempDir dir;
   const std::string path = dir.Join("evoked.toml");
   std::ofstream(path) << "metrics-address = \"0.0.0.0:9100\"\n";
   DaemonOptions config;
   ASSERT_OK(Parse({"--config", path}, &config));
-  EXPECT_EQ(config.metrics_address, "0.0.0.0:9100");
-  EXPECT_TRUE(config.metrics_address_given);
+  EXPECT_EQ(config.metrics.address, "0.0.0.0:9100");
+  EXPECT_TRUE(config.metrics.address_given);
 }
 
 TEST(DaemonFlagsTest, HardeningFlagsMapOntoOptions) {
@@ -167,16 +167,16 @@ TEST(DaemonFlagsTest, HardeningFlagsMapOntoOptions) {
                    "--max-mapped-bytes-per-uid", "1GiB", "--fd-connection-deadline-ms",
                    "500", "--lease-idle-ms", "60000", "--metadata-bytes", "256MiB"},
                   &o));
-  EXPECT_EQ(o.policy, "/etc/evoke/policy");
-  EXPECT_EQ(o.tcp_listen, "[::]:7070");
-  EXPECT_EQ(o.tls_cert, "/etc/evoke/c.pem");
-  EXPECT_EQ(o.tls_key, "/etc/evoke/k.pem");
-  EXPECT_EQ(o.max_mapped_bytes, 8ull << 30);
-  EXPECT_EQ(o.max_mappings, 100u);
-  EXPECT_EQ(o.max_mapped_bytes_per_uid, 1ull << 30);
-  EXPECT_EQ(o.fd_connection_deadline_ms, 500u);
-  EXPECT_EQ(o.lease_idle_ms, 60000u);
-  EXPECT_EQ(o.metadata_bytes, 256ull << 20);
+  EXPECT_EQ(o.server.policy, "/etc/evoke/policy");
+  EXPECT_EQ(o.tcp.listen, "[::]:7070");
+  EXPECT_EQ(o.tcp.tls_cert, "/etc/evoke/c.pem");
+  EXPECT_EQ(o.tcp.tls_key, "/etc/evoke/k.pem");
+  EXPECT_EQ(o.leases.max_mapped_bytes, 8ull << 30);
+  EXPECT_EQ(o.leases.max_mappings, 100u);
+  EXPECT_EQ(o.leases.max_mapped_bytes_per_uid, 1ull << 30);
+  EXPECT_EQ(o.fd.connection_deadline_ms, 500u);
+  EXPECT_EQ(o.leases.idle_ms, 60000u);
+  EXPECT_EQ(o.tiers.metadata_bytes, 256ull << 20);
 }
 
 TEST(DaemonFlagsTest, FlagsMapOntoOptions) {
@@ -190,20 +190,20 @@ TEST(DaemonFlagsTest, FlagsMapOntoOptions) {
                    "--save-wait-ms",
                    "250", "--log-level", "debug"},
                   &o));
-  EXPECT_EQ(o.socket, "/tmp/x.sock");
-  EXPECT_EQ(o.data_dir, "/tmp/d");
-  EXPECT_EQ(o.pinned_bytes, 64ull << 20);
-  EXPECT_EQ(o.spill_bytes, 2ull << 30);
-  EXPECT_DOUBLE_EQ(o.high_watermark, 0.9);
-  EXPECT_DOUBLE_EQ(o.low_watermark, 0.5);
-  EXPECT_EQ(o.max_block_bytes, 16ull << 20);
-  EXPECT_EQ(o.max_message_bytes, 32ull << 20);
-  EXPECT_EQ(o.worker_threads, 3u);
-  EXPECT_FALSE(o.lock_memory);
-  EXPECT_FALSE(o.prefault_memory);
-  EXPECT_EQ(o.ring_poll_max_us, 250u);
-  EXPECT_TRUE(o.spill_sync);
-  EXPECT_EQ(o.save_wait_ms, 250u);
+  EXPECT_EQ(o.server.socket, "/tmp/x.sock");
+  EXPECT_EQ(o.tier2.data_dir, "/tmp/d");
+  EXPECT_EQ(o.tier1.pinned_bytes, 64ull << 20);
+  EXPECT_EQ(o.tier2.spill_bytes, 2ull << 30);
+  EXPECT_DOUBLE_EQ(o.tier1.high_watermark, 0.9);
+  EXPECT_DOUBLE_EQ(o.tier1.low_watermark, 0.5);
+  EXPECT_EQ(o.tiers.max_block_bytes, 16ull << 20);
+  EXPECT_EQ(o.server.max_message_bytes, 32ull << 20);
+  EXPECT_EQ(o.server.worker_threads, 3u);
+  EXPECT_FALSE(o.tier1.lock_memory);
+  EXPECT_FALSE(o.tier1.prefault_memory);
+  EXPECT_EQ(o.rings.poll_max_us, 250u);
+  EXPECT_TRUE(o.tier2.spill_sync);
+  EXPECT_EQ(o.tiers.save_wait_ms, 250u);
   EXPECT_EQ(o.log_level, "debug");
 }
 
@@ -213,13 +213,13 @@ TEST(DaemonFlagsTest, RemoteSwitchesNeedNoValue) {
   ASSERT_OK(Parse({"--remote-conf", "/etc/ceph/ceph.conf", "--remote-required",
                    "--remote-sessions", "--remote-expiry-s", "86400"},
                   &o));
-  EXPECT_TRUE(o.remote_required);
-  EXPECT_TRUE(o.remote_sessions);
-  EXPECT_EQ(o.remote_expiry_s, 86400u);
+  EXPECT_TRUE(o.remote.required);
+  EXPECT_TRUE(o.remote.sessions);
+  EXPECT_EQ(o.remote.expiry_s, 86400u);
   DaemonOptions p;
   ASSERT_OK(Parse({"--remote-required=false", "--remote-sessions=true"}, &p));
-  EXPECT_FALSE(p.remote_required);
-  EXPECT_TRUE(p.remote_sessions);
+  EXPECT_FALSE(p.remote.required);
+  EXPECT_TRUE(p.remote.sessions);
   DaemonOptions q;
   EXPECT_THAT(Parse({"--remote-expiry-s", "-5"}, &q),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--remote-expiry-s")));
@@ -252,42 +252,42 @@ TEST(DaemonFlagsTest, BadValuesAreRejectedWithTheFlagName) {
 TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   evoke::testing::TempDir dir;
   DaemonOptions custom;
-  custom.socket = dir.Join("d.sock");
-  custom.data_dir = dir.Join("data");
-  custom.pinned_bytes = 96ull << 20;
-  custom.spill_bytes = 3ull << 30;
-  custom.high_watermark = 0.9;
-  custom.low_watermark = 0.7;
-  custom.max_block_bytes = 8ull << 20;
-  custom.max_message_bytes = (16ull << 20) + 12345;  // Not a round unit.
-  custom.staging_bytes = 48ull << 20;
-  custom.worker_threads = 5;
-  custom.copy_threads = 3;
-  custom.lock_memory = false;
-  custom.prefault_memory = false;
-  custom.ring_poll_max_us = 200;
-  custom.spill_sync = true;
-  custom.spill_batch_bytes = 32ull << 20;
-  custom.save_wait_ms = 777;
-  custom.shutdown_grace_ms = 999;
+  custom.server.socket = dir.Join("d.sock");
+  custom.tier2.data_dir = dir.Join("data");
+  custom.tier1.pinned_bytes = 96ull << 20;
+  custom.tier2.spill_bytes = 3ull << 30;
+  custom.tier1.high_watermark = 0.9;
+  custom.tier1.low_watermark = 0.7;
+  custom.tiers.max_block_bytes = 8ull << 20;
+  custom.server.max_message_bytes = (16ull << 20) + 12345;  // Not a round unit.
+  custom.tiers.staging_bytes = 48ull << 20;
+  custom.server.worker_threads = 5;
+  custom.tiers.copy_threads = 3;
+  custom.tier1.lock_memory = false;
+  custom.tier1.prefault_memory = false;
+  custom.rings.poll_max_us = 200;
+  custom.tier2.spill_sync = true;
+  custom.tier2.spill_batch_bytes = 32ull << 20;
+  custom.tiers.save_wait_ms = 777;
+  custom.server.shutdown_grace_ms = 999;
   custom.log_level = "warning";
-  custom.fd_socket = dir.Join("d.fd");
-  custom.max_leases = 9;
-  custom.max_regions_per_lease = 7;
-  custom.max_region_bytes = 5ull << 30;
-  custom.cuda_register_chunk_bytes = 0;
-  custom.summary_layer = 7;
-  custom.policy = dir.Join("policy");
-  custom.tcp_listen = "127.0.0.1:7070";
-  custom.metrics_address = "[::1]:9100";
-  custom.tls_cert = dir.Join("c.pem");
-  custom.tls_key = dir.Join("k.pem");
-  custom.max_mapped_bytes = 9ull << 30;
-  custom.max_mappings = 77;
-  custom.max_mapped_bytes_per_uid = 3ull << 30;
-  custom.fd_connection_deadline_ms = 1234;
-  custom.lease_idle_ms = 4321;
-  custom.metadata_bytes = 300ull << 20;
+  custom.fd.socket = dir.Join("d.fd");
+  custom.leases.max_leases = 9;
+  custom.leases.max_regions_per_lease = 7;
+  custom.leases.max_region_bytes = 5ull << 30;
+  custom.tier1.cuda_register_chunk_bytes = 0;
+  custom.tiers.summary_layer = 7;
+  custom.server.policy = dir.Join("policy");
+  custom.tcp.listen = "127.0.0.1:7070";
+  custom.metrics.address = "[::1]:9100";
+  custom.tcp.tls_cert = dir.Join("c.pem");
+  custom.tcp.tls_key = dir.Join("k.pem");
+  custom.leases.max_mapped_bytes = 9ull << 30;
+  custom.leases.max_mappings = 77;
+  custom.leases.max_mapped_bytes_per_uid = 3ull << 30;
+  custom.fd.connection_deadline_ms = 1234;
+  custom.leases.idle_ms = 4321;
+  custom.tiers.metadata_bytes = 300ull << 20;
   const std::string path = dir.Join("evoked.toml");
   std::ofstream(path) << OptionsToConfig(custom);
 
@@ -297,17 +297,17 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
 
   DaemonOptions overridden;
   ASSERT_OK(Parse({"--config", path, "--pinned-bytes", "128MiB"}, &overridden));
-  EXPECT_EQ(overridden.pinned_bytes, 128ull << 20);
-  EXPECT_EQ(overridden.spill_bytes, 3ull << 30);
+  EXPECT_EQ(overridden.tier1.pinned_bytes, 128ull << 20);
+  EXPECT_EQ(overridden.tier2.spill_bytes, 3ull << 30);
 }
 
 TEST(DaemonFlagsTest, ShippedProductionConfigIsValid) {
   DaemonOptions o;
   ASSERT_OK(Parse({"--config", std::string(EVOKE_SOURCE_DIR) + "/deploy/evoked.toml"}, &o));
-  EXPECT_EQ(o.socket, "/run/evoke/evoked.sock");
-  EXPECT_EQ(o.data_dir, "/var/lib/evoke");
-  EXPECT_EQ(o.pinned_bytes, 32ull << 30);
-  EXPECT_EQ(o.spill_bytes, 512ull << 30);
+  EXPECT_EQ(o.server.socket, "/run/evoke/evoked.sock");
+  EXPECT_EQ(o.tier2.data_dir, "/var/lib/evoke");
+  EXPECT_EQ(o.tier1.pinned_bytes, 32ull << 30);
+  EXPECT_EQ(o.tier2.spill_bytes, 512ull << 30);
 }
 
 TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
@@ -338,55 +338,58 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
 // Every field, compared one by one (OptionsToConfig equality alone would
 // trust the printer it tests).
 void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
-  EXPECT_EQ(a.socket, b.socket);
-  EXPECT_EQ(a.data_dir, b.data_dir);
-  EXPECT_EQ(a.pinned_bytes, b.pinned_bytes);
-  EXPECT_EQ(a.spill_bytes, b.spill_bytes);
-  EXPECT_EQ(a.high_watermark, b.high_watermark);
-  EXPECT_EQ(a.low_watermark, b.low_watermark);
-  EXPECT_EQ(a.max_block_bytes, b.max_block_bytes);
-  EXPECT_EQ(a.max_message_bytes, b.max_message_bytes);
-  EXPECT_EQ(a.worker_threads, b.worker_threads);
-  EXPECT_EQ(a.lock_memory, b.lock_memory);
-  EXPECT_EQ(a.prefault_memory, b.prefault_memory);
-  EXPECT_EQ(a.ring_poll_max_us, b.ring_poll_max_us);
-  EXPECT_EQ(a.spill_sync, b.spill_sync);
-  EXPECT_EQ(a.copy_threads, b.copy_threads);
-  EXPECT_EQ(a.spill_batch_bytes, b.spill_batch_bytes);
-  EXPECT_EQ(a.save_wait_ms, b.save_wait_ms);
-  EXPECT_EQ(a.shutdown_grace_ms, b.shutdown_grace_ms);
-  EXPECT_EQ(a.fd_socket, b.fd_socket);
-  EXPECT_EQ(a.max_leases, b.max_leases);
-  EXPECT_EQ(a.max_regions_per_lease, b.max_regions_per_lease);
-  EXPECT_EQ(a.max_region_bytes, b.max_region_bytes);
-  EXPECT_EQ(a.cuda_register_chunk_bytes, b.cuda_register_chunk_bytes);
-  EXPECT_EQ(a.summary_layer, b.summary_layer);
+  EXPECT_EQ(a.server.socket, b.server.socket);
+  EXPECT_EQ(a.tier2.data_dir, b.tier2.data_dir);
+  EXPECT_EQ(a.tier1.pinned_bytes, b.tier1.pinned_bytes);
+  EXPECT_EQ(a.tier2.spill_bytes, b.tier2.spill_bytes);
+  EXPECT_EQ(a.tier1.high_watermark, b.tier1.high_watermark);
+  EXPECT_EQ(a.tier1.low_watermark, b.tier1.low_watermark);
+  EXPECT_EQ(a.tiers.max_block_bytes, b.tiers.max_block_bytes);
+  EXPECT_EQ(a.tiers.staging_bytes, b.tiers.staging_bytes);
+  EXPECT_EQ(a.server.max_message_bytes, b.server.max_message_bytes);
+  EXPECT_EQ(a.server.worker_threads, b.server.worker_threads);
+  EXPECT_EQ(a.tier1.lock_memory, b.tier1.lock_memory);
+  EXPECT_EQ(a.tier1.prefault_memory, b.tier1.prefault_memory);
+  EXPECT_EQ(a.rings.poll_max_us, b.rings.poll_max_us);
+  EXPECT_EQ(a.tier2.spill_sync, b.tier2.spill_sync);
+  EXPECT_EQ(a.tiers.copy_threads, b.tiers.copy_threads);
+  EXPECT_EQ(a.tier2.spill_batch_bytes, b.tier2.spill_batch_bytes);
+  EXPECT_EQ(a.tiers.save_wait_ms, b.tiers.save_wait_ms);
+  EXPECT_EQ(a.server.shutdown_grace_ms, b.server.shutdown_grace_ms);
+  EXPECT_EQ(a.fd.socket, b.fd.socket);
+  EXPECT_EQ(a.leases.max_leases, b.leases.max_leases);
+  EXPECT_EQ(a.leases.max_leases_per_uid, b.leases.max_leases_per_uid);
+  EXPECT_EQ(a.server.max_calls_per_uid, b.server.max_calls_per_uid);
+  EXPECT_EQ(a.leases.max_regions_per_lease, b.leases.max_regions_per_lease);
+  EXPECT_EQ(a.leases.max_region_bytes, b.leases.max_region_bytes);
+  EXPECT_EQ(a.tier1.cuda_register_chunk_bytes, b.tier1.cuda_register_chunk_bytes);
+  EXPECT_EQ(a.tiers.summary_layer, b.tiers.summary_layer);
   EXPECT_EQ(a.log_level, b.log_level);
-  EXPECT_EQ(a.policy, b.policy);
-  EXPECT_EQ(a.tcp_listen, b.tcp_listen);
-  EXPECT_EQ(a.metrics_address, b.metrics_address);
-  EXPECT_EQ(a.tls_cert, b.tls_cert);
-  EXPECT_EQ(a.tls_key, b.tls_key);
-  EXPECT_EQ(a.max_mapped_bytes, b.max_mapped_bytes);
-  EXPECT_EQ(a.max_mappings, b.max_mappings);
-  EXPECT_EQ(a.max_mapped_bytes_per_uid, b.max_mapped_bytes_per_uid);
-  EXPECT_EQ(a.fd_connection_deadline_ms, b.fd_connection_deadline_ms);
-  EXPECT_EQ(a.lease_idle_ms, b.lease_idle_ms);
-  EXPECT_EQ(a.metadata_bytes, b.metadata_bytes);
-  EXPECT_EQ(a.remote_conf, b.remote_conf);
-  EXPECT_EQ(a.remote_pool, b.remote_pool);
-  EXPECT_EQ(a.remote_user, b.remote_user);
-  EXPECT_EQ(a.remote_keyring, b.remote_keyring);
-  EXPECT_EQ(a.remote_op_timeout_ms, b.remote_op_timeout_ms);
-  EXPECT_EQ(a.remote_required, b.remote_required);
-  EXPECT_EQ(a.remote_sessions, b.remote_sessions);
-  EXPECT_EQ(a.metrics_namespaces, b.metrics_namespaces);
-  EXPECT_EQ(a.remote_queue_bytes, b.remote_queue_bytes);
-  EXPECT_EQ(a.remote_inflight, b.remote_inflight);
-  EXPECT_EQ(a.remote_retry_ms, b.remote_retry_ms);
-  EXPECT_EQ(a.remote_retry_max_ms, b.remote_retry_max_ms);
-  EXPECT_EQ(a.remote_bytes, b.remote_bytes);
-  EXPECT_EQ(a.remote_expiry_s, b.remote_expiry_s);
+  EXPECT_EQ(a.server.policy, b.server.policy);
+  EXPECT_EQ(a.tcp.listen, b.tcp.listen);
+  EXPECT_EQ(a.metrics.address, b.metrics.address);
+  EXPECT_EQ(a.tcp.tls_cert, b.tcp.tls_cert);
+  EXPECT_EQ(a.tcp.tls_key, b.tcp.tls_key);
+  EXPECT_EQ(a.leases.max_mapped_bytes, b.leases.max_mapped_bytes);
+  EXPECT_EQ(a.leases.max_mappings, b.leases.max_mappings);
+  EXPECT_EQ(a.leases.max_mapped_bytes_per_uid, b.leases.max_mapped_bytes_per_uid);
+  EXPECT_EQ(a.fd.connection_deadline_ms, b.fd.connection_deadline_ms);
+  EXPECT_EQ(a.leases.idle_ms, b.leases.idle_ms);
+  EXPECT_EQ(a.tiers.metadata_bytes, b.tiers.metadata_bytes);
+  EXPECT_EQ(a.remote.conf, b.remote.conf);
+  EXPECT_EQ(a.remote.pool, b.remote.pool);
+  EXPECT_EQ(a.remote.user, b.remote.user);
+  EXPECT_EQ(a.remote.keyring, b.remote.keyring);
+  EXPECT_EQ(a.remote.op_timeout_ms, b.remote.op_timeout_ms);
+  EXPECT_EQ(a.remote.required, b.remote.required);
+  EXPECT_EQ(a.remote.sessions, b.remote.sessions);
+  EXPECT_EQ(a.metrics.namespaces, b.metrics.namespaces);
+  EXPECT_EQ(a.remote.queue_bytes, b.remote.queue_bytes);
+  EXPECT_EQ(a.remote.inflight, b.remote.inflight);
+  EXPECT_EQ(a.remote.retry_ms, b.remote.retry_ms);
+  EXPECT_EQ(a.remote.retry_max_ms, b.remote.retry_max_ms);
+  EXPECT_EQ(a.remote.bytes, b.remote.bytes);
+  EXPECT_EQ(a.remote.expiry_s, b.remote.expiry_s);
 }
 
 // RoundTrip prints `o` as a config file and reads it back.
@@ -404,16 +407,16 @@ void ExpectRoundTrip(const DaemonOptions& o, const std::string& path) {
 TEST(DaemonFlagsTest, PrintConfigReadsBackAwkwardValues) {
   evoke::testing::TempDir dir;
   DaemonOptions o;
-  o.spill_bytes = 1ull << 50;  // 1 PiB.
-  o.pinned_bytes = UINT64_MAX;
-  o.max_region_bytes = (3ull << 50) + 1;
-  o.cuda_register_chunk_bytes = (1ull << 30) + (1ull << 29);  // "1.50 GiB".
-  o.max_mapped_bytes = 5ull << 60;
-  o.metadata_bytes = UINT64_MAX - 1;
-  o.data_dir = "/tmp/a #b/\"quoted\"/c\\d/'e'/f,g h=i\tj\nk[l];m";
-  o.socket = "/tmp/#s \"x\".sock";
-  o.fd_socket = "/tmp/\\\\ #\x01\x7f\xc3\xa9.fd";
-  o.policy = "  leading and trailing spaces  ";
+  o.tier2.spill_bytes = 1ull << 50;  // 1 PiB.
+  o.tier1.pinned_bytes = UINT64_MAX;
+  o.leases.max_region_bytes = (3ull << 50) + 1;
+  o.tier1.cuda_register_chunk_bytes = (1ull << 30) + (1ull << 29);  // "1.50 GiB".
+  o.leases.max_mapped_bytes = 5ull << 60;
+  o.tiers.metadata_bytes = UINT64_MAX - 1;
+  o.tier2.data_dir = "/tmp/a #b/\"quoted\"/c\\d/'e'/f,g h=i\tj\nk[l];m";
+  o.server.socket = "/tmp/#s \"x\".sock";
+  o.fd.socket = "/tmp/\\\\ #\x01\x7f\xc3\xa9.fd";
+  o.server.policy = "  leading and trailing spaces  ";
   o.log_level = "error";
   ExpectRoundTrip(o, dir.Join("awkward.toml"));
 }
@@ -449,61 +452,62 @@ TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
   for (int trial = 0; trial < 300; ++trial) {
     SCOPED_TRACE(trial);
     DaemonOptions o;
-    o.socket = path_text(60);
-    o.data_dir = path_text(200);
-    o.fd_socket = pick(0, 1) ? "" : path_text(60);
-    o.pinned_bytes = size(1u << 20);
-    o.spill_bytes = size(0);
-    o.high_watermark = std::uniform_real_distribution<double>(0.01, 1.0)(rng);
-    o.low_watermark = o.high_watermark * std::uniform_real_distribution<double>(0.001, 0.999)(rng);
-    o.max_block_bytes = pick(1, 1ull << 30);
-    o.max_message_bytes = pick(o.max_block_bytes + (1u << 20), 2047ull << 20);
-    o.staging_bytes = pick(o.max_block_bytes, 1ull << 40);
-    o.worker_threads = static_cast<uint32_t>(pick(0, 256));
-    o.copy_threads = static_cast<uint32_t>(pick(0, 64));
-    o.lock_memory = pick(0, 1);
-    o.prefault_memory = pick(0, 1);
-    o.ring_poll_max_us = pick(0, 5000);
-    o.spill_sync = pick(0, 1);
-    o.spill_batch_bytes = size(1u << 20);
-    o.save_wait_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
-    o.shutdown_grace_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
-    o.max_leases = static_cast<uint32_t>(pick(1, UINT32_MAX));
-    o.max_regions_per_lease = static_cast<uint32_t>(pick(1, UINT32_MAX));
-    o.max_region_bytes = size(1);
-    o.cuda_register_chunk_bytes = size(0);
-    o.summary_layer = static_cast<int32_t>(pick(0, 1024)) - 1;
+    o.server.socket = path_text(60);
+    o.tier2.data_dir = path_text(200);
+    o.fd.socket = pick(0, 1) ? "" : path_text(60);
+    o.tier1.pinned_bytes = size(1u << 20);
+    o.tier2.spill_bytes = size(0);
+    o.tier1.high_watermark = std::uniform_real_distribution<double>(0.01, 1.0)(rng);
+    o.tier1.low_watermark =
+        o.tier1.high_watermark * std::uniform_real_distribution<double>(0.001, 0.999)(rng);
+    o.tiers.max_block_bytes = pick(1, 1ull << 30);
+    o.server.max_message_bytes = pick(o.tiers.max_block_bytes + (1u << 20), 2047ull << 20);
+    o.tiers.staging_bytes = pick(o.tiers.max_block_bytes, 1ull << 40);
+    o.server.worker_threads = static_cast<uint32_t>(pick(0, 256));
+    o.tiers.copy_threads = static_cast<uint32_t>(pick(0, 64));
+    o.tier1.lock_memory = pick(0, 1);
+    o.tier1.prefault_memory = pick(0, 1);
+    o.rings.poll_max_us = pick(0, 5000);
+    o.tier2.spill_sync = pick(0, 1);
+    o.tier2.spill_batch_bytes = size(1u << 20);
+    o.tiers.save_wait_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
+    o.server.shutdown_grace_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
+    o.leases.max_leases = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.leases.max_regions_per_lease = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.leases.max_region_bytes = size(1);
+    o.tier1.cuda_register_chunk_bytes = size(0);
+    o.tiers.summary_layer = static_cast<int32_t>(pick(0, 1024)) - 1;
     o.log_level = levels[pick(0, 3)];
-    o.policy = pick(0, 1) ? "" : path_text(100);
+    o.server.policy = pick(0, 1) ? "" : path_text(100);
     if (pick(0, 1)) {
-      o.policy = path_text(100);
-      o.tcp_listen = pick(0, 1) ? "[::1]:" + std::to_string(pick(1, 65535))
+      o.server.policy = path_text(100);
+      o.tcp.listen = pick(0, 1) ? "[::1]:" + std::to_string(pick(1, 65535))
                                 : "10.0.0.1:" + std::to_string(pick(1, 65535));
-      o.tls_cert = path_text(100);
-      o.tls_key = path_text(100);
+      o.tcp.tls_cert = path_text(100);
+      o.tcp.tls_key = path_text(100);
     }
-    o.max_mapped_bytes = size(1);
-    o.max_mappings = static_cast<uint32_t>(pick(1, 1u << 22));
-    o.max_mapped_bytes_per_uid = pick(0, 1) ? 0 : pick(0, o.max_mapped_bytes);
-    o.fd_connection_deadline_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
-    o.lease_idle_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
-    o.metadata_bytes = size(1u << 20);
+    o.leases.max_mapped_bytes = size(1);
+    o.leases.max_mappings = static_cast<uint32_t>(pick(1, 1u << 22));
+    o.leases.max_mapped_bytes_per_uid = pick(0, 1) ? 0 : pick(0, o.leases.max_mapped_bytes);
+    o.fd.connection_deadline_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.leases.idle_ms = static_cast<uint32_t>(pick(0, UINT32_MAX));
+    o.tiers.metadata_bytes = size(1u << 20);
     if (pick(0, 1)) {
-      o.remote_conf = path_text(80);
-      o.remote_pool = "p" + text(20);
-      o.remote_user = text(20);
-      o.remote_keyring = pick(0, 1) ? "" : path_text(80);
+      o.remote.conf = path_text(80);
+      o.remote.pool = "p" + text(20);
+      o.remote.user = text(20);
+      o.remote.keyring = pick(0, 1) ? "" : path_text(80);
     }
-    o.remote_op_timeout_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
-    o.remote_required = pick(0, 1);
-    o.remote_sessions = pick(0, 1);
-    o.metrics_namespaces = pick(0, 1);
-    o.remote_queue_bytes = size(0);
-    o.remote_inflight = static_cast<uint32_t>(pick(1, 1024));
-    o.remote_retry_ms = static_cast<uint32_t>(pick(1, 1u << 20));
-    o.remote_retry_max_ms = static_cast<uint32_t>(pick(o.remote_retry_ms, UINT32_MAX));
-    o.remote_bytes = size(0);
-    o.remote_expiry_s = pick(0, 1) ? 0 : pick(1, UINT64_MAX);
+    o.remote.op_timeout_ms = static_cast<uint32_t>(pick(1, UINT32_MAX));
+    o.remote.required = pick(0, 1);
+    o.remote.sessions = pick(0, 1);
+    o.metrics.namespaces = pick(0, 1);
+    o.remote.queue_bytes = size(0);
+    o.remote.inflight = static_cast<uint32_t>(pick(1, 1024));
+    o.remote.retry_ms = static_cast<uint32_t>(pick(1, 1u << 20));
+    o.remote.retry_max_ms = static_cast<uint32_t>(pick(o.remote.retry_ms, UINT32_MAX));
+    o.remote.bytes = size(0);
+    o.remote.expiry_s = pick(0, 1) ? 0 : pick(1, UINT64_MAX);
     ExpectRoundTrip(o, path);
     if (HasFailure()) break;
   }

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   evoke::LogLevel level = evoke::LogLevel::kInfo;
   evoke::ParseLogLevel(options.log_level, &level);
   evoke::SetLogLevel(level);
-  RetainFreedHeap(options.max_message_bytes);
+  RetainFreedHeap(options.server.max_message_bytes);
 
   // Files evoked creates (RocksDB's WAL, SST and blob files, logs) hold other
   // processes' KV bytes: owner-only whatever umask evoked was started with.

@@ -84,7 +84,7 @@ void Run(FuzzedDataProvider& in) {
   bool exit_now = false;
   if (!Parse(args, &options, &output, &exit_now).ok() || exit_now) return;
   FUZZ_CHECK(options.Validate().ok());
-  (void)options.ResolvedWorkerThreads();
+  (void)options.server.ResolvedWorkerThreads();
   (void)options.ResolvedFdSocket();
 
   if (!(flags & 2) && !RoundTripAlways()) return;
