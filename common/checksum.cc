@@ -137,12 +137,19 @@ uint64_t CopyPiecesHashingDestinationChunk(void* dst, absl::Span<const absl::str
   auto* d = static_cast<uint8_t*>(dst);
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
-  size_t filled = 0;
+  // The copy is hashed in steps of kPiece (still in cache), not per
+  // fragment: a transport's pieces are often 16 KiB, and XXH3 pays for
+  // each update.
+  size_t filled = 0, hashed = 0;
   ForEachFragment(pieces, offset, size, [&](const uint8_t* p, size_t n) {
     std::memcpy(d + filled, p, n);
-    XXH3_64bits_update(&state, d + filled, n);  // The copy, still in cache.
     filled += n;
+    if (filled - hashed >= kPiece) {
+      XXH3_64bits_update(&state, d + hashed, filled - hashed);
+      hashed = filled;
+    }
   });
+  XXH3_64bits_update(&state, d + hashed, filled - hashed);
   return XXH3_64bits_digest(&state);
 }
 
