@@ -232,12 +232,34 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::Impl::LoadToRegions(
       first[i] = reanchor[i].first_position();
     }
   }
-  std::vector<size_t> missing;
+  std::vector<Impl::MissingMeta> missing;
   EVOKE_ASSIGN_OR_RETURN(std::vector<LoadedBlock> out,
                          LoadThroughRing(*ring, ids, fingerprint, where, first, &missing));
-  // A meta too large for a completion's message: load those blocks again
-  // through the RPC, which returns it (the same bytes land in the same place).
-  for (size_t i : missing) {
+  // A meta too large for a completion's message (thousands of tokens and
+  // positions): Describe returns it without the bytes. It is the loaded
+  // block's when it names the checksum and length the completion reported;
+  // it is then shaped as the Load returns a meta (no summaries, the new
+  // positions). Otherwise (the block was replaced meanwhile, or Describe
+  // failed) the block is loaded again through the RPC, which returns its
+  // meta with it (the same bytes land in the same place).
+  for (const Impl::MissingMeta& m : missing) {
+    const size_t i = m.index;
+    v1::DescribeRequest request;
+    request.set_id(ids[i].ToBytes());
+    v1::BlockInfo info;
+    grpc::ClientContext context;
+    Prepare(&context);
+    if (stub->Describe(&context, request, &info).ok() && info.meta().checksum() == m.checksum &&
+        info.meta().payload_bytes() == m.payload_bytes) {
+      v1::BlockMeta meta = std::move(*info.mutable_meta());
+      meta.clear_summaries();
+      if (!first.empty() && first[i].has_value()) {
+        meta.clear_positions();
+        meta.set_first_position(*first[i]);
+      }
+      out[i].meta = std::move(meta);
+      continue;
+    }
     EVOKE_ASSIGN_OR_RETURN(
         std::vector<LoadedBlock> again,
         LoadWithRpc(ids.subspan(i, 1), fingerprint,

@@ -167,13 +167,21 @@ class Client::Impl {
     return results;
   }
 
+  // A block a ring Load served whose meta did not fit in its completion:
+  // what the completion said of the bytes it loaded.
+  struct MissingMeta {
+    size_t index = 0;
+    uint64_t checksum = 0;
+    uint64_t payload_bytes = 0;
+  };
   // LoadThroughRing loads block i into destinations[i] (one slice, or a
   // scatter list), re-anchored to first_positions[i] when set. Blocks whose
-  // meta did not fit in a completion are described by `missing_meta`.
+  // meta did not fit in a completion are listed in `missing_meta`.
   absl::StatusOr<std::vector<LoadedBlock>> LoadThroughRing(
       RingClient& ring, absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
       absl::Span<const absl::Span<const v1::RegionSlice>> destinations,
-      absl::Span<const std::optional<int32_t>> first_positions, std::vector<size_t>* missing_meta) {
+      absl::Span<const std::optional<int32_t>> first_positions,
+      std::vector<MissingMeta>* missing_meta) {
     const absl::Time deadline = Deadline();
     const std::string fp = fingerprint.SerializeAsString();
     std::vector<uint64_t> tickets;
@@ -202,7 +210,7 @@ class Client::Impl {
       if (c->meta) {
         out[i].meta = std::move(*c->meta);
       } else {
-        missing_meta->push_back(i);
+        missing_meta->push_back({i, c->checksum, c->payload_bytes});
       }
     }
     if (!first.ok()) return first;

@@ -157,6 +157,42 @@ TEST_F(RingTest, ReanchoredLoadEqualsTheRpcs) {
   EXPECT_EQ(ring[0].meta.SerializeAsString(), rpc[0].meta.SerializeAsString());
 }
 
+// A block whose meta does not fit in a completion's message slot (4 KiB:
+// here 2,048 tokens): the client asks for the meta alone (Describe), not
+// for the bytes again, and shapes it as the Load RPC returns it.
+TEST_F(RingTest, AMetaTooLargeForItsCompletionComesFromDescribe) {
+  ASSERT_OK_AND_ASSIGN(auto region, client_->CreateSharedRegion(4 << 20));
+  ASSERT_TRUE(client_->has_ring());
+  TestBlock b = SessionBlock("big-meta", 0, 2048);
+  for (int t = 0; t < 2048; ++t) b.meta.add_tokens(100000 + t);
+  ASSERT_GT(b.meta.ByteSizeLong(), 4096u);
+  ASSERT_LE(b.payload.size(), 4u << 20);
+  ASSERT_OK(SaveBlocks(*client_, {b}));
+  ASSERT_OK_AND_ASSIGN(std::vector<LoadedBlock> rpc,
+                       client_->LoadReanchored({b.id()}, SmallFingerprint(), {7000}));
+  auto calls = [&](absl::string_view method) -> uint64_t {
+    const v1::StatResponse stat = Stat();
+    for (const v1::RpcStat& r : stat.rpcs()) {
+      if (r.method() == method) return r.calls();
+    }
+    return 0;
+  };
+  const uint64_t loads = calls("Load"), describes = calls("Describe");
+  v1::Reanchor re;
+  re.set_first_position(7000);
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<LoadedBlock> ring,
+      client_->LoadWith({b.id()}, SmallFingerprint(), {re}, {region->Slice(0, 4 << 20)}));
+  ASSERT_EQ(ring.size(), 1u);
+  EXPECT_EQ(ring[0].meta.SerializeAsString(), rpc[0].meta.SerializeAsString());
+  EXPECT_EQ(ring[0].meta.tokens_size(), 2048);
+  EXPECT_EQ(ring[0].meta.first_position(), 7000);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(region->data()), b.payload.size()),
+            rpc[0].payload);
+  EXPECT_EQ(calls("Describe"), describes + 1);
+  EXPECT_EQ(calls("Load"), loads);  // The bytes came once, through the ring.
+}
+
 TEST_F(RingTest, EachEntryGetsItsOwnErrorAndTheRingKeepsServing) {
   ASSERT_OK_AND_ASSIGN(auto region, client_->CreateSharedRegion(1 << 20));
   ASSERT_TRUE(client_->has_ring());
