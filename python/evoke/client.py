@@ -448,11 +448,37 @@ class Client:
         tickets = ring.submit(load_entries(ids, fingerprint, slices, first_positions, want_meta),
                               deadline)
         results = []
-        for block_id, t in zip(ids, tickets):
+        for i, (block_id, t) in enumerate(zip(ids, tickets)):
             c = ring.wait(t, deadline).raise_for_status()
             meta = pb.BlockMeta.FromString(c.meta) if c.meta is not None else None
+            if want_meta and meta is None:
+                meta = self._meta_of_loaded(block_id, c, first_positions[i], lease, fingerprint,
+                                            slices[i])
             results.append(LoadResult(block_id, c.tier, c.checksum, c.payload_bytes, meta))
         return results
+
+    def _meta_of_loaded(self, block_id, completion, first_position, lease, fingerprint, slc):
+        """The meta of a block the ring loaded whose meta did not fit in its
+        completion (thousands of tokens): Describe's, when it names the
+        checksum and length the completion reported, shaped as a Load returns
+        it (no summaries, the new first position); otherwise (the block was
+        replaced meanwhile) the block is loaded again through the RPC, which
+        returns its meta with it (the same bytes land in the same place)."""
+        info = self._call("Describe", pb.DescribeRequest(id=bytes(block_id)))
+        if (info.meta.checksum == completion.checksum
+                and info.meta.payload_bytes == completion.payload_bytes):
+            meta = pb.BlockMeta()
+            meta.CopyFrom(info.meta)
+            meta.ClearField("summaries")
+            if first_position is not None:
+                meta.ClearField("positions")
+                meta.first_position = first_position
+            return meta
+        request = pb.LoadRequest(ids=[block_id], lease_id=lease.id)
+        request.fingerprint.CopyFrom(fingerprint)
+        request.destinations.add(region_id=slc[0], offset=slc[1], length=slc[2])
+        _add_reanchor(request, [first_position])
+        return self._call("Load", request).blocks[0].meta
 
     def load(self, ids, fingerprint, first_positions=None):
         """Loads blocks inline (a copy in the RPC reply): a LoadResult per

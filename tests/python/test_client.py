@@ -154,6 +154,23 @@ class ClientTest(unittest.TestCase):
             b = evoke.unrotated_keys(moved, out, layer)
             np.testing.assert_allclose(a, b, atol=0.02, rtol=0.01)
 
+    def test_a_meta_too_large_for_its_completion_comes_from_describe(self):
+        # 2,048 tokens: the meta is over a completion's 4 KiB message slot.
+        blk = random_block(self.client, self.rng, n_tokens=2048)
+        meta = evoke.session_meta(FP, "big-meta", 0, 2048)
+        meta.tokens.extend(range(100000, 102048))
+        self.assertGreater(meta.ByteSize(), 4096)
+        self.client.save(meta, blk)
+        out = self.client.block_array(FP, 2048)
+        before = self.client.stat().leases.ring_ops
+        res = self.client.load_into(meta.id, FP, out, first_position=5000, want_meta=True)
+        self.assertEqual(self.client.stat().leases.ring_ops - before, 1)  # The bytes: ring.
+        inline = self.client.load(meta.id, FP, first_positions=5000)
+        self.assertEqual(res.meta.SerializeToString(), inline.meta.SerializeToString())
+        self.assertEqual(len(res.meta.tokens), 2048)
+        self.assertEqual(res.meta.first_position, 5000)
+        self.assertTrue(np.array_equal(out.view(np.uint8).reshape(-1), inline.data))
+
     def test_fingerprint_and_positions_from_arrays(self):
         k = np.zeros((4, 32, 2, 64), np.float16)
         fp = evoke.fingerprint_like(k, "py", "test-model", rope="neox", freq_base=10000.0)
