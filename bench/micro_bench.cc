@@ -5,6 +5,7 @@
 //   build/bench/evoke_micro_bench --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -62,7 +63,21 @@ void BM_Checksum(benchmark::State& state) {
   CopyLoop(state, [](void*, const void* s, size_t n) { return PayloadChecksum(s, n); });
 }
 
+// The same copy from a payload in 16 KiB pieces (an inline Save's bytes as
+// gRPC received them, HTTP/2 DATA frames), as the TierManager copies it.
+void BM_CopyPiecesHashingDestination(benchmark::State& state) {
+  std::vector<absl::string_view> pieces;
+  CopyLoop(state, [&](void* d, const void* s, size_t n) {
+    pieces.clear();
+    for (size_t at = 0; at < n; at += 16384) {
+      pieces.emplace_back(static_cast<const char*>(s) + at, std::min<size_t>(16384, n - at));
+    }
+    return CopyPiecesHashingDestination(d, pieces);
+  });
+}
+
 BENCHMARK(BM_Memcpy)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
+BENCHMARK(BM_CopyPiecesHashingDestination)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
 BENCHMARK(BM_CopyHashingDestination)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
 BENCHMARK(BM_CopyHashingSource)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
 BENCHMARK(BM_Checksum)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
