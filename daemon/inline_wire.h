@@ -8,7 +8,8 @@
 //     a block's inline_bytes is parsed by protobuf as before. A large inline
 //     payload is not copied at all: it stays in the slices gRPC received it
 //     in, and the parse returns views of it (SavePayloadViews), which the
-//     Save copies straight into tier 1 (a gather list, hashed as it lands).
+//     Save copies straight into tier 1, hashing the copy as it lands
+//     (PayloadRef::inline_pieces, SaveSource::HostPieces).
 //     Its block keeps an empty inline_bytes, so that validation sees the
 //     message protobuf would have parsed but for the payload's bytes, whose
 //     length the views carry. Anything the walker does not expect (groups,
@@ -305,9 +306,9 @@ inline bool ParseSaveRequest(absl::Span<const grpc::Slice> slices, v1::SaveReque
 }  // namespace internal
 
 // ParseSaveRequest parses a SaveRequest from `buffer` into `request` (which
-// must be empty), leaving large inline payloads in the received slices
-// (`views`, which must not outlive `buffer`'s bytes: it holds references to
-// them). Returns false, with `request` and `views` empty, when it declines:
+// must be empty), leaving large inline payloads in the received slices:
+// `views` holds references to those slices, so its views stay valid for as
+// long as it lives, whatever becomes of `buffer`. Returns false, with `request` and `views` empty, when it declines:
 // the caller then parses the buffer with protobuf (and answers exactly as
 // before).
 inline bool ParseSaveRequest(const grpc::ByteBuffer& buffer, v1::SaveRequest* request,
