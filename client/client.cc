@@ -244,14 +244,10 @@ absl::StatusOr<std::vector<LoadedBlock>> Client::Impl::LoadToRegions(
   // meta with it (the same bytes land in the same place).
   for (const Impl::MissingMeta& m : missing) {
     const size_t i = m.index;
-    v1::DescribeRequest request;
-    request.set_id(ids[i].ToBytes());
-    v1::BlockInfo info;
-    grpc::ClientContext context;
-    Prepare(&context);
-    if (stub->Describe(&context, request, &info).ok() && info.meta().checksum() == m.checksum &&
-        info.meta().payload_bytes() == m.payload_bytes) {
-      v1::BlockMeta meta = std::move(*info.mutable_meta());
+    absl::StatusOr<v1::BlockInfo> info = Describe(ids[i]);
+    if (info.ok() && info->meta().checksum() == m.checksum &&
+        info->meta().payload_bytes() == m.payload_bytes) {
+      v1::BlockMeta meta = std::move(*info->mutable_meta());
       meta.clear_summaries();
       if (!first.empty() && first[i].has_value()) {
         meta.clear_positions();

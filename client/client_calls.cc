@@ -95,15 +95,7 @@ absl::Status Client::Unpin(absl::Span<const BlockId> ids) {
   return FromGrpc(impl_->stub->Unpin(&context, request, &response));
 }
 
-absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) {
-  v1::DescribeRequest request;
-  request.set_id(id.ToBytes());
-  grpc::ClientContext context;
-  impl_->Prepare(&context);
-  v1::BlockInfo response;
-  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Describe(&context, request, &response)));
-  return response;
-}
+absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) { return impl_->Describe(id); }
 
 absl::StatusOr<v1::ListResponse> Client::List(const v1::ListRequest& request) {
   grpc::ClientContext context;

@@ -217,6 +217,17 @@ class Client::Impl {
     return out;
   }
 
+  absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id) {
+    v1::DescribeRequest request;
+    request.set_id(id.ToBytes());
+    grpc::ClientContext context;
+    Prepare(&context);
+    v1::BlockInfo response;
+    EVOKE_RETURN_IF_ERROR(
+        client_internal::FromGrpc(stub->Describe(&context, request, &response)));
+    return response;
+  }
+
   absl::Status LoadRange(absl::Span<const BlockId> ids,
                          const v1::LayoutFingerprint& fingerprint,
                          std::vector<LoadedBlock>* out) {

@@ -82,13 +82,13 @@ void ForEachFragment(absl::Span<const absl::string_view> pieces, size_t offset, 
   }
 }
 
-size_t TotalSize(absl::Span<const absl::string_view> pieces) {
+}  // namespace
+
+size_t PiecesSize(absl::Span<const absl::string_view> pieces) {
   size_t total = 0;
   for (absl::string_view piece : pieces) total += piece.size();
   return total;
 }
-
-}  // namespace
 
 uint64_t ChunkChecksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
@@ -120,7 +120,7 @@ uint64_t CopyHashingSource(void* dst, const void* src, size_t size) {
 }
 
 uint64_t PiecesChecksum(absl::Span<const absl::string_view> pieces) {
-  const size_t total = TotalSize(pieces);
+  const size_t total = PiecesSize(pieces);
   std::vector<uint64_t> chunks;
   for (size_t off = 0; off < total; off += kChecksumChunkBytes) {
     XXH3_state_t state;
@@ -154,12 +154,33 @@ uint64_t CopyPiecesHashingDestinationChunk(void* dst, absl::Span<const absl::str
 }
 
 uint64_t CopyPiecesHashingDestination(void* dst, absl::Span<const absl::string_view> pieces) {
-  const size_t total = TotalSize(pieces);
+  // One pass over the pieces (a gather list may hold thousands), hashing
+  // the copy in steps of at most kPiece, still in cache, chunk by chunk.
+  auto* d = static_cast<uint8_t*>(dst);
+  const size_t total = PiecesSize(pieces);
   std::vector<uint64_t> chunks;
-  for (size_t off = 0; off < total; off += kChecksumChunkBytes) {
-    const size_t n = std::min(kChecksumChunkBytes, total - off);
-    chunks.push_back(
-        CopyPiecesHashingDestinationChunk(static_cast<uint8_t*>(dst) + off, pieces, off, n));
+  chunks.reserve((total + kChecksumChunkBytes - 1) / kChecksumChunkBytes);
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  size_t filled = 0, hashed = 0;
+  size_t chunk_end = std::min(kChecksumChunkBytes, total);
+  for (absl::string_view piece : pieces) {
+    for (size_t done = 0; done < piece.size();) {
+      const size_t take = std::min({piece.size() - done, chunk_end - filled,
+                                    kPiece - (filled - hashed)});
+      std::memcpy(d + filled, piece.data() + done, take);
+      done += take;
+      filled += take;
+      if (filled - hashed == kPiece || filled == chunk_end) {
+        XXH3_64bits_update(&state, d + hashed, filled - hashed);
+        hashed = filled;
+      }
+      if (filled == chunk_end) {
+        chunks.push_back(XXH3_64bits_digest(&state));
+        XXH3_64bits_reset(&state);
+        chunk_end = std::min(chunk_end + kChecksumChunkBytes, total);
+      }
+    }
   }
   return CombineChunkChecksums(chunks, total);
 }

@@ -62,6 +62,7 @@ uint64_t CopyHashingSourceChunk(void* dst, const void* src, size_t size);
 //   CopyPiecesHashingDestinationChunk does that for bytes [offset, offset +
 //     size) of the concatenation (size <= kChecksumChunkBytes) and returns
 //     ChunkChecksum of the copy: the building block of parallel copies.
+size_t PiecesSize(absl::Span<const absl::string_view> pieces);  // The sum of their sizes.
 uint64_t PiecesChecksum(absl::Span<const absl::string_view> pieces);
 uint64_t CopyPiecesHashingDestination(void* dst, absl::Span<const absl::string_view> pieces);
 uint64_t CopyPiecesHashingDestinationChunk(void* dst, absl::Span<const absl::string_view> pieces,

@@ -90,8 +90,9 @@ uint64_t CopyPool::CopyHashingDestination(void* dst, const void* src, size_t siz
   return CombineChunkChecksums(sums, size);
 }
 
-uint64_t CopyPool::CopyHashingDestination(void* dst, absl::Span<const absl::string_view> pieces,
-                                          size_t size) {
+uint64_t CopyPool::CopyHashingDestination(void* dst,
+                                          absl::Span<const absl::string_view> pieces) {
+  const size_t size = PiecesSize(pieces);
   if (size <= 2 * kChecksumChunkBytes || threads_.empty()) {
     return CopyPiecesHashingDestination(dst, pieces);
   }

@@ -35,10 +35,9 @@ class CopyPool {
   // CopyHashingDestination / CopyHashingSource as in common/checksum.h.
   uint64_t CopyHashingDestination(void* dst, const void* src, size_t size);
   uint64_t CopyHashingSource(void* dst, const void* src, size_t size);
-  // The same from a payload in pieces (common/checksum.h), `size` bytes in
-  // all: CopyPiecesHashingDestination, one 1 MiB chunk per task.
-  uint64_t CopyHashingDestination(void* dst, absl::Span<const absl::string_view> pieces,
-                                  size_t size);
+  // The same from a payload in pieces (common/checksum.h):
+  // CopyPiecesHashingDestination, one 1 MiB chunk per task.
+  uint64_t CopyHashingDestination(void* dst, absl::Span<const absl::string_view> pieces);
   // Checksum as PayloadChecksum.
   uint64_t Checksum(const void* data, size_t size);
   // ParallelFor runs task(0..tasks-1) on the workers and this thread and

@@ -39,7 +39,7 @@ TEST(CopyPoolTest, PiecesCopyInParallelAsTheSerialDefinition) {
       pieces.emplace_back(src.data() + at, std::min<size_t>(16384 + 3, size - at));
     }
     std::string a(size, 'a');
-    EXPECT_EQ(pool.CopyHashingDestination(a.data(), pieces, size),
+    EXPECT_EQ(pool.CopyHashingDestination(a.data(), pieces),
               PayloadChecksum(src.data(), size)) << size;
     EXPECT_TRUE(a == src) << size;
   }

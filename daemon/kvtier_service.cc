@@ -460,7 +460,7 @@ grpc::Status KvTierService::SaveRaw(const Caller& caller, const grpc::ByteBuffer
     SaveCommand command;
     EVOKE_RETURN_IF_ERROR(DecodeSaveRequest(request, options_.limits, &command));
     for (size_t i = 0; i < views.blocks.size() && i < command.blocks.size(); ++i) {
-      if (!views.blocks[i].empty()) command.blocks[i].payload.inline_pieces = views.blocks[i];
+      command.blocks[i].payload.inline_pieces = std::move(views.blocks[i]);
     }
     command.deadline = deadline;
     return blocks_.Save(caller, command);

@@ -139,26 +139,15 @@ absl::string_view SaveRequestSource::HostBytes(size_t i) {
 namespace {
 
 // GatherHashingDestination copies the pieces of `list`, in order, to `dst`
-// and returns PayloadChecksum of the copy: each 1 MiB chunk of `dst` is
-// hashed as soon as it is filled.
+// and returns PayloadChecksum of the copy, hashed as it is filled
+// (CopyPiecesHashingDestination).
 uint64_t GatherHashingDestination(uint8_t* dst, const SliceList& list) {
-  absl::InlinedVector<uint64_t, 16> chunks;
-  chunks.reserve((list.total + kChecksumChunkBytes - 1) / kChecksumChunkBytes);
-  uint64_t filled = 0, hashed = 0;
+  std::vector<absl::string_view> pieces;
+  pieces.reserve(list.pieces.size());
   for (const SliceList::Piece& piece : list.pieces) {
-    for (uint64_t done = 0; done < piece.length;) {
-      const uint64_t chunk_end = std::min(hashed + kChecksumChunkBytes, list.total);
-      const uint64_t take = std::min(piece.length - done, chunk_end - filled);
-      std::memcpy(dst + filled, piece.ptr + done, take);
-      done += take;
-      filled += take;
-      if (filled == chunk_end) {
-        chunks.push_back(ChunkChecksum(dst + hashed, chunk_end - hashed));
-        hashed = chunk_end;
-      }
-    }
+    pieces.emplace_back(reinterpret_cast<const char*>(piece.ptr), piece.length);
   }
-  return CombineChunkChecksums(chunks, list.total);
+  return CopyPiecesHashingDestination(dst, pieces);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
 
 namespace evoke {
 
@@ -57,12 +58,8 @@ uint64_t PayloadLength(const v1::SaveBlock& block) {
 
 uint64_t PayloadRef::Length() const {
   switch (kind) {
-    case Kind::kInline: {
-      if (inline_pieces.empty()) return inline_bytes.size();
-      uint64_t total = 0;
-      for (absl::string_view piece : inline_pieces) total += piece.size();
-      return total;
-    }
+    case Kind::kInline:
+      return inline_pieces.empty() ? inline_bytes.size() : PiecesSize(inline_pieces);
     case Kind::kRegion:
       return region.length;
     case Kind::kGather: {

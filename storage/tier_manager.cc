@@ -211,12 +211,10 @@ absl::Status TierManagerImpl::CopyIn(absl::Span<const SaveItem> items, SaveSourc
     SavePlan& p = (*plans)[i];
     if (const absl::Span<const absl::string_view> pieces = source.HostPieces(i);
         !pieces.empty()) {
-      uint64_t total = 0;
-      for (absl::string_view piece : pieces) total += piece.size();
-      if (total != items[i].size) {
+      if (PiecesSize(pieces) != items[i].size) {
         return absl::InternalError("source size differs from the item size");
       }
-      p.checksum = p.fresh ? core_.copier().CopyHashingDestination(p.ram.data(), pieces, total)
+      p.checksum = p.fresh ? core_.copier().CopyHashingDestination(p.ram.data(), pieces)
                            : PiecesChecksum(pieces);
       continue;
     }
