@@ -33,6 +33,13 @@ bool OnPath(const std::string& program) {
   return false;
 }
 
+// IsZombie: /proc/PID/stat names state 'Z' (dead, not yet reaped).
+bool IsZombie(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(") ");
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
 std::atomic<int> g_counter{0};
 
 struct Run {
@@ -172,11 +179,20 @@ std::vector<std::pair<std::string, pid_t>> CephCluster::Daemons() const {
 }
 
 void CephCluster::Reap() {
+  // A killed multi-threaded daemon shows 'Z' as soon as its main thread is
+  // dead, but waitpid reports it only once every thread has exited: such a
+  // pid is waited for (briefly) rather than left a zombie.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
   for (const auto& [file, pid] : PidFiles()) {
     int status = 0;
-    // Only exited children are reaped; a live one or a stranger's pid
-    // (ECHILD) is left alone.
-    while (waitpid(pid, &status, WNOHANG) < 0 && errno == EINTR) {
+    for (;;) {
+      const pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r < 0 && errno == EINTR) continue;
+      // Reaped, or not our child (ECHILD: a stranger's pid is left alone).
+      if (r != 0) break;
+      // A live daemon is left alone; a dying one is waited for.
+      if (!IsZombie(pid) || absl::Now() >= deadline) break;
+      absl::SleepFor(absl::Milliseconds(5));
     }
   }
 }
