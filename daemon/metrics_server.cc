@@ -178,11 +178,28 @@ void AddDisk(const v1::DiskHealth& d, Families* f) {
            n(d.corrupt_files()));
   f->Gauge("evoke_disk_unreadable_records", "Records the last open could not read.",
            n(d.unreadable_records()));
+  f->Gauge("evoke_disk_quarantined", "1 when the last open started the metadata anew.",
+           d.quarantined() ? 1 : 0);
+  f->Gauge("evoke_disk_quarantined_segments", "Segment files moved aside by the last open.",
+           n(d.quarantined_segments()));
+  f->Gauge("evoke_disk_salvage_restored", "Records the last open's salvage rebuilt.",
+           n(d.salvage().restored()));
+  f->Gauge("evoke_disk_salvage_lost_damaged",
+           "Blocks the last open's salvage lost: payload failed its checksum.",
+           n(d.salvage().damaged()));
+  f->Gauge("evoke_disk_salvage_lost_unidentified",
+           "Blocks the last open's salvage lost: no identity record.",
+           n(d.salvage().unidentified()));
   f->Gauge("evoke_segments", "Payload segment files.", n(d.segments()));
   f->Gauge("evoke_segment_file_bytes", "Preallocated bytes of the segment files.",
            n(d.segment_file_bytes()));
   f->Gauge("evoke_segment_live_bytes", "Bytes of live records in the segment files.",
            n(d.segment_live_bytes()));
+  f->Counter("evoke_segment_bytes_written_total",
+             "Bytes written to segment files (headers, identity records, padding included).",
+             n(d.segment_bytes_written()));
+  f->Counter("evoke_segment_payload_bytes_total", "Payload bytes written to segment files.",
+             n(d.segment_payload_bytes()));
   f->Counter("evoke_segment_syncs_total", "fdatasync calls on segment files.",
              n(d.segment_syncs()));
   f->Counter("evoke_compacted_records_total", "Records moved by segment compaction.",

@@ -115,6 +115,19 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   d->set_compacted_records(h.compacted_records);
   d->set_removed_segments(h.removed_segments);
   d->set_direct_io(h.direct_io);
+  d->set_segment_bytes_written(h.segment_bytes_written);
+  d->set_segment_payload_bytes(h.segment_payload_bytes);
+  d->set_quarantined(h.quarantined);
+  d->set_quarantined_segments(h.quarantined_segments);
+  if (h.salvage.ran) {
+    v1::DiskSalvage* s = d->mutable_salvage();
+    s->set_ran(true);
+    s->set_restored(h.salvage.restored);
+    s->set_removed(h.salvage.removed);
+    s->set_damaged(h.salvage.damaged);
+    s->set_unidentified(h.salvage.unidentified);
+    s->set_unreadable_segments(h.salvage.unreadable_segments);
+  }
   for (const std::string& step : h.recovery) d->add_recovery(step);
   if (in.remote) {
     const RemoteStats& r = *in.remote;

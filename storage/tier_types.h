@@ -54,6 +54,20 @@ class NamespaceScope {
 };
 
 // TierHealth: a lower tier's degraded modes and start-up recovery.
+// What a salvage (rebuilding lost metadata from the payload segments)
+// found, by kind.
+struct SalvageCounts {
+  bool ran = false;
+  uint64_t restored = 0;        // Records rebuilt from their identity records.
+  uint64_t removed = 0;         // Records tombstones removed (deleted, dropped).
+  uint64_t damaged = 0;         // Payloads that did not match their checksum.
+  uint64_t unidentified = 0;    // Payloads without an identity record (older files).
+  uint64_t unreadable_segments = 0;  // Segments whose records could not be walked.
+  // Blocks lost for good: damaged + unidentified (+ what unreadable
+  // segments held, not countable).
+  uint64_t lost() const { return damaged + unidentified; }
+};
+
 struct TierHealth {
   // Writes are accepted. False while degraded: opened read-only on a full
   // disk, or stopped by a failed write until space (or the device) returns.
@@ -66,11 +80,18 @@ struct TierHealth {
   absl::Duration last_outage;        // Length of the last stop.
   uint64_t corrupt_files = 0;        // SST files found corrupt (start, compaction).
   uint64_t unreadable_records = 0;   // Records the start-up scan could not read.
+  // The last open found nothing readable and started empty (files moved to
+  // a quarantine directory).
+  bool quarantined = false;
+  uint64_t quarantined_segments = 0;  // Segment files moved aside at open.
+  SalvageCounts salvage;             // The last open's salvage, if one ran.
   // Payload segment files (spill format 2).
   uint64_t segments = 0;             // Segment files.
   uint64_t segment_file_bytes = 0;   // Their preallocated bytes.
   uint64_t segment_live_bytes = 0;   // Bytes of records that metadata points at.
   uint64_t segment_syncs = 0;        // fdatasync calls (one per appended batch).
+  uint64_t segment_bytes_written = 0;  // Since open, everything pwrite'd.
+  uint64_t segment_payload_bytes = 0;  // The payload bytes among them.
   uint64_t compacted_records = 0;    // Records compaction moved.
   uint64_t removed_segments = 0;     // Segments removed (no live record left).
   bool direct_io = false;            // Segments use O_DIRECT.

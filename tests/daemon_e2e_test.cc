@@ -221,7 +221,7 @@ TEST_F(DaemonTest, CorruptSpillFileIsDataLossNeverServed) {
     if (f.path().extension() != ".evs") continue;
     std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
     uint64_t off = 4096;
-    for (int record = 0;; ++record) {
+    for (int record = 0;;) {
       char h[64];
       file.seekg(static_cast<std::streamoff>(off));
       if (!file.read(h, sizeof(h)) || std::memcmp(h, "EVR2", 4) != 0) break;
@@ -229,7 +229,8 @@ TEST_F(DaemonTest, CorruptSpillFileIsDataLossNeverServed) {
       uint64_t length = 0;
       std::memcpy(&type, h + 4, 2);
       std::memcpy(&length, h + 32, 8);
-      if (type == 1 && record % 2 == 0) {
+      // Payload records (identity records, type 4, precede them).
+      if (type == 1 && record++ % 2 == 0) {
         file.seekp(static_cast<std::streamoff>(off + 64 + length / 2));
         file.put('\x55');
         ++corrupted;

@@ -101,7 +101,13 @@ absl::StatusOr<std::shared_ptr<Segment>> SegmentLogImpl::CreateSegment(SegmentSt
   return seg;
 }
 
-absl::Status SegmentLogImpl::WriteBatch(Segment& seg, absl::Span<const SegmentAppend> records,
+uint64_t SegmentLogImpl::Item::Bytes() const {
+  if (tombstone != nullptr) return SegmentRecordBytes(kTombstoneBytes);
+  return SegmentRecordBytes(record->payload.size()) +
+         (record->identity.empty() ? 0 : SegmentRecordBytes(record->identity.size()));
+}
+
+absl::Status SegmentLogImpl::WriteBatch(Segment& seg, absl::Span<const Item> items,
                                         std::vector<PayloadLocation>* out) {
   EVOKE_RETURN_IF_ERROR(EnsureStaging());
   const uint64_t batch_seq = next_seq_;
@@ -109,27 +115,51 @@ absl::Status SegmentLogImpl::WriteBatch(Segment& seg, absl::Span<const SegmentAp
   uint64_t off = seg.write_end;
   Stager st(seg.file.get(), &staging_, seg.write_end);
   std::vector<PayloadLocation> placed;
-  placed.reserve(records.size());
+  placed.reserve(items.size());
   char header[kRecordHeaderBytes];
-  uint64_t payload = 0;
+  uint64_t payload = 0, identity = 0, tombstones = 0, last_payload = 0;
   absl::Status s;
-  for (const SegmentAppend& r : records) {
+  // One record: header, bytes, zeros up to the record alignment.
+  auto put = [&](uint16_t type, const BlockId& id, absl::string_view bytes,
+                 uint64_t checksum) -> absl::Status {
     RecordHeader h;
-    h.type = kPayload;
-    h.id = r.id;
-    h.seq = seq;
-    h.length = r.payload.size();
-    h.checksum = r.checksum;
+    h.type = type;
+    h.id = id;
+    h.seq = seq++;
+    h.length = bytes.size();
+    h.checksum = checksum;
     h.batch_seq = batch_seq;
     EncodeRecord(h, header);
-    s = st.Put(header, kRecordHeaderBytes);
-    if (s.ok()) s = st.Put(r.payload.data(), r.payload.size());
-    if (s.ok()) s = st.Zero(RoundUp(r.payload.size(), kRecordAlign) - r.payload.size());
+    EVOKE_RETURN_IF_ERROR(st.Put(header, kRecordHeaderBytes));
+    EVOKE_RETURN_IF_ERROR(st.Put(bytes.data(), bytes.size()));
+    EVOKE_RETURN_IF_ERROR(st.Zero(RoundUp(bytes.size(), kRecordAlign) - bytes.size()));
+    off += SegmentRecordBytes(bytes.size());
+    return absl::OkStatus();
+  };
+  for (const Item& item : items) {
+    if (item.tombstone != nullptr) {
+      char body[kTombstoneBytes];
+      Put64(body, item.tombstone->kills.segment);
+      Put64(body + 8, item.tombstone->kills.seq);
+      Put64(body + 16, item.tombstone->kind);
+      const absl::string_view bytes(body, sizeof(body));
+      s = put(kTombstone, item.tombstone->id, bytes, XXH3_64bits(body, sizeof(body)));
+      if (!s.ok()) break;
+      ++tombstones;
+      continue;
+    }
+    const SegmentAppend& r = *item.record;
+    if (!r.identity.empty()) {
+      s = put(kIdentity, r.id, r.identity, XXH3_64bits(r.identity.data(), r.identity.size()));
+      if (!s.ok()) break;
+      identity += SegmentRecordBytes(r.identity.size());
+    }
+    const PayloadLocation at{seg.id, off, r.payload.size(), seq};
+    last_payload = seq;
+    s = put(kPayload, r.id, r.payload, r.checksum);
     if (!s.ok()) break;
-    placed.push_back(PayloadLocation{seg.id, off, r.payload.size(), seq});
-    off += SegmentRecordBytes(r.payload.size());
+    placed.push_back(at);
     payload += r.payload.size();
-    ++seq;
   }
   if (s.ok()) {
     // Pad to the alignment with a skip record, so that the next batch
@@ -152,11 +182,16 @@ absl::Status SegmentLogImpl::WriteBatch(Segment& seg, absl::Span<const SegmentAp
   // Sequence numbers stay unique even for a batch that failed (parts of it
   // may be on disk).
   next_seq_ = seq;
+  if (tombstones > 0) seg.may_hold_tombstones.store(true, std::memory_order_relaxed);
   if (s.ok()) s = SyncFile(seg);
   if (!s.ok()) return s;
   batches_.fetch_add(1, std::memory_order_relaxed);
   payload_bytes_.fetch_add(payload, std::memory_order_relaxed);
+  identity_bytes_.fetch_add(identity, std::memory_order_relaxed);
+  tombstones_.fetch_add(tombstones, std::memory_order_relaxed);
   seg.write_end = off;
+  seg.max_seq.store(seq - 1, std::memory_order_relaxed);
+  if (last_payload != 0) seg.last_payload_seq.store(last_payload, std::memory_order_relaxed);
   seg.valid_end.store(off, std::memory_order_release);
   out->insert(out->end(), placed.begin(), placed.end());
   return absl::OkStatus();
@@ -168,7 +203,10 @@ absl::Status SegmentLogImpl::WriteSeal(Segment& seg) {
   RecordHeader h;
   h.type = kSeal;
   h.seq = next_seq_++;
-  h.batch_seq = h.seq;
+  // The seal's batch_seq names the segment's last payload record (0: none),
+  // so that Open knows it without a scan. Seals written before this held
+  // their own seq there.
+  h.batch_seq = seg.last_payload_seq.load(std::memory_order_relaxed);
   // A seal has no payload; its checksum field holds its own offset, so that
   // the copy in the segment's last block (the footer) says where it is.
   h.checksum = seg.write_end;
@@ -183,6 +221,7 @@ absl::Status SegmentLogImpl::WriteSeal(Segment& seg) {
     bytes_written_.fetch_add(align_, std::memory_order_relaxed);
   }
   EVOKE_RETURN_IF_ERROR(SyncFile(seg));
+  seg.max_seq.store(h.seq, std::memory_order_relaxed);
   seg.valid_end.store(seg.write_end + kRecordHeaderBytes, std::memory_order_release);
   seg.write_end += align_;
   return absl::OkStatus();
@@ -196,32 +235,36 @@ absl::Status AppendError(const absl::Status& s) {
 }
 
 absl::StatusOr<std::vector<PayloadLocation>> SegmentLogImpl::Append(
-    absl::Span<const SegmentAppend> records, SegmentStream stream) {
+    absl::Span<const SegmentAppend> records, SegmentStream stream,
+    absl::Span<const SegmentTombstone> tombstones) {
   absl::MutexLock w(&write_mu_);
   std::vector<PayloadLocation> out;
   out.reserve(records.size());
+  std::vector<Item> items;
+  items.reserve(tombstones.size() + records.size());
+  for (const SegmentTombstone& t : tombstones) items.push_back({nullptr, &t});
   for (const SegmentAppend& r : records) {
     if (r.payload.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("segment log: empty payload for block ", r.id.ToHex()));
     }
+    items.push_back({&r, nullptr});
   }
   const int k = static_cast<int>(stream);
   size_t i = 0;
-  while (i < records.size()) {
+  while (i < items.size()) {
     std::shared_ptr<Segment> seg = active_[k];
     if (seg == nullptr) {
-      absl::StatusOr<std::shared_ptr<Segment>> created =
-          CreateSegment(stream, SegmentRecordBytes(records[i].payload.size()));
+      absl::StatusOr<std::shared_ptr<Segment>> created = CreateSegment(stream, items[i].Bytes());
       if (!created.ok()) return AppendError(created.status());
       seg = std::move(*created);
     }
-    // As many records as fit, leaving one aligned block for the seal.
+    // As many items as fit, leaving one aligned block for the seal.
     const uint64_t limit = seg->size - align_;
     uint64_t bytes = 0;
     size_t j = i;
-    while (j < records.size()) {
-      const uint64_t b = SegmentRecordBytes(records[j].payload.size());
+    while (j < items.size()) {
+      const uint64_t b = items[j].Bytes();
       if (seg->write_end + RoundUp(bytes + b, align_) > limit) break;
       bytes += b;
       ++j;
@@ -242,7 +285,8 @@ absl::StatusOr<std::vector<PayloadLocation>> SegmentLogImpl::Append(
       active_[k].reset();
       continue;
     }
-    if (absl::Status s = WriteBatch(*seg, records.subspan(i, j - i), &out); !s.ok()) {
+    if (absl::Status s = WriteBatch(*seg, absl::MakeConstSpan(items).subspan(i, j - i), &out);
+        !s.ok()) {
       Poison(*seg, stream);
       EVOKE_LOG_WARNING("segment log: append to ", seg->path,
                         " failed; the segment takes no more appends: ", s.ToString());
@@ -349,7 +393,8 @@ bool SegmentLogImpl::Contains(const PayloadLocation& l) const {
 
 absl::Status SegmentLogImpl::ForEachRecord(
     uint64_t segment,
-    const std::function<absl::Status(const SegmentRecord& record, bool checksum_ok)>& visit) {
+    const std::function<absl::Status(const SegmentRecord& record, bool checksum_ok)>& visit,
+    bool payloads) {
   std::shared_ptr<Segment> seg = Find(segment);
   if (seg == nullptr) return absl::NotFoundError(absl::StrCat("segment ", segment, " is gone"));
   const uint64_t valid_end = seg->valid_end.load(std::memory_order_acquire);
@@ -357,14 +402,33 @@ absl::Status SegmentLogImpl::ForEachRecord(
   AlignedBuffer big;  // For records larger than the window.
   uint64_t wbegin = 0, wend = 0;
   const uint64_t file_end = RoundUp(valid_end, align_);
+  // Loads the window from `from` (aligned down) on.
+  auto load = [&](uint64_t from) -> absl::Status {
+    wbegin = RoundDown(from, align_);
+    wend = std::min<uint64_t>(wbegin + window.size(), file_end);
+    return ReadRange(*seg, wbegin, wend - wbegin, std::min(wend, valid_end), window.data());
+  };
+  // The bytes of the record at `off` (header at off): from the window, or
+  // read into `big` when they reach past it.
+  auto body = [&](uint64_t off, uint64_t length) -> absl::StatusOr<const char*> {
+    const uint64_t pbegin = off + kRecordHeaderBytes;
+    if (pbegin + length <= wend) return window.data() + (pbegin - wbegin);
+    const uint64_t b = RoundDown(pbegin, align_);
+    const uint64_t e = RoundUp(pbegin + length, align_);
+    if (big.size() < e - b) {
+      EVOKE_ASSIGN_OR_RETURN(big, AlignedBuffer::Allocate(RoundUp(e - b, kSegmentGranule),
+                                                          align_));
+    }
+    EVOKE_RETURN_IF_ERROR(ReadRange(*seg, b, e - b, pbegin + length, big.data()));
+    return big.data() + (pbegin - b);
+  };
+  // The identity record just before the current payload record, if any.
+  std::string identity;
+  BlockId identity_of;
+  bool have_identity = false;
   uint64_t off = seg->data_start;
   while (off + kRecordHeaderBytes <= valid_end) {
-    if (!(off >= wbegin && off + kRecordHeaderBytes <= wend)) {
-      wbegin = RoundDown(off, align_);
-      wend = std::min<uint64_t>(wbegin + window.size(), file_end);
-      EVOKE_RETURN_IF_ERROR(
-          ReadRange(*seg, wbegin, wend - wbegin, std::min(wend, valid_end), window.data()));
-    }
+    if (!(off >= wbegin && off + kRecordHeaderBytes <= wend)) EVOKE_RETURN_IF_ERROR(load(off));
     RecordHeader h;
     if (!DecodeRecord(window.data() + (off - wbegin), &h) ||
         h.length > valid_end - off - kRecordHeaderBytes) {
@@ -374,31 +438,42 @@ absl::Status SegmentLogImpl::ForEachRecord(
                                               "not verify"));
     }
     if (h.type == kSeal) break;
-    if (h.type == kPayload) {
-      const uint64_t pbegin = off + kRecordHeaderBytes;
-      const char* p = nullptr;
-      if (pbegin + h.length <= wend) {
-        p = window.data() + (pbegin - wbegin);
-      } else {
-        const uint64_t b = RoundDown(pbegin, align_);
-        const uint64_t e = RoundUp(pbegin + h.length, align_);
-        if (big.size() < e - b) {
-          EVOKE_ASSIGN_OR_RETURN(big, AlignedBuffer::Allocate(RoundUp(e - b, kSegmentGranule),
-                                                              align_));
-        }
-        EVOKE_RETURN_IF_ERROR(ReadRange(*seg, b, e - b, pbegin + h.length, big.data()));
-        p = big.data() + (pbegin - b);
+    if (h.type == kTombstone && h.length == kTombstoneBytes) {
+      EVOKE_ASSIGN_OR_RETURN(const char* p, body(off, h.length));
+      // A tombstone whose bytes do not verify is not one.
+      if (XXH3_64bits(p, kTombstoneBytes) == h.checksum) {
+        SegmentRecord record;
+        record.id = h.id;
+        record.location = PayloadLocation{segment, off, h.length, h.seq};
+        record.tombstone = true;
+        record.kills.segment = Get64(p);
+        record.kills.seq = Get64(p + 8);
+        record.kind = Get64(p + 16) == SegmentTombstone::kDropped ? SegmentTombstone::kDropped
+                                                                  : SegmentTombstone::kDeleted;
+        EVOKE_RETURN_IF_ERROR(visit(record, true));
       }
+    } else if (h.type == kIdentity && payloads) {
+      EVOKE_ASSIGN_OR_RETURN(const char* p, body(off, h.length));
+      have_identity = XXH3_64bits(p, h.length) == h.checksum;
+      if (have_identity) {
+        identity.assign(p, h.length);
+        identity_of = h.id;
+      }
+    } else if (h.type == kPayload && payloads) {
+      EVOKE_ASSIGN_OR_RETURN(const char* p, body(off, h.length));
       SegmentRecord record;
       record.id = h.id;
       record.location = PayloadLocation{segment, off, h.length, h.seq};
       record.checksum = h.checksum;
       record.payload = absl::string_view(p, h.length);
-      // Off the hot path (compaction, verify): the payload is checked here
-      // so that a corrupt copy is never moved as if it were good.
+      if (have_identity && identity_of == h.id) record.identity = identity;
+      // Off the hot path (compaction, verify, salvage): the payload is
+      // checked here so that a corrupt copy is never moved as if it were
+      // good.
       const bool ok = PayloadChecksum(p, h.length) == h.checksum;
       EVOKE_RETURN_IF_ERROR(visit(record, ok));
     }
+    if (h.type != kIdentity) have_identity = false;
     off += kRecordHeaderBytes + RoundUp(h.length, kRecordAlign);
   }
   return absl::OkStatus();
@@ -458,6 +533,9 @@ std::vector<SegmentInfo> SegmentLogImpl::Segments() const {
     i.live_bytes = static_cast<uint64_t>(std::max<int64_t>(0, seg->live.load()));
     i.active = seg->active;
     i.poisoned = seg->poisoned;
+    i.may_hold_tombstones = seg->may_hold_tombstones.load(std::memory_order_relaxed);
+    i.max_seq = seg->max_seq.load(std::memory_order_relaxed);
+    i.last_payload_seq = seg->last_payload_seq.load(std::memory_order_relaxed);
     i.stream = seg->stream;
     i.created_unix_ms = seg->created_ms;
     out.push_back(i);
@@ -479,6 +557,8 @@ SegmentLogStats SegmentLogImpl::Stats() const {
   s.header_mismatches = header_mismatches_.load();
   s.torn_tail_bytes = torn_tail_bytes_.load();
   s.quarantined_segments = quarantined_.load();
+  s.identity_bytes = identity_bytes_.load();
+  s.tombstones = tombstones_.load();
   s.direct_io = direct_;
   s.io_align = align_;
   return s;

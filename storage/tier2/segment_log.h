@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,14 +79,41 @@ struct SegmentAppend {
   BlockId id;
   absl::string_view payload;  // Not empty.
   uint64_t checksum = 0;      // The block's checksum (BlockMeta.checksum).
+  // The block's identity (its serialized storage.SpillRecord, without a
+  // location), written as an identity record just before the payload so
+  // that a store whose metadata is lost can rebuild it from the segments
+  // (salvage). Empty: none.
+  absl::string_view identity;
 };
 
-// One record found in a segment (ForEachRecord).
+// A tombstone: the record at `kills` (of block `id`) is no longer wanted,
+// and neither is any earlier record of that block. Salvage never brings
+// such a record back. Compaction carries a tombstone forward while the
+// segment it names exists.
+struct SegmentTombstone {
+  // Why: the block was deleted (salvage brings back none of it), or its
+  // payload was dropped (salvage keeps the metadata as a breadcrumb).
+  enum Kind : uint8_t { kDeleted = 1, kDropped = 2 };
+  BlockId id;
+  PayloadLocation kills;
+  Kind kind = kDeleted;
+};
+
+// One record found in a segment (ForEachRecord): a payload, or a tombstone.
 struct SegmentRecord {
   BlockId id;
   PayloadLocation location;
   uint64_t checksum = 0;
   absl::string_view payload;  // Valid during the callback only.
+  // The identity record written just before the payload (its bytes verified
+  // against the hash in its header), or empty when there is none (records
+  // written before identity records existed, or a damaged one).
+  absl::string_view identity;
+  // Set for a tombstone (payload and identity empty): `kills` names the
+  // record it removes (segment and seq), `kind` why.
+  bool tombstone = false;
+  PayloadLocation kills;
+  SegmentTombstone::Kind kind = SegmentTombstone::kDeleted;
 };
 
 struct SegmentInfo {
@@ -94,6 +122,13 @@ struct SegmentInfo {
   uint64_t valid_end = 0;  // End of the last valid record.
   uint64_t live_bytes = 0; // SegmentRecordBytes of live locations (AddLive).
   bool active = false;     // Appends go here (one per stream).
+  // It may hold tombstones (unknown for segments found at Open: true).
+  bool may_hold_tombstones = false;
+  // The largest seq of any record in it, and of a payload record (0: none;
+  // the seal's seq where a segment sealed before this was kept does not
+  // say).
+  uint64_t max_seq = 0;
+  uint64_t last_payload_seq = 0;
   bool poisoned = false;   // A write or sync failed: never appended again.
   SegmentStream stream = SegmentStream::kHot;
   uint64_t created_unix_ms = 0;
@@ -109,6 +144,8 @@ struct SegmentLogStats {
   uint64_t header_mismatches = 0;  // Reads refused as DATA_LOSS.
   uint64_t torn_tail_bytes = 0;    // Dropped at Open.
   uint64_t quarantined_segments = 0;
+  uint64_t identity_bytes = 0;  // Identity record bytes appended (headers included).
+  uint64_t tombstones = 0;      // Tombstones appended (carried ones included).
   bool direct_io = false;       // O_DIRECT in use (false: buffered + fdatasync).
   uint32_t io_align = 0;
 };
@@ -136,6 +173,11 @@ struct SegmentLogOptions {
   std::shared_ptr<DiskFaults> faults;
 };
 
+// ReadSegmentInstance: the instance id that most of the segment files in
+// `dir` whose headers verify name (nullopt when there is none). A store
+// that lost its metadata takes it back so that its segments stay its own.
+std::optional<std::array<uint8_t, 16>> ReadSegmentInstance(const std::string& dir);
+
 class SegmentLog {
  public:
   // Open lists the segment files, checks each header, finds each unsealed
@@ -147,15 +189,18 @@ class SegmentLog {
                                                           std::vector<std::string>* notes);
   virtual ~SegmentLog() = default;
 
-  // Append writes `records` to the active segment of `stream` (rolling to a
-  // new one when full), then fdatasyncs. On success the locations, one per
-  // record in order, name durable bytes. On failure nothing of the batch is
-  // valid, the segment written to is poisoned (never appended again, its
-  // space garbage) and the error is RESOURCE_EXHAUSTED (no space) or
-  // UNAVAILABLE (I/O error). After a failed fdatasync the batch is never
-  // retried on the same file (its pages' state is unknown).
+  // Append writes `tombstones`, then `records` (each after its identity
+  // record, when it has one), to the active segment of `stream` (rolling to
+  // a new one when full), then fdatasyncs. On success the locations, one
+  // per record in order (none for tombstones), name durable bytes. On
+  // failure nothing of the batch is valid, the segment written to is
+  // poisoned (never appended again, its space garbage) and the error is
+  // RESOURCE_EXHAUSTED (no space) or UNAVAILABLE (I/O error). After a
+  // failed fdatasync the batch is never retried on the same file (its
+  // pages' state is unknown).
   virtual absl::StatusOr<std::vector<PayloadLocation>> Append(
-      absl::Span<const SegmentAppend> records, SegmentStream stream = SegmentStream::kHot) = 0;
+      absl::Span<const SegmentAppend> records, SegmentStream stream = SegmentStream::kHot,
+      absl::Span<const SegmentTombstone> tombstones = {}) = 0;
 
   // Read reads the record at `location`, checks that its header verifies
   // and names `id`, `location.seq` and `location.length`, and hands the
@@ -170,12 +215,15 @@ class SegmentLog {
   virtual bool Contains(const PayloadLocation& location) const = 0;
 
   // ForEachRecord reads a segment sequentially and calls `visit` for every
-  // valid payload record in it (compaction, verify). Records whose payload
-  // does not match their checksum are passed with `checksum_ok` false.
+  // valid payload record in it (compaction, verify, salvage), and for every
+  // tombstone (record.tombstone). Payloads that do not match their checksum
+  // are passed with `checksum_ok` false. With `payloads` false only the
+  // record headers are read: tombstones are visited, payload records are
+  // not.
   virtual absl::Status ForEachRecord(
       uint64_t segment,
-      const std::function<absl::Status(const SegmentRecord& record, bool checksum_ok)>&
-          visit) = 0;
+      const std::function<absl::Status(const SegmentRecord& record, bool checksum_ok)>& visit,
+      bool payloads = true) = 0;
 
   // Live accounting, kept by the caller from metadata (rebuilt at every
   // Open): AddLive when metadata points at a location, RemoveLive when it

@@ -56,7 +56,20 @@ constexpr char kFileMagic[8] = {'E', 'V', 'K', 'S', 'E', 'G', '\0', '\2'};
 constexpr char kRecordMagic[4] = {'E', 'V', 'R', '2'};
 constexpr uint32_t kHeaderVersion = 1;
 
-enum RecordType : uint16_t { kPayload = 1, kSkip = 2, kSeal = 3 };
+// kIdentity: a block's serialized record, written just before its
+// payload record (same block id; checksum field: XXH3-64 of the bytes).
+// kTombstone: 24 bytes, the segment and seq of the record it removes and
+// why (SegmentTombstone::Kind) (checksum field: XXH3-64 of them). Both arrived after the first segments
+// were written: an evoked from before them reads sealed segments that hold
+// them, and stops the restart scan of an unsealed one at the first.
+enum RecordType : uint16_t {
+  kPayload = 1,
+  kSkip = 2,
+  kSeal = 3,
+  kIdentity = 4,
+  kTombstone = 5,
+};
+constexpr uint64_t kTombstoneBytes = 24;
 
 inline uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 inline uint64_t RoundDown(uint64_t v, uint64_t a) { return v / a * a; }
@@ -203,6 +216,10 @@ struct Segment {
   SegmentStream stream = SegmentStream::kHot;
   std::atomic<uint64_t> valid_end{0};
   std::atomic<int64_t> live{0};
+  std::atomic<bool> may_hold_tombstones{false};
+  // The largest seq of any record in it, and of a payload record (0: none).
+  std::atomic<uint64_t> max_seq{0};
+  std::atomic<uint64_t> last_payload_seq{0};
   // Guarded by SegmentLogImpl::mu_.
   bool active = false;
   bool poisoned = false;
@@ -263,15 +280,16 @@ class SegmentLogImpl final : public SegmentLog {
 
   absl::Status Init(std::vector<std::string>* notes);
 
-  absl::StatusOr<std::vector<PayloadLocation>> Append(absl::Span<const SegmentAppend> records,
-                                                      SegmentStream stream) override;
+  absl::StatusOr<std::vector<PayloadLocation>> Append(
+      absl::Span<const SegmentAppend> records, SegmentStream stream,
+      absl::Span<const SegmentTombstone> tombstones) override;
   absl::Status Read(const BlockId& id, const PayloadLocation& location,
                     const std::function<absl::Status(absl::string_view)>& consume) override;
   bool Contains(const PayloadLocation& location) const override;
   absl::Status ForEachRecord(
       uint64_t segment,
-      const std::function<absl::Status(const SegmentRecord& record, bool checksum_ok)>& visit)
-      override;
+      const std::function<absl::Status(const SegmentRecord& record, bool checksum_ok)>& visit,
+      bool payloads) override;
   void AddLive(const PayloadLocation& location) override;
   void RemoveLive(const PayloadLocation& location) override;
   absl::Status Seal(SegmentStream stream) override;
@@ -308,6 +326,7 @@ class SegmentLogImpl final : public SegmentLog {
   struct ScanResult {
     uint64_t valid_end = 0;
     uint64_t max_seq = 0;
+    uint64_t last_payload_seq = 0;
     uint64_t torn_bytes = 0;
     bool sealed = false;
   };
@@ -320,7 +339,13 @@ class SegmentLogImpl final : public SegmentLog {
   absl::StatusOr<std::shared_ptr<Segment>> CreateSegment(SegmentStream stream,
                                                          uint64_t min_record_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  absl::Status WriteBatch(Segment& seg, absl::Span<const SegmentAppend> records,
+  // One thing to append: a tombstone or a record (with its identity).
+  struct Item {
+    const SegmentAppend* record = nullptr;
+    const SegmentTombstone* tombstone = nullptr;
+    uint64_t Bytes() const;  // Segment bytes it takes.
+  };
+  absl::Status WriteBatch(Segment& seg, absl::Span<const Item> items,
                           std::vector<PayloadLocation>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status WriteSeal(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
@@ -363,6 +388,8 @@ class SegmentLogImpl final : public SegmentLog {
   std::atomic<uint64_t> header_mismatches_{0};
   std::atomic<uint64_t> torn_tail_bytes_{0};
   std::atomic<uint64_t> quarantined_{0};
+  std::atomic<uint64_t> identity_bytes_{0};
+  std::atomic<uint64_t> tombstones_{0};
 };
 
 }  // namespace segment_internal

@@ -2,6 +2,8 @@
 // salvage of what is readable, quarantine of what is not).
 #include "storage/tier2/segment_log_impl.h"
 
+#include <fstream>
+
 namespace evoke {
 namespace segment_internal {
 
@@ -138,6 +140,8 @@ void SegmentLogImpl::LoadSegment(uint64_t id, const std::string& name,
   seg->file = std::move(*file);
   seg->data_start = RoundUp(kFileHeaderBytes, h.align);
   seg->created_ms = h.created_ms;
+  // Whether it holds tombstones is not known without reading it.
+  seg->may_hold_tombstones.store(true);
   absl::StatusOr<uint64_t> size = seg->file->Size();
   seg->size = size.ok() ? *size : h.size;
   absl::StatusOr<std::optional<ScanResult>> footer = ReadFooter(*seg->file, h, seg->data_start);
@@ -155,6 +159,8 @@ void SegmentLogImpl::LoadSegment(uint64_t id, const std::string& name,
     return;
   }
   seg->valid_end.store(scan->valid_end);
+  seg->max_seq.store(scan->max_seq);
+  seg->last_payload_seq.store(scan->last_payload_seq);
   seg->write_end = RoundUp(scan->valid_end, align_);
   if (scan->torn_bytes > 0) {
     torn_tail_bytes_.fetch_add(scan->torn_bytes, std::memory_order_relaxed);
@@ -205,6 +211,9 @@ absl::StatusOr<std::optional<SegmentLogImpl::ScanResult>> SegmentLogImpl::ReadFo
   ScanResult r;
   r.valid_end = seal_at + kRecordHeaderBytes;
   r.max_seq = f.seq;  // The seal's seq is the segment's last.
+  // Its batch_seq names the last payload record; a seal from before that
+  // holds its own seq: then the last payload is somewhere below it.
+  r.last_payload_seq = f.batch_seq < f.seq ? f.batch_seq : f.seq;
   r.sealed = true;
   return r;
 }
@@ -236,8 +245,10 @@ absl::StatusOr<SegmentLogImpl::ScanResult> SegmentLogImpl::Scan(SegmentFile& fil
     if (h.flags != 0 || h.seq <= prev_seq) break;
     if (h.type == kSeal) {
       if (h.length != 0) break;
-    } else if (h.type == kPayload || h.type == kSkip) {
-      if (h.type == kPayload && h.length == 0) break;
+    } else if (h.type == kPayload || h.type == kSkip || h.type == kIdentity) {
+      if (h.type != kSkip && h.length == 0) break;
+    } else if (h.type == kTombstone) {
+      if (h.length != kTombstoneBytes) break;
     } else {
       break;
     }
@@ -245,6 +256,7 @@ absl::StatusOr<SegmentLogImpl::ScanResult> SegmentLogImpl::Scan(SegmentFile& fil
     if (h.length > room || RoundUp(h.length, kRecordAlign) > room) break;
     prev_seq = h.seq;
     r.max_seq = std::max(r.max_seq, h.seq);
+    if (h.type == kPayload) r.last_payload_seq = h.seq;
     off += kRecordHeaderBytes + RoundUp(h.length, kRecordAlign);
     r.valid_end = off;
     if (h.type == kSeal) {
@@ -278,4 +290,29 @@ absl::StatusOr<SegmentLogImpl::ScanResult> SegmentLogImpl::Scan(SegmentFile& fil
 }
 
 }  // namespace segment_internal
+
+std::optional<std::array<uint8_t, 16>> ReadSegmentInstance(const std::string& dir) {
+  using namespace segment_internal;  // NOLINT: the encodings.
+  std::map<std::array<uint8_t, 16>, int> votes;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    uint64_t id = 0;
+    if (!ParseSegmentName(entry.path().filename().string(), &id)) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    char header[kFileHeaderUsed];
+    if (!in.read(header, sizeof(header))) continue;
+    FileHeader h;
+    if (DecodeFileHeader(header, &h).empty() && h.id == id) ++votes[h.instance];
+  }
+  std::optional<std::array<uint8_t, 16>> best;
+  int most = 0;
+  for (const auto& [instance, n] : votes) {
+    if (n > most) {
+      best = instance;
+      most = n;
+    }
+  }
+  return best;
+}
+
 }  // namespace evoke

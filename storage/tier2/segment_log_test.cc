@@ -92,7 +92,7 @@ absl::StatusOr<std::vector<Stored>> AppendBatch(SegmentLog& log, const std::vect
   }
   std::vector<SegmentAppend> in;
   for (const Stored& s : batch) {
-    in.push_back(SegmentAppend{s.id, s.bytes, PayloadChecksum(s.bytes.data(), s.bytes.size())});
+    in.push_back(SegmentAppend{s.id, s.bytes, PayloadChecksum(s.bytes.data(), s.bytes.size()), {}});
   }
   absl::StatusOr<std::vector<PayloadLocation>> locs = log.Append(in, stream);
   if (!locs.ok()) return locs.status();
@@ -395,7 +395,7 @@ TEST_P(SegmentLogBackendTest, WrongLocationIsDataLossOrNotFound) {
   ASSERT_OK_AND_ASSIGN(std::string got, ReadBack(*log, a.id, a.loc));
   EXPECT_EQ(got, a.bytes);
   // An empty payload is refused.
-  std::vector<SegmentAppend> empty = {SegmentAppend{Id(999), "", 0}};
+  std::vector<SegmentAppend> empty = {SegmentAppend{Id(999), "", 0, {}}};
   EXPECT_THAT(log->Append(empty), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 

@@ -27,14 +27,35 @@ absl::Status RocksSpillStore::Put(absl::Span<const SpillWrite> writes, bool sync
   }
   const std::vector<std::optional<PayloadLocation>> old = Locations(ids);
 
+  // Each record serialized once: the identity written before its payload
+  // (salvage rebuilds the record from it), then, with its location, the
+  // record committed to RocksDB.
+  std::vector<std::string> bases(writes.size());
   std::vector<SegmentAppend> appends;
-  for (const SpillWrite& w : writes) {
-    if (!w.payload.empty()) appends.push_back({w.id, w.payload, w.record->meta().checksum()});
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const SpillWrite& w = writes[i];
+    SerializeBase(*w.record, &bases[i]);
+    if (!w.payload.empty()) {
+      appends.push_back({w.id, w.payload, w.record->meta().checksum(), bases[i]});
+    }
   }
+  // A breadcrumb written over a payload: that payload must not come back.
+  std::vector<SegmentTombstone> dropped;
+  for (size_t i = 0, k = 0; i < writes.size(); ++i) {
+    if (writes[i].fresh) continue;
+    if (writes[i].payload.empty() && old[k].has_value()) {
+      dropped.push_back({writes[i].id, *old[k], SegmentTombstone::kDropped});
+    }
+    ++k;
+  }
+  QueueTombstones(dropped);
   std::vector<PayloadLocation> placed;
   if (!appends.empty()) {
-    absl::StatusOr<std::vector<PayloadLocation>> r = log_->Append(appends);
+    // Tombstones waiting for a write go with this one.
+    absl::StatusOr<std::vector<PayloadLocation>> r =
+        log_->Append(appends, SegmentStream::kHot, pending_tombstones_);
     if (!r.ok()) return AppendFailed(r.status(), "write");
+    pending_tombstones_.clear();
     placed = *std::move(r);
     // Payloads durable, records not yet: a crash here leaves garbage only.
     EVOKE_FAILPOINT("segment.synced");
@@ -65,7 +86,8 @@ absl::Status RocksSpillStore::Put(absl::Span<const SpillWrite> writes, bool sync
     const SpillWrite& w = writes[i];
     const bool superseded = k + 1 < order.size() && writes[order[k + 1]].id == w.id;
     if (where[i] != nullptr && !superseded) live.push_back(*where[i]);
-    EncodeRecord(*w.record, where[i], &value);
+    value = std::move(bases[i]);
+    AppendPresence(where[i], &value);
     char key[16];
     StoreKey(w.id, key);
     const rocksdb::Slice key_slice(key, sizeof(key));
@@ -102,9 +124,13 @@ absl::Status RocksSpillStore::DropPayloads(absl::Span<const SpillWrite> breadcru
     if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
   }
   EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, false, "drop payloads"));
-  for (const auto& l : old) {
-    if (l.has_value()) log_->RemoveLive(*l);
+  std::vector<SegmentTombstone> dropped;
+  for (size_t i = 0; i < old.size(); ++i) {
+    if (!old[i].has_value()) continue;
+    log_->RemoveLive(*old[i]);
+    dropped.push_back({ids[i], *old[i], SegmentTombstone::kDropped});
   }
+  QueueTombstones(dropped);
   return absl::OkStatus();
 }
 
@@ -122,9 +148,13 @@ absl::Status RocksSpillStore::Delete(absl::Span<const BlockId> ids) {
     if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
   }
   EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, false, "delete"));
-  for (const auto& l : old) {
-    if (l.has_value()) log_->RemoveLive(*l);
+  std::vector<SegmentTombstone> deleted;
+  for (size_t i = 0; i < old.size(); ++i) {
+    if (!old[i].has_value()) continue;
+    log_->RemoveLive(*old[i]);
+    deleted.push_back({ids[i], *old[i], SegmentTombstone::kDeleted});
   }
+  QueueTombstones(deleted);
   return absl::OkStatus();
 }
 
@@ -214,6 +244,7 @@ absl::Status RocksSpillStore::Sync() {
   EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
   absl::ReaderMutexLock d(&db_mu_);
   EVOKE_RETURN_IF_ERROR(CheckOpen());
+  EVOKE_RETURN_IF_ERROR(FlushTombstones());
   const rocksdb::Status s = db_.db->SyncWAL();
   if (!s.ok()) Stop(s, "sync");
   return ToAbsl(s, "sync");
@@ -224,6 +255,7 @@ absl::Status RocksSpillStore::Persist() {
   EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
   absl::ReaderMutexLock d(&db_mu_);
   EVOKE_RETURN_IF_ERROR(CheckOpen());
+  EVOKE_RETURN_IF_ERROR(FlushTombstones());
   // Never sync a WAL that failed an append: CheckWritable refused above
   // if any write failed since the last resume.
   rocksdb::Status s = db_.db->SyncWAL();
@@ -254,6 +286,9 @@ SpillStoreHealth RocksSpillStore::Health() const {
     }
     const SegmentLogStats st = log->Stats();
     h.segment_syncs = st.syncs;
+    h.quarantined_segments = st.quarantined_segments;
+    h.segment_bytes_written = st.bytes_written;
+    h.segment_payload_bytes = st.payload_bytes;
     h.direct_io = st.direct_io;
   }
   absl::MutexLock lock(&state_mu_);
@@ -266,12 +301,13 @@ SpillStoreHealth RocksSpillStore::Health() const {
   h.last_outage = last_outage_;
   h.corrupt_files = corrupt_files_ + listener_->corrupt_compactions.load();
   h.unreadable_records = unreadable_records_;
+  h.quarantined = store_quarantined_;
+  h.salvage = salvage_;
   h.recovery = recovery_;
   return h;
 }
 
-void RocksSpillStore::EncodeRecord(const storage::SpillRecord& record, const PayloadLocation* where,
-                         std::string* out) {
+void RocksSpillStore::SerializeBase(const storage::SpillRecord& record, std::string* out) {
   out->clear();
   if (record.has_location()) {
     storage::SpillRecord copy = record;
@@ -280,6 +316,9 @@ void RocksSpillStore::EncodeRecord(const storage::SpillRecord& record, const Pay
   } else {
     record.SerializeToString(out);
   }
+}
+
+void RocksSpillStore::AppendPresence(const PayloadLocation* where, std::string* out) {
   out->push_back(static_cast<char>((2 << 3) | 0));  // payload_present, varint.
   out->push_back(where != nullptr ? 1 : 0);
   if (where == nullptr) return;
@@ -293,6 +332,25 @@ void RocksSpillStore::EncodeRecord(const storage::SpillRecord& record, const Pay
   out->push_back(static_cast<char>((4 << 3) | 2));  // location, length-delimited.
   out->push_back(static_cast<char>(p - loc));  // < 128 bytes: one varint byte.
   out->append(loc, static_cast<size_t>(p - loc));
+}
+
+void RocksSpillStore::EncodeRecord(const storage::SpillRecord& record, const PayloadLocation* where,
+                                   std::string* out) {
+  SerializeBase(record, out);
+  AppendPresence(where, out);
+}
+
+void RocksSpillStore::QueueTombstones(absl::Span<const SegmentTombstone> tombstones) {
+  pending_tombstones_.insert(pending_tombstones_.end(), tombstones.begin(), tombstones.end());
+}
+
+absl::Status RocksSpillStore::FlushTombstones() {
+  if (pending_tombstones_.empty() || log_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::vector<PayloadLocation>> r =
+      log_->Append({}, SegmentStream::kHot, pending_tombstones_);
+  if (!r.ok()) return AppendFailed(r.status(), "tombstones");
+  pending_tombstones_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status RocksSpillStore::CommitLocked(rocksdb::WriteBatch* batch, bool sync,

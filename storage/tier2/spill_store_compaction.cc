@@ -2,6 +2,8 @@
 // compaction stream) and the periodic check of RocksDB's tables.
 #include "storage/tier2/spill_store_impl.h"
 
+#include "absl/strings/str_join.h"
+
 namespace evoke {
 namespace spill_internal {
 
@@ -24,6 +26,7 @@ void RocksSpillStore::CompactSegments() {
     segments = log->Segments();
     for (const SegmentInfo& s : segments) {
       if (s.active || s.live_bytes != 0) continue;
+      if (s.may_hold_tombstones && !CarryTombstones(*log, s.id, segments)) continue;
       const absl::Status r = log->RemoveSegment(s.id);
       if (!r.ok()) {
         EVOKE_LOG_WARNING("spill store: removing segment ", s.id, " failed: ", r.ToString());
@@ -92,7 +95,8 @@ void RocksSpillStore::CompactSegments() {
   // record that moved is committed, which MoveBatch did with sync).
 }
 
-void RocksSpillStore::VerifyTables() {
+std::string RocksSpillStore::VerifyTables() {
+  std::vector<std::string> corrupt;
   std::vector<rocksdb::LiveFileMetaData> files;
   db_.db->GetLiveFilesMetaData(&files);
   const rocksdb::Options reader_options = config_.MetaReaderOptions();
@@ -102,6 +106,7 @@ void RocksSpillStore::VerifyTables() {
     rocksdb::Status s = reader.Open(path);
     if (s.ok()) s = reader.VerifyChecksum();
     if (s.ok()) continue;
+    corrupt.push_back(f.name);
     absl::MutexLock lock(&state_mu_);
     ++corrupt_files_;
     const std::string note = absl::StrCat(
@@ -110,6 +115,8 @@ void RocksSpillStore::VerifyTables() {
     recovery_.push_back(note);
     EVOKE_LOG_ERROR("spill store: ", note);
   }
+  std::sort(corrupt.begin(), corrupt.end());
+  return absl::StrJoin(corrupt, ",");
 }
 
 }  // namespace spill_internal

@@ -66,6 +66,15 @@ constexpr char kFormat1[] = "1";
 constexpr char kMigrateKey[] = "evoke.format1_payloads";
 // 16 random bytes written once; every segment file names it.
 constexpr char kInstanceKey[] = "evoke.instance";
+// Every payload record up to this seq (decimal) is accounted for in the
+// metadata (written at close and after a salvage): a payload record above
+// it and above every record's location was appended but its record was
+// lost (a crash, a WAL cut short), and starts a salvage of the newest
+// segments.
+constexpr char kWatermarkKey[] = "evoke.seq_watermark";
+// The corrupt tables (VerifyTables' list) a finished salvage rewrote the
+// records of: the next start with the same list needs no salvage.
+constexpr char kSalvagedTablesKey[] = "evoke.salvaged_tables";
 // Compaction and migration move payloads in batches of about this many bytes.
 constexpr uint64_t kMoveBatchBytes = 16ull << 20;
 
@@ -397,6 +406,23 @@ class RocksSpillStore final : public SpillStore {
   // location; one that does is copied and cleared first).
   static void EncodeRecord(const storage::SpillRecord& record, const PayloadLocation* where,
                            std::string* out);
+  // The two halves of EncodeRecord: the record without a location (also
+  // the identity written into the segments), then payload_present and the
+  // location.
+  static void SerializeBase(const storage::SpillRecord& record, std::string* out);
+  static void AppendPresence(const PayloadLocation* where, std::string* out);
+
+  // Tombstones wait in memory for the next payload append (or Sync,
+  // Persist, Close, or the maintenance thread's next pass, whichever comes
+  // first): a delete costs no write of its own. One lost in a crash only
+  // matters if the metadata is lost too and salvage runs: then that block
+  // (or its dropped payload) comes back.
+  void QueueTombstones(absl::Span<const SegmentTombstone> tombstones)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  absl::Status FlushTombstones() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // The maintenance thread's flush (takes the locks; skipped while stopped).
+  void FlushTombstonesIdle();
 
   // CommitLocked applies `batch` (records only: payloads are already in
   // their segments). The caller checked that the store is writable.
@@ -501,6 +527,30 @@ class RocksSpillStore final : public SpillStore {
   // into one).
   void CheckLocations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, db_mu_);
 
+  // Salvage rebuilds records from the segments after the open found the
+  // metadata damaged (a recovery step beyond a normal open, a corrupt
+  // table, a scan that stopped early): every payload record whose identity
+  // record and payload verify, that no tombstone removed and that is newer
+  // than what the metadata says of its block, gets its record back;
+  // tombstones then remove what the metadata kept of deleted blocks. What
+  // cannot come back is counted by kind (Health().salvage).
+  // spill_store_salvage.cc.
+  // Only segments holding records above `above` are read (0: all).
+  void Salvage(uint64_t above) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, db_mu_);
+  // The watermark: read, and written (with sync) as the log's last payload
+  // seq.
+  uint64_t ReadWatermark() ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  rocksdb::Status WriteWatermark() ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // TailSalvageFrom: the seq above which the segments hold payloads the
+  // metadata does not account for (nullopt: none).
+  std::optional<uint64_t> TailSalvageFrom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, db_mu_);
+  // CarryTombstones re-appends the tombstones of a segment about to be
+  // removed whose target segment still exists. False when that failed (the
+  // segment must stay).
+  bool CarryTombstones(SegmentLog& log, uint64_t segment,
+                       const std::vector<SegmentInfo>& present)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+
   // MoveItem: one payload that compaction or migration moves.
   struct MoveItem {
     BlockId id;
@@ -538,7 +588,8 @@ class RocksSpillStore final : public SpillStore {
   // that a corrupt one is counted and logged now, not when a compaction or
   // a load meets it. Blob files are not read (they hold the payloads, and
   // every payload read is verified by the engine).
-  void VerifyTables() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  // Returns the names of the corrupt ones, sorted, joined by commas.
+  std::string VerifyTables() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
 
   void Note(std::string note) {
     EVOKE_LOG_ERROR("spill store: ", note);
@@ -603,6 +654,15 @@ class RocksSpillStore final : public SpillStore {
   std::atomic<uint64_t> removed_segments_{0};
   std::atomic<uint64_t> compacted_records_{0};
   std::atomic<int64_t> last_append_log_s_{0};
+  std::vector<SegmentTombstone> pending_tombstones_ ABSL_GUARDED_BY(write_mu_);
+  // Set by the open when the metadata may have lost records.
+  bool salvage_needed_ ABSL_GUARDED_BY(write_mu_) = false;
+  // Why: the open ladder went past a normal open (or quarantined), or only
+  // corrupt tables (their names) found by VerifyTables.
+  bool ladder_damage_ ABSL_GUARDED_BY(write_mu_) = false;
+  std::string corrupt_tables_ ABSL_GUARDED_BY(write_mu_);
+  // The largest location seq of any record (CheckLocations).
+  uint64_t max_record_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
   // The maintenance thread's own: segments it cannot walk (a damaged record
   // header), and when it last logged a failed compaction.
   absl::flat_hash_set<uint64_t> uncompactable_;
@@ -622,6 +682,8 @@ class RocksSpillStore final : public SpillStore {
   absl::Duration last_outage_ ABSL_GUARDED_BY(state_mu_);
   uint64_t corrupt_files_ ABSL_GUARDED_BY(state_mu_) = 0;
   uint64_t unreadable_records_ ABSL_GUARDED_BY(state_mu_) = 0;
+  bool store_quarantined_ ABSL_GUARDED_BY(state_mu_) = false;
+  SalvageCounts salvage_ ABSL_GUARDED_BY(state_mu_);
   std::vector<std::string> recovery_ ABSL_GUARDED_BY(state_mu_);
   std::thread thread_;
 };

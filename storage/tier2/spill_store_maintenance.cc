@@ -107,6 +107,7 @@ void RocksSpillStore::Maintain() {
                       "); writes continue, automatic compaction is off until restart");
     }
     if (listener_->write_error.load() || stopped()) TryResume();
+    FlushTombstonesIdle();
     CompactSegments();
   }
 }

@@ -32,6 +32,7 @@ absl::Status RocksSpillStore::MoveBatch(std::vector<MoveItem>* items, absl::stri
   std::vector<storage::SpillRecord> records(items->size());
   std::vector<bool> keep(items->size(), false);
   std::vector<bool> dropped(items->size(), false);  // Quarantined from `from`.
+  std::vector<std::string> identities(items->size());
   std::vector<SegmentAppend> appends;
   rocksdb::WriteBatch batch;
   for (size_t i = 0; i < items->size(); ++i) {
@@ -67,7 +68,8 @@ absl::Status RocksSpillStore::MoveBatch(std::vector<MoveItem>* items, absl::stri
       continue;
     }
     keep[i] = true;
-    appends.push_back({m.id, m.payload, m.checksum});
+    SerializeBase(r, &identities[i]);
+    appends.push_back({m.id, m.payload, m.checksum, identities[i]});
   }
   std::vector<PayloadLocation> placed;
   if (!appends.empty()) {

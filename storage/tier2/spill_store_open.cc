@@ -16,6 +16,13 @@ absl::Status RocksSpillStore::Close() {
   absl::WriterMutexLock d(&db_mu_);
   absl::Status status;
   if (log_ != nullptr && db_.db != nullptr && !read_only_unlocked()) {
+    if (absl::Status t = FlushTombstones(); !t.ok()) {
+      EVOKE_LOG_WARNING("spill store: writing tombstones at close failed: ", t.ToString());
+      status.Update(t);
+    } else if (const rocksdb::Status m = WriteWatermark(); !m.ok()) {
+      EVOKE_LOG_WARNING("spill store: writing the seq watermark at close failed: ",
+                        m.ToString());
+    }
     for (SegmentStream stream : {SegmentStream::kHot, SegmentStream::kCompaction}) {
       const absl::Status s = log_->Seal(stream);
       if (!s.ok()) {
@@ -36,6 +43,22 @@ absl::Status RocksSpillStore::OpenFirst() {
     EVOKE_RETURN_IF_ERROR(OpenLadder());
     EVOKE_RETURN_IF_ERROR(OpenSegments());
     CheckLocations();
+    if (log_ != nullptr && !read_only_unlocked() && !format1_payloads_.load()) {
+      std::string salvaged;
+      if (salvage_needed_ && !ladder_damage_ && !corrupt_tables_.empty() &&
+          db_.db->Get(rocksdb::ReadOptions(), db_.handles[0], kSalvagedTablesKey, &salvaged)
+              .ok() &&
+          salvaged == corrupt_tables_) {
+        // Only tables already salvaged at an earlier start: their records
+        // were written again into healthy ones then.
+        Note(absl::StrCat("corrupt tables ", corrupt_tables_,
+                          " were salvaged at an earlier start: nothing to rebuild"));
+      } else if (salvage_needed_) {
+        Salvage(0);
+      } else if (const std::optional<uint64_t> from = TailSalvageFrom()) {
+        Salvage(*from);
+      }
+    }
   }
   if (format1_payloads_.load()) MigrateFormat1(/*at_open=*/true);
   thread_ = std::thread([this] { Maintain(); });
@@ -64,8 +87,10 @@ absl::Status RocksSpillStore::OpenLadder() {
     if (s.ok()) {
       if (mode != OpenMode::kNormal) {
         Note(absl::StrCat(ModeName(mode), " succeeded after: ", failures));
+        salvage_needed_ = ladder_damage_ = true;
       }
-      VerifyTables();
+      corrupt_tables_ = VerifyTables();
+      if (!corrupt_tables_.empty()) salvage_needed_ = true;
       return absl::OkStatus();
     }
     db_.Close();
@@ -86,21 +111,27 @@ absl::Status RocksSpillStore::OpenLadder() {
     EVOKE_LOG_ERROR("spill store: ", ModeName(mode), " of ", opts_.path,
                     " failed: ", s.ToString());
   }
-  // Nothing opens: keep the files for a post-mortem and start empty.
+  // Nothing opens: keep the metadata files for a post-mortem and start
+  // empty. The segment files stay: salvage rebuilds the records from them.
   const std::string aside =
       absl::StrCat(opts_.path, "/quarantine-", absl::ToUnixSeconds(absl::Now()));
   std::error_code ec;
   std::filesystem::create_directories(aside, ec);
   int moved = 0;
   for (const auto& f : std::filesystem::directory_iterator(opts_.path, ec)) {
+    if (!f.is_regular_file()) continue;
     const std::string name = f.path().filename().string();
-    // The segment files go too: no record points into them any more.
-    if (!f.is_regular_file() && name != "segments") continue;
     std::filesystem::rename(f.path(), aside + "/" + name, ec);
     moved += !ec;
   }
   Note(absl::StrCat("no recovery step opened the store (", failures, "); moved ", moved,
-                    " files to ", aside, " and started empty: every block on disk is lost"));
+                    " metadata files to ", aside,
+                    " and started an empty one: salvage rebuilds it from the segment files"));
+  {
+    absl::MutexLock lock(&state_mu_);
+    store_quarantined_ = true;
+  }
+  salvage_needed_ = ladder_damage_ = true;
   rocksdb::Status s = config_.Open(OpenMode::kNormal, &db_);
   if (s.ok()) s = CheckFormat();
   if (!s.ok()) {
@@ -199,9 +230,17 @@ rocksdb::Status RocksSpillStore::CheckFormat() {
   std::string instance;
   s = db_.db->Get(rocksdb::ReadOptions(), def, kInstanceKey, &instance);
   if (s.IsNotFound() && !read_only) {
-    std::random_device rd;
-    instance.resize(16);
-    for (char& c : instance) c = static_cast<char>(rd());
+    // Metadata that lost its instance id (started empty, or rolled back to
+    // before it was written) takes the segment files' back, so that they
+    // stay this store's and salvage can read them.
+    if (const auto kept = ReadSegmentInstance(opts_.path + "/segments")) {
+      instance.assign(reinterpret_cast<const char*>(kept->data()), kept->size());
+      Note("the metadata had no instance id: took the one its segment files name");
+    } else {
+      std::random_device rd;
+      instance.resize(16);
+      for (char& c : instance) c = static_cast<char>(rd());
+    }
     rocksdb::WriteBatch batch;
     batch.Put(def, kInstanceKey, instance).PermitUncheckedError();
     if (format == kFormat1) {
@@ -271,6 +310,7 @@ void RocksSpillStore::CheckLocations() {
       continue;
     }
     const PayloadLocation l = FromProto(record.location());
+    max_record_seq_ = std::max(max_record_seq_, l.seq);
     if (log_->Contains(l)) {
       log_->AddLive(l);
       ++live;
@@ -280,6 +320,7 @@ void RocksSpillStore::CheckLocations() {
   }
   if (!it->status().ok()) {
     segments_removable_ = false;
+    salvage_needed_ = true;
     Note(absl::StrCat("the record scan of the segment check stopped early (",
                       it->status().ToString(),
                       "); no segment file is removed until the next start"));

@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tools/evokectl/exit_codes.h"
+#include "tools/evokectl/print.h"
 #include "tools/evokectl/progress.h"
 #include "tools/evokectl/socket_probe.h"
 #include "tools/evokectl/top.h"
@@ -41,7 +42,14 @@ namespace evoke {
 namespace {
 
 using ctl::ExitCodeFor;
+using ctl::Layers;
+using ctl::PrintBlock;
+using ctl::PrintJson;
+using ctl::PrintStat;
 using ctl::Progress;
+using ctl::StartupLosses;
+using ctl::TierName;
+using ctl::ToJson;
 
 // Fails the command: printed as one line; the exit status follows the
 // status code (ctl::ExitCodeFor).
@@ -63,19 +71,6 @@ void Check(const absl::Status& s) {
   if (!s.ok()) throw CommandError{s};
 }
 
-std::string TierName(int tier) {
-  switch (tier) {
-    case v1::TIER_PINNED_HOST:
-      return "pinned";
-    case v1::TIER_SPILL:
-      return "spill";
-    case v1::TIER_BREADCRUMB:
-      return "breadcrumb";
-    default:
-      return "-";
-  }
-}
-
 BlockId ParseId(const std::string& hex) {
   absl::StatusOr<BlockId> id = BlockId::FromHex(hex);
   if (!id.ok()) throw UsageError{absl::StrCat("block id '", hex, "': ", id.status().message())};
@@ -84,189 +79,6 @@ BlockId ParseId(const std::string& hex) {
 
 // Rewrites proto-JSON bytes fields that hold ids (base64) as hex, so that
 // ids in --json output can be pasted into other commands.
-void HexIds(google::protobuf::Value* v) {
-  if (v->has_struct_value()) {
-    for (auto& [key, field] : *v->mutable_struct_value()->mutable_fields()) {
-      if ((key == "id" || key == "parentId") && field.has_string_value()) {
-        std::string raw;
-        if (absl::Base64Unescape(field.string_value(), &raw) && raw.size() == 16) {
-          field.set_string_value(absl::BytesToHexString(raw));
-        }
-      } else {
-        HexIds(&field);
-      }
-    }
-  } else if (v->has_list_value()) {
-    for (auto& item : *v->mutable_list_value()->mutable_values()) HexIds(&item);
-  }
-}
-
-std::string ToJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) {
-    throw CommandError{absl::InternalError("cannot render JSON")};
-  }
-  google::protobuf::Value value;
-  if (google::protobuf::util::JsonStringToMessage(json, &value).ok()) {
-    HexIds(&value);
-    std::string hexed;
-    if (google::protobuf::util::MessageToJsonString(value, &hexed).ok()) return hexed;
-  }
-  return json;
-}
-
-void PrintJson(const google::protobuf::Message& message) {
-  std::cout << ToJson(message) << "\n";
-}
-
-std::string Layers(const v1::BlockMeta& m) {
-  return absl::StrCat(m.layer_begin(), "-", m.layer_end());
-}
-
-void PrintBlock(const v1::BlockInfo& info) {
-  const v1::BlockMeta& m = info.meta();
-  std::cout << "id:            " << BlockIdOf(m).ToHex() << "\n"
-            << "kind:          "
-            << (m.kind() == v1::BLOCK_KIND_PREFIX ? "prefix" : "session") << "\n";
-  if (m.kind() == v1::BLOCK_KIND_SESSION) {
-    std::cout << "session:       " << m.session_id() << " #" << m.sequence() << "\n";
-  } else {
-    std::cout << "parent:        "
-              << (m.parent_id().empty() ? std::string("(root)")
-                                        : BlockId::FromBytes(m.parent_id())->ToHex())
-              << "\n";
-  }
-  std::cout << "layout:        " << DescribeFingerprint(m.fingerprint()) << "\n"
-            << "fingerprint:   " << DigestFingerprint(m.fingerprint()).ToHex() << "\n"
-            << "tokens:        " << m.n_tokens() << " (offset " << m.token_offset()
-            << ")\n"
-            << "layers:        [" << m.layer_begin() << ", " << m.layer_end() << ")\n"
-            << "positions:     "
-            << (m.positions().empty()
-                    ? absl::StrCat(m.first_position(), "..",
-                                   static_cast<int64_t>(m.first_position()) +
-                                       m.n_tokens() - 1)
-                    : absl::StrCat("explicit (", m.positions_size(), ")"))
-            << "\n"
-            << "payload:       " << m.payload_bytes() << " bytes ("
-            << FormatByteSize(m.payload_bytes()) << ")\n"
-            << "checksum:      " << absl::StrFormat("%016x", m.checksum()) << " (xxh3-64)\n"
-            << "tier:          " << TierName(info.tier())
-            << (info.on_disk() && info.tier() == v1::TIER_PINNED_HOST ? " (+disk copy)" : "")
-            << "\n"
-            << "bytes:         " << (info.bytes_available() ? "available" : "dropped (breadcrumb)")
-            << "\n"
-            << "pins:          " << info.pin_count() << "\n"
-            << "created:       "
-            << absl::FormatTime(absl::FromUnixMillis(m.created_unix_ms()), absl::UTCTimeZone())
-            << "\n"
-            << "last access:   "
-            << absl::FormatTime(absl::FromUnixMillis(info.last_access_unix_ms()),
-                                absl::UTCTimeZone())
-            << "\n";
-}
-
-void PrintNamespaces(const v1::StatResponse& s) {
-  if (s.namespaces().empty()) return;
-  auto quota = [](uint64_t used, uint64_t q) {
-    return q == 0 ? FormatByteSize(used)
-                  : absl::StrCat(FormatByteSize(used), "/", FormatByteSize(q));
-  };
-  std::cout << absl::StrFormat("%-24s %10s %22s %22s %22s\n", "namespace", "blocks",
-                               "tier 1", "tier 2", "metadata");
-  for (const v1::NamespaceStat& n : s.namespaces()) {
-    std::cout << absl::StrFormat("%-24s %10d %22s %22s %22s%s\n", n.name(), n.blocks(),
-                                 quota(n.tier1_bytes(), n.tier1_quota_bytes()),
-                                 quota(n.tier2_bytes(), n.tier2_quota_bytes()),
-                                 quota(n.metadata_bytes(), n.metadata_quota_bytes()),
-                                 n.shared() ? "  shared" : "");
-  }
-}
-
-void PrintStat(const v1::StatResponse& s) {
-  if (!s.has_counters()) {  // A tenant's Stat: its own namespaces only.
-    std::cout << "evoked " << s.version() << "\n";
-    PrintNamespaces(s);
-    return;
-  }
-  std::cout << "evoked " << s.version() << "  data_dir " << s.data_dir() << "  up "
-            << s.uptime_seconds() << "s\n";
-  std::cout << "metrics " << (s.metrics_address().empty()
-                                  ? std::string("off")
-                                  : absl::StrCat("http://", s.metrics_address(), "/metrics"))
-            << "\n";
-  std::cout << absl::StrFormat("%-16s %10s %14s %14s %14s\n", "tier", "blocks",
-                               "payload", "used", "capacity");
-  std::cout << absl::StrFormat("%-16s %10d %14s %14s %14s  %s\n", "1 pinned host",
-                               s.pinned().blocks(),
-                               FormatByteSize(s.pinned().payload_bytes()),
-                               FormatByteSize(s.pinned().used_bytes()),
-                               FormatByteSize(s.pinned().capacity_bytes()),
-                               s.pinned_memory_locked() ? "locked"
-                               : s.pinned_prefaulted_bytes() >= s.pinned().capacity_bytes()
-                                   ? "not locked, prefaulted"
-                                   : "not locked");
-  std::cout << absl::StrFormat("%-16s %10d %14s %14s %14s\n", "2 spill (disk)",
-                               s.spill().blocks(), FormatByteSize(s.spill().payload_bytes()),
-                               FormatByteSize(s.spill().used_bytes()),
-                               FormatByteSize(s.spill().capacity_bytes()));
-  std::cout << absl::StrFormat("%-16s %10d\n", "breadcrumbs", s.breadcrumb_blocks());
-  std::cout << absl::StrFormat("%-16s %10d\n", "pinned blocks", s.pinned_blocks());
-  const v1::Counters& c = s.counters();
-  std::cout << "counters: saves=" << c.saves() << " dedups=" << c.dedups()
-            << " loads=" << c.loads() << " hits_tier1=" << c.hits_tier1()
-            << " hits_tier2=" << c.hits_tier2() << " misses=" << c.misses()
-            << " spills=" << c.spills() << " evictions=" << c.evictions()
-            << " promotions=" << c.promotions() << " breadcrumbs=" << c.breadcrumbs()
-            << " checksum_failures=" << c.checksum_failures()
-            << " deletes=" << c.deletes() << " spill_errors=" << c.spill_errors()
-            << " invalid_records=" << c.invalid_records()
-            << "\n";
-  std::cout << "metadata: " << FormatByteSize(s.metadata_bytes());
-  if (s.metadata_budget_bytes() > 0) {
-    std::cout << " of " << FormatByteSize(s.metadata_budget_bytes()) << " (--metadata-bytes)";
-  }
-  std::cout << "\n";
-  const v1::DiskHealth& d = s.disk_health();
-  std::cout << "disk: " << (d.writable() ? "writable" : "NOT WRITABLE: " + d.reason())
-            << (d.opened_read_only() ? " (opened read-only)" : "")
-            << "  write_failures=" << d.write_failures()
-            << " refused_writes=" << d.refused_writes() << " resumes=" << d.resumes()
-            << " corrupt_files=" << d.corrupt_files()
-            << " unreadable_records=" << d.unreadable_records() << "\n";
-  std::cout << "segments: " << d.segments() << " files, "
-            << FormatByteSize(d.segment_file_bytes()) << " allocated, "
-            << FormatByteSize(d.segment_live_bytes()) << " live"
-            << (d.direct_io() ? " (O_DIRECT)" : " (buffered)") << "  syncs=" << d.segment_syncs()
-            << " compacted_records=" << d.compacted_records()
-            << " removed_segments=" << d.removed_segments() << "\n";
-  for (const std::string& step : d.recovery()) std::cout << "  recovered at start: " << step << "\n";
-  if (s.has_remote() && s.remote().enabled()) {
-    const v1::RemoteStat& r = s.remote();
-    std::cout << "remote: " << r.store() << " " << r.state()
-              << (r.last_error().empty() ? "" : " (last error: " + r.last_error() + ")") << "\n"
-              << "  pool: " << r.pool_objects() << " objects, "
-              << FormatByteSize(r.pool_used_bytes()) << ", expired="
-              << r.expired_objects() << "\n"
-              << "  written=" << r.objects_written() << " (" << FormatByteSize(r.bytes_written())
-              << ") dedups=" << r.dedups() << " fetches=" << r.fetches() << " ("
-              << FormatByteSize(r.fetched_bytes()) << ") misses=" << r.misses()
-              << " probes=" << r.probes() << "\n"
-              << "  write-behind: queue=" << r.queue_blocks() << " ("
-              << FormatByteSize(r.queue_bytes()) << ") inflight=" << r.inflight()
-              << " dropped=" << r.dropped_blocks() << " removals=" << r.removals_queued()
-              << " removals_dropped=" << r.removals_dropped() << "\n"
-              << "  errors=" << r.errors() << " timeouts=" << r.timeouts()
-              << " checksum_failures=" << r.checksum_failures()
-              << " breaker_opens=" << r.breaker_opens() << " unavailable=" << r.unavailable()
-              << "\n";
-  }
-  PrintNamespaces(s);
-}
-
 // Batches of Load and Save while streaming: small enough that neither side
 // holds much (never a whole namespace), large enough to amortize a call.
 constexpr size_t kBatchBlocks = 128;
@@ -720,6 +532,16 @@ int Run(int argc, char** argv) {
         throw CommandError{absl::DataLossError(absl::StrCat(
             r.corrupt_size(), " corrupt copies and ", r.missing(),
             " missing blocks (corrupt copies were dropped, never served)"))};
+      }
+      // A whole-store check also reports what the daemon's last start could
+      // not bring back: blocks that are no longer there to be checked.
+      if (verify_parsed.empty()) {
+        const std::string lost = StartupLosses(Check(client->Stat()).disk_health());
+        if (!lost.empty()) {
+          throw CommandError{absl::DataLossError(absl::StrCat(
+              "the blocks present verify, but the daemon's last start lost data: ", lost,
+              " (evokectl stat; the daemon's log names each step)"))};
+        }
       }
     } else if (*flush) {
       const v1::FlushResponse r =
