@@ -204,6 +204,32 @@ TEST_F(DaemonTest, SigtermKeepsEverything) {
   EXPECT_EQ(*code2, 0);
 }
 
+// A delete is kept across kill -9 even where the metadata must be
+// salvaged: the deleted blocks were the newest payloads on disk (above the
+// watermark of the last clean close), so the restart salvages the newest
+// segments, and only the tombstones keep those blocks from coming back.
+TEST_F(DaemonTest, DeletesOfTheNewestBlocksSurviveKillDashNine) {
+  StartDaemon();
+  std::vector<TestBlock> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(SessionBlock("del", i, kTokens));
+  ASSERT_OK(SaveBlocks(*client_, blocks, /*durable=*/true));
+  ASSERT_OK(client_->Flush(/*evict=*/true));
+  ASSERT_OK(client_->Delete({blocks[4].id(), blocks[5].id()}));
+  client_.reset();
+  daemon_->KillHard();
+  Restart();
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<std::vector<LoadedBlock>> got =
+        client_->Load({blocks[i].id()}, SmallFingerprint());
+    if (i >= 4) {
+      EXPECT_THAT(got, StatusIs(absl::StatusCode::kNotFound)) << i << " came back";
+    } else {
+      ASSERT_OK(got) << i;
+      EXPECT_EQ((*got)[0].payload, blocks[i].payload);
+    }
+  }
+}
+
 TEST_F(DaemonTest, CorruptSpillFileIsDataLossNeverServed) {
   StartDaemon();
   std::vector<TestBlock> blocks;

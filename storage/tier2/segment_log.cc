@@ -108,7 +108,7 @@ uint64_t SegmentLogImpl::Item::Bytes() const {
 }
 
 absl::Status SegmentLogImpl::WriteBatch(Segment& seg, absl::Span<const Item> items,
-                                        std::vector<PayloadLocation>* out) {
+                                        std::vector<PayloadLocation>* out, bool sync) {
   EVOKE_RETURN_IF_ERROR(EnsureStaging());
   const uint64_t batch_seq = next_seq_;
   uint64_t seq = next_seq_;
@@ -183,7 +183,7 @@ absl::Status SegmentLogImpl::WriteBatch(Segment& seg, absl::Span<const Item> ite
   // may be on disk).
   next_seq_ = seq;
   if (tombstones > 0) seg.may_hold_tombstones.store(true, std::memory_order_relaxed);
-  if (s.ok()) s = SyncFile(seg);
+  if (s.ok() && sync) s = SyncFile(seg);
   if (!s.ok()) return s;
   batches_.fetch_add(1, std::memory_order_relaxed);
   payload_bytes_.fetch_add(payload, std::memory_order_relaxed);
@@ -236,7 +236,7 @@ absl::Status AppendError(const absl::Status& s) {
 
 absl::StatusOr<std::vector<PayloadLocation>> SegmentLogImpl::Append(
     absl::Span<const SegmentAppend> records, SegmentStream stream,
-    absl::Span<const SegmentTombstone> tombstones) {
+    absl::Span<const SegmentTombstone> tombstones, bool sync) {
   absl::MutexLock w(&write_mu_);
   std::vector<PayloadLocation> out;
   out.reserve(records.size());
@@ -285,7 +285,8 @@ absl::StatusOr<std::vector<PayloadLocation>> SegmentLogImpl::Append(
       active_[k].reset();
       continue;
     }
-    if (absl::Status s = WriteBatch(*seg, absl::MakeConstSpan(items).subspan(i, j - i), &out);
+    if (absl::Status s =
+            WriteBatch(*seg, absl::MakeConstSpan(items).subspan(i, j - i), &out, sync);
         !s.ok()) {
       Poison(*seg, stream);
       EVOKE_LOG_WARNING("segment log: append to ", seg->path,

@@ -191,7 +191,8 @@ class SegmentLog {
 
   // Append writes `tombstones`, then `records` (each after its identity
   // record, when it has one), to the active segment of `stream` (rolling to
-  // a new one when full), then fdatasyncs. On success the locations, one
+  // a new one when full), then fdatasyncs (unless `sync` is false: then the
+  // bytes are written, not yet durable). On success the locations, one
   // per record in order (none for tombstones), name durable bytes. On
   // failure nothing of the batch is valid, the segment written to is
   // poisoned (never appended again, its space garbage) and the error is
@@ -200,7 +201,7 @@ class SegmentLog {
   // pages' state is unknown).
   virtual absl::StatusOr<std::vector<PayloadLocation>> Append(
       absl::Span<const SegmentAppend> records, SegmentStream stream = SegmentStream::kHot,
-      absl::Span<const SegmentTombstone> tombstones = {}) = 0;
+      absl::Span<const SegmentTombstone> tombstones = {}, bool sync = true) = 0;
 
   // Read reads the record at `location`, checks that its header verifies
   // and names `id`, `location.seq` and `location.length`, and hands the

@@ -282,7 +282,7 @@ class SegmentLogImpl final : public SegmentLog {
 
   absl::StatusOr<std::vector<PayloadLocation>> Append(
       absl::Span<const SegmentAppend> records, SegmentStream stream,
-      absl::Span<const SegmentTombstone> tombstones) override;
+      absl::Span<const SegmentTombstone> tombstones, bool sync) override;
   absl::Status Read(const BlockId& id, const PayloadLocation& location,
                     const std::function<absl::Status(absl::string_view)>& consume) override;
   bool Contains(const PayloadLocation& location) const override;
@@ -346,7 +346,7 @@ class SegmentLogImpl final : public SegmentLog {
     uint64_t Bytes() const;  // Segment bytes it takes.
   };
   absl::Status WriteBatch(Segment& seg, absl::Span<const Item> items,
-                          std::vector<PayloadLocation>* out)
+                          std::vector<PayloadLocation>* out, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status WriteSeal(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status SyncFile(Segment& seg) {

@@ -39,19 +39,9 @@ absl::Status RocksSpillStore::Put(absl::Span<const SpillWrite> writes, bool sync
       appends.push_back({w.id, w.payload, w.record->meta().checksum(), bases[i]});
     }
   }
-  // A breadcrumb written over a payload: that payload must not come back.
-  std::vector<SegmentTombstone> dropped;
-  for (size_t i = 0, k = 0; i < writes.size(); ++i) {
-    if (writes[i].fresh) continue;
-    if (writes[i].payload.empty() && old[k].has_value()) {
-      dropped.push_back({writes[i].id, *old[k], SegmentTombstone::kDropped});
-    }
-    ++k;
-  }
-  QueueTombstones(dropped);
   std::vector<PayloadLocation> placed;
   if (!appends.empty()) {
-    // Tombstones waiting for a write go with this one.
+    // Tombstones whose own write failed earlier go with this one.
     absl::StatusOr<std::vector<PayloadLocation>> r =
         log_->Append(appends, SegmentStream::kHot, pending_tombstones_);
     if (!r.ok()) return AppendFailed(r.status(), "write");
@@ -99,6 +89,16 @@ absl::Status RocksSpillStore::Put(absl::Span<const SpillWrite> writes, bool sync
     if (l.has_value()) log_->RemoveLive(*l);
   }
   for (const PayloadLocation& l : live) log_->AddLive(l);
+  // A breadcrumb written over a payload: that payload must not come back.
+  std::vector<SegmentTombstone> dropped;
+  for (size_t i = 0, k = 0; i < writes.size(); ++i) {
+    if (writes[i].fresh) continue;
+    if (writes[i].payload.empty() && old[k].has_value()) {
+      dropped.push_back({writes[i].id, *old[k], SegmentTombstone::kDropped});
+    }
+    ++k;
+  }
+  WriteTombstones(dropped);
   return absl::OkStatus();
 }
 
@@ -130,7 +130,7 @@ absl::Status RocksSpillStore::DropPayloads(absl::Span<const SpillWrite> breadcru
     log_->RemoveLive(*old[i]);
     dropped.push_back({ids[i], *old[i], SegmentTombstone::kDropped});
   }
-  QueueTombstones(dropped);
+  WriteTombstones(dropped);
   return absl::OkStatus();
 }
 
@@ -154,7 +154,7 @@ absl::Status RocksSpillStore::Delete(absl::Span<const BlockId> ids) {
     log_->RemoveLive(*old[i]);
     deleted.push_back({ids[i], *old[i], SegmentTombstone::kDeleted});
   }
-  QueueTombstones(deleted);
+  WriteTombstones(deleted);
   return absl::OkStatus();
 }
 
@@ -244,7 +244,7 @@ absl::Status RocksSpillStore::Sync() {
   EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
   absl::ReaderMutexLock d(&db_mu_);
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  EVOKE_RETURN_IF_ERROR(FlushTombstones());
+  EVOKE_RETURN_IF_ERROR(FlushTombstones(/*sync=*/true));
   const rocksdb::Status s = db_.db->SyncWAL();
   if (!s.ok()) Stop(s, "sync");
   return ToAbsl(s, "sync");
@@ -255,7 +255,7 @@ absl::Status RocksSpillStore::Persist() {
   EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
   absl::ReaderMutexLock d(&db_mu_);
   EVOKE_RETURN_IF_ERROR(CheckOpen());
-  EVOKE_RETURN_IF_ERROR(FlushTombstones());
+  EVOKE_RETURN_IF_ERROR(FlushTombstones(/*sync=*/true));
   // Never sync a WAL that failed an append: CheckWritable refused above
   // if any write failed since the last resume.
   rocksdb::Status s = db_.db->SyncWAL();
@@ -340,14 +340,21 @@ void RocksSpillStore::EncodeRecord(const storage::SpillRecord& record, const Pay
   AppendPresence(where, out);
 }
 
-void RocksSpillStore::QueueTombstones(absl::Span<const SegmentTombstone> tombstones) {
+void RocksSpillStore::WriteTombstones(absl::Span<const SegmentTombstone> tombstones) {
+  if (tombstones.empty()) return;
   pending_tombstones_.insert(pending_tombstones_.end(), tombstones.begin(), tombstones.end());
+  const absl::Status s = FlushTombstones(/*sync=*/false);
+  if (!s.ok()) {
+    EVOKE_LOG_WARNING("spill store: writing ", pending_tombstones_.size(),
+                      " tombstones failed (kept in memory, written with the next append): ",
+                      s.ToString());
+  }
 }
 
-absl::Status RocksSpillStore::FlushTombstones() {
+absl::Status RocksSpillStore::FlushTombstones(bool sync) {
   if (pending_tombstones_.empty() || log_ == nullptr) return absl::OkStatus();
   absl::StatusOr<std::vector<PayloadLocation>> r =
-      log_->Append({}, SegmentStream::kHot, pending_tombstones_);
+      log_->Append({}, SegmentStream::kHot, pending_tombstones_, sync);
   if (!r.ok()) return AppendFailed(r.status(), "tombstones");
   pending_tombstones_.clear();
   return absl::OkStatus();

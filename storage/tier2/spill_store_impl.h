@@ -412,14 +412,16 @@ class RocksSpillStore final : public SpillStore {
   static void SerializeBase(const storage::SpillRecord& record, std::string* out);
   static void AppendPresence(const PayloadLocation* where, std::string* out);
 
-  // Tombstones wait in memory for the next payload append (or Sync,
-  // Persist, Close, or the maintenance thread's next pass, whichever comes
-  // first): a delete costs no write of its own. One lost in a crash only
-  // matters if the metadata is lost too and salvage runs: then that block
-  // (or its dropped payload) comes back.
-  void QueueTombstones(absl::Span<const SegmentTombstone> tombstones)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  absl::Status FlushTombstones() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
+  // WriteTombstones writes a delete's or a drop's tombstones once its
+  // records are committed (one aligned write, no fdatasync: a process
+  // crash keeps them, as it keeps RocksDB's unsynced WAL). Where that write
+  // fails (a full disk: deletes must still work), they wait in memory for
+  // the next append, Sync, Persist, Close or maintenance pass. One lost
+  // only matters if salvage runs later: then that block (or its dropped
+  // payload) comes back.
+  void WriteTombstones(absl::Span<const SegmentTombstone> tombstones)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  absl::Status FlushTombstones(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
       ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   // The maintenance thread's flush (takes the locks; skipped while stopped).
   void FlushTombstonesIdle();

@@ -16,7 +16,7 @@ absl::Status RocksSpillStore::Close() {
   absl::WriterMutexLock d(&db_mu_);
   absl::Status status;
   if (log_ != nullptr && db_.db != nullptr && !read_only_unlocked()) {
-    if (absl::Status t = FlushTombstones(); !t.ok()) {
+    if (absl::Status t = FlushTombstones(/*sync=*/true); !t.ok()) {
       EVOKE_LOG_WARNING("spill store: writing tombstones at close failed: ", t.ToString());
       status.Update(t);
     } else if (const rocksdb::Status m = WriteWatermark(); !m.ok()) {

@@ -258,7 +258,7 @@ void RocksSpillStore::FlushTombstonesIdle() {
   if (pending_tombstones_.empty() || !CheckWritable(0, "tombstones").ok()) return;
   absl::ReaderMutexLock d(&db_mu_);
   if (!CheckOpen().ok()) return;
-  FlushTombstones().IgnoreError();
+  FlushTombstones(/*sync=*/true).IgnoreError();
 }
 
 }  // namespace spill_internal
