@@ -238,33 +238,9 @@ TEST_F(DaemonTest, CorruptSpillFileIsDataLossNeverServed) {
   ASSERT_OK(client_->Flush(/*evict=*/true));
   client_.reset();
   ASSERT_OK(daemon_->Terminate());
-  // Payloads live in the segment files: walk each file's record headers
-  // (64 bytes on 64-byte boundaries after the 4 KiB file header: magic
-  // "EVR2", type at 4 (1 = payload), payload length at 32) and damage the
-  // middle of every other payload.
-  int corrupted = 0;
-  for (const auto& f : std::filesystem::directory_iterator(dir_.Join("data/segments"))) {
-    if (f.path().extension() != ".evs") continue;
-    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t off = 4096;
-    for (int record = 0;;) {
-      char h[64];
-      file.seekg(static_cast<std::streamoff>(off));
-      if (!file.read(h, sizeof(h)) || std::memcmp(h, "EVR2", 4) != 0) break;
-      uint16_t type = 0;
-      uint64_t length = 0;
-      std::memcpy(&type, h + 4, 2);
-      std::memcpy(&length, h + 32, 8);
-      // Payload records (identity records, type 4, precede them).
-      if (type == 1 && record++ % 2 == 0) {
-        file.seekp(static_cast<std::streamoff>(off + 64 + length / 2));
-        file.put('\x55');
-        ++corrupted;
-      }
-      if (type == 3) break;  // Seal.
-      off += 64 + (length + 63) / 64 * 64;
-    }
-  }
+  // Every other payload in the segment files damaged.
+  const int corrupted =
+      DamagePayloads(dir_.Join("data/segments"), [](int n) { return n % 2 == 0; });
   ASSERT_GT(corrupted, 0);
   Restart();
   int data_loss = 0, ok = 0;

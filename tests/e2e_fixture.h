@@ -4,6 +4,8 @@
 #define EVOKE_TESTS_E2E_FIXTURE_H_
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +28,40 @@ inline absl::Status SaveBlocks(Client& client, const std::vector<TestBlock>& blo
   std::vector<BlockToSave> batch;
   for (const TestBlock& b : blocks) batch.push_back({b.meta, b.payload, pin});
   return client.Save(batch, durable).status();
+}
+
+// DamagePayloads walks the record headers of every segment file in
+// `segments` (64 bytes on 64-byte boundaries after the 4 KiB file header:
+// magic "EVR2", type at 4 (1 payload, 3 seal, 4 identity), length at 32)
+// and flips a byte in the middle of the payloads `damage(n)` picks (n counts
+// payload records, per file); returns how many it damaged.
+template <typename Pick>
+int DamagePayloads(const std::string& segments, Pick damage) {
+  int damaged = 0;
+  for (const auto& f : std::filesystem::directory_iterator(segments)) {
+    if (f.path().extension() != ".evs") continue;
+    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t off = 4096;
+    for (int n = 0;;) {
+      char h[64];
+      file.seekg(static_cast<std::streamoff>(off));
+      if (!file.read(h, sizeof(h)) || std::memcmp(h, "EVR2", 4) != 0) break;
+      uint16_t type = 0;
+      uint64_t length = 0;
+      std::memcpy(&type, h + 4, 2);
+      std::memcpy(&length, h + 32, 8);
+      if (type == 3) break;
+      if (type == 1 && damage(n++)) {
+        file.seekp(static_cast<std::streamoff>(off + 64 + length / 2));
+        const char c = static_cast<char>(file.peek() ^ 0x55);
+        file.seekp(static_cast<std::streamoff>(off + 64 + length / 2));
+        file.put(c);
+        ++damaged;
+      }
+      off += 64 + (length + 63) / 64 * 64;
+    }
+  }
+  return damaged;
 }
 
 // A raw stub, for requests the client library would never build.

@@ -247,28 +247,11 @@ TEST_F(EvokectlTest, VerifyReportsWhatTheLastStartCouldNotBringBack) {
     ++manifests;
   }
   ASSERT_GT(manifests, 0);
-  // The first payload record (type 1 at offset 4; length at 32) of a
-  // segment: damage its middle.
-  bool damaged = false;
-  for (const auto& f : std::filesystem::directory_iterator(dir_.Join("data/segments"))) {
-    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
-    for (uint64_t off = 4096; !damaged;) {
-      char h[64];
-      file.seekg(static_cast<std::streamoff>(off));
-      if (!file.read(h, sizeof(h)) || std::memcmp(h, "EVR2", 4) != 0) break;
-      uint16_t type = 0;
-      uint64_t length = 0;
-      std::memcpy(&type, h + 4, 2);
-      std::memcpy(&length, h + 32, 8);
-      if (type == 1) {
-        file.seekp(static_cast<std::streamoff>(off + 64 + length / 2));
-        file.put('\x55');
-        damaged = true;
-      }
-      off += 64 + (length + 63) / 64 * 64;
-    }
-    if (damaged) break;
-  }
+  // The first payload of the first segment file damaged.
+  bool damaged_one = false;
+  const bool damaged = DamagePayloads(dir_.Join("data/segments"), [&](int) {
+                         return !std::exchange(damaged_one, true);
+                       }) == 1;
   ASSERT_TRUE(damaged);
   Restart();
   int served = 0;
