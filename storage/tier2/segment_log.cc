@@ -113,7 +113,8 @@ absl::Status SegmentLogImpl::WriteBatch(Segment& seg, absl::Span<const Item> ite
   const uint64_t batch_seq = next_seq_;
   uint64_t seq = next_seq_;
   uint64_t off = seg.write_end;
-  Stager st(seg.file.get(), &staging_, seg.write_end);
+  Stager st(seg.file.get(), &staging_, &spare_staging_, align_, opts_.writes_in_flight,
+            seg.write_end);
   std::vector<PayloadLocation> placed;
   placed.reserve(items.size());
   char header[kRecordHeaderBytes];

@@ -166,6 +166,9 @@ struct SegmentLogOptions {
   // Try O_DIRECT (falls back to buffered I/O with fdatasync where the
   // filesystem refuses it, e.g. tmpfs). Tests may turn it off.
   bool direct_io = true;
+  // Pieces (4 MiB) of one batch written at once: a batch of several keeps
+  // this many requests in flight. 1: one after the other.
+  int writes_in_flight = 4;
   // The file operations (tests: a fault-injecting device); null: the real
   // ones.
   std::shared_ptr<SegmentIo> io;

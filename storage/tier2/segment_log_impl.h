@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <future>
 #include <optional>
 #include <utility>
 
@@ -227,13 +228,26 @@ struct Segment {
   uint64_t write_end = 0;
 };
 
-// Stager copies a batch into an aligned staging buffer and writes it out in
+// Stager copies a batch into aligned staging buffers and writes it out in
 // pieces of at most kMaxIoBytes at rising offsets. The batch starts on an
-// aligned offset and its total is aligned, so every pwrite is aligned.
+// aligned offset and its total is aligned, so every pwrite is aligned. A
+// batch of several pieces keeps up to `in_flight` of them being written at
+// once (each full buffer goes to a writer thread while the next one fills;
+// the last piece is written by the caller), so that the device sees more
+// than one request at a time: at queue depth 1 an O_DIRECT writer leaves
+// most of an SSD's parallelism idle. Buffers beyond the first are taken from
+// `spares` (allocated on first use, kept for the next batch).
 class Stager {
  public:
-  Stager(SegmentFile* file, AlignedBuffer* buffer, uint64_t offset)
-      : file_(file), buf_(buffer), offset_(offset) {}
+  Stager(SegmentFile* file, AlignedBuffer* first, std::vector<AlignedBuffer>* spares,
+         uint32_t align, int in_flight, uint64_t offset)
+      : file_(file), first_(first), spares_(spares), align_(align),
+        in_flight_(std::max(1, in_flight)), offset_(offset) {
+    buf_ = first_;
+    // Pending writes point at spares: the vector must never move them.
+    spares_->reserve(static_cast<size_t>(in_flight_));
+  }
+  ~Stager() { WaitAll().IgnoreError(); }
   absl::Status Put(const char* data, uint64_t n) {
     while (n > 0) {
       const uint64_t take = std::min<uint64_t>(n, buf_->size() - fill_);
@@ -241,7 +255,7 @@ class Stager {
       fill_ += take;
       data += take;
       n -= take;
-      if (fill_ == buf_->size()) EVOKE_RETURN_IF_ERROR(Flush());
+      if (fill_ == buf_->size()) EVOKE_RETURN_IF_ERROR(Submit());
     }
     return absl::OkStatus();
   }
@@ -251,26 +265,104 @@ class Stager {
       memset(buf_->data() + fill_, 0, take);
       fill_ += take;
       n -= take;
-      if (fill_ == buf_->size()) EVOKE_RETURN_IF_ERROR(Flush());
+      if (fill_ == buf_->size()) EVOKE_RETURN_IF_ERROR(Submit());
     }
     return absl::OkStatus();
   }
+  // Flush writes what is staged and waits for every write in flight.
   absl::Status Flush() {
-    if (fill_ == 0) return absl::OkStatus();
-    EVOKE_RETURN_IF_ERROR(file_->Write(offset_, buf_->data(), fill_));
-    written_ += fill_;
-    offset_ += fill_;
-    fill_ = 0;
-    return absl::OkStatus();
+    absl::Status s;
+    if (fill_ > 0) {
+      s = file_->Write(offset_, buf_->data(), fill_);
+      if (s.ok()) {
+        written_ += fill_;
+        offset_ += fill_;
+        fill_ = 0;
+      }
+    }
+    s.Update(WaitAll());
+    return s;
   }
   uint64_t written() const { return written_; }
 
  private:
+  struct Pending {
+    AlignedBuffer* buffer = nullptr;
+    uint64_t bytes = 0;
+    std::future<absl::Status> done;
+  };
+  // Submit hands the full buffer to a writer and moves to a free one.
+  absl::Status Submit() {
+    if (in_flight_ == 1) {
+      EVOKE_RETURN_IF_ERROR(file_->Write(offset_, buf_->data(), fill_));
+      written_ += fill_;
+      offset_ += fill_;
+      fill_ = 0;
+      return absl::OkStatus();
+    }
+    Pending p;
+    p.buffer = buf_;
+    p.bytes = fill_;
+    SegmentFile* file = file_;
+    const uint64_t at = offset_;
+    const char* data = buf_->data();
+    const uint64_t n = fill_;
+    p.done = std::async(std::launch::async, [file, at, data, n] { return file->Write(at, data, n); });
+    pending_.push_back(std::move(p));
+    offset_ += fill_;
+    fill_ = 0;
+    // The next buffer: a spare not in flight, or the oldest one once written.
+    if (static_cast<int>(pending_.size()) < in_flight_) {
+      const size_t want = pending_.size();  // Spares in use so far + this one.
+      while (spares_->size() < want) {
+        EVOKE_ASSIGN_OR_RETURN(AlignedBuffer b, AlignedBuffer::Allocate(first_->size(), align_));
+        spares_->push_back(std::move(b));
+      }
+      buf_ = FreeBuffer();
+      return absl::OkStatus();
+    }
+    Pending oldest = std::move(pending_.front());
+    pending_.erase(pending_.begin());
+    const absl::Status s = oldest.done.get();
+    if (s.ok()) written_ += oldest.bytes;
+    buf_ = oldest.buffer;
+    return s;
+  }
+  // A staging buffer that no write in flight uses.
+  AlignedBuffer* FreeBuffer() {
+    auto busy = [&](const AlignedBuffer* b) {
+      for (const Pending& p : pending_) {
+        if (p.buffer == b) return true;
+      }
+      return false;
+    };
+    if (!busy(first_)) return first_;
+    for (AlignedBuffer& b : *spares_) {
+      if (!busy(&b)) return &b;
+    }
+    return nullptr;  // Unreachable: fewer in flight than buffers.
+  }
+  absl::Status WaitAll() {
+    absl::Status s;
+    for (Pending& p : pending_) {
+      const absl::Status w = p.done.get();
+      if (w.ok()) written_ += p.bytes;
+      s.Update(w);
+    }
+    pending_.clear();
+    return s;
+  }
+
   SegmentFile* const file_;
-  AlignedBuffer* const buf_;
+  AlignedBuffer* const first_;
+  std::vector<AlignedBuffer>* const spares_;
+  const uint32_t align_;
+  const int in_flight_;
+  AlignedBuffer* buf_ = nullptr;
   uint64_t offset_;
   uint64_t fill_ = 0;
   uint64_t written_ = 0;
+  std::vector<Pending> pending_;
 };
 
 class SegmentLogImpl final : public SegmentLog {
@@ -376,6 +468,9 @@ class SegmentLogImpl final : public SegmentLog {
   uint64_t next_size_[2] ABSL_GUARDED_BY(write_mu_) = {0, 0};
   uint64_t max_size_ = 0;
   AlignedBuffer staging_ ABSL_GUARDED_BY(write_mu_);
+  // More staging buffers, for pieces of a batch written while the next
+  // fills (Stager).
+  std::vector<AlignedBuffer> spare_staging_ ABSL_GUARDED_BY(write_mu_);
 
   mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(write_mu_);
   std::map<uint64_t, std::shared_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
