@@ -76,6 +76,7 @@ struct Cluster {
   std::string pool = "evoke";
   int inflight = 16;
   uint64_t queue_bytes = 0;  // 0: evoked's default.
+  std::string write_budget;  // --remote-write-bytes-per-s ("": none).
 };
 
 std::vector<std::string> RemoteFlags(const Cluster& c) {
@@ -84,6 +85,10 @@ std::vector<std::string> RemoteFlags(const Cluster& c) {
   if (c.queue_bytes > 0) {
     f.push_back("--remote-queue-bytes");
     f.push_back(absl::StrCat(c.queue_bytes));
+  }
+  if (!c.write_budget.empty()) {
+    f.push_back("--remote-write-bytes-per-s");
+    f.push_back(c.write_budget);
   }
   if (!c.osd_pids.empty()) {  // Operations wait out the stopped OSDs.
     f.push_back("--remote-op-timeout-ms");
@@ -549,6 +554,8 @@ int main(int argc, char** argv) {
     c->add_option("--inflight", cluster.inflight, "evoked --remote-inflight")
         ->capture_default_str();
     c->add_option("--evoked", evoked, "evoked binary (default: the build tree's)");
+    c->add_option("--write-budget", cluster.write_budget,
+                  "evoked --remote-write-bytes-per-s (default: none)");
   };
   std::string block = "1MiB", total = "256MiB";
   size_t per_load = 16;

@@ -387,6 +387,11 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                "Write session blocks to tier 3 too (prefix blocks always go)");
   AddSize(app, "remote-queue-bytes", &o->remote.queue_bytes,
           "Bound of the tier-3 write-behind queue (the newest are dropped past it)");
+  AddSize(app, "remote-write-bytes-per-s", &o->remote.write_bytes_per_s,
+          "Write-behind budget: payload bytes per second copied and written to tier 3 "
+          "(0: no limit)");
+  AddSize(app, "remote-write-burst-bytes", &o->remote.write_burst_bytes,
+          "Burst of the write-behind budget");
   app.add_option("--remote-inflight", o->remote.inflight,
                  "Tier-3 operations in flight (and blocks per write-behind batch)")
       ->capture_default_str()
@@ -499,6 +504,8 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "remote-required = ", o.remote.required ? "true" : "false", "\n",
       "remote-sessions = ", o.remote.sessions ? "true" : "false", "\n",
       "remote-queue-bytes = ", size(o.remote.queue_bytes), "\n",
+      "remote-write-bytes-per-s = ", size(o.remote.write_bytes_per_s), "\n",
+      "remote-write-burst-bytes = ", size(o.remote.write_burst_bytes), "\n",
       "remote-inflight = ", o.remote.inflight, "\n",
       "remote-retry-ms = ", o.remote.retry_ms, "\n",
       "remote-retry-max-ms = ", o.remote.retry_max_ms, "\n",

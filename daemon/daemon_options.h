@@ -225,6 +225,11 @@ struct DaemonOptions {
     // (counted), so the heads of chains already queued still go. Default:
     // 256 MiB.
     uint64_t queue_bytes = 256ull << 20;
+    // Write-behind budget: payload bytes per second it may copy and write
+    // (a token bucket; 0: no limit), and the bucket's burst. Defaults: 0,
+    // 64 MiB.
+    uint64_t write_bytes_per_s = 0;
+    uint64_t write_burst_bytes = 64ull << 20;
     // Remote operations in flight (and blocks per write-behind batch).
     // Default: 16.
     uint32_t inflight = 16;

@@ -329,7 +329,8 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "fd-connection-deadline-ms", "lease-idle-ms", "metadata-bytes",
                           "remote-conf", "remote-pool", "remote-user", "remote-keyring",
                           "remote-op-timeout-ms", "remote-required", "remote-sessions",
-                          "remote-queue-bytes", "remote-inflight", "remote-retry-ms",
+                          "remote-queue-bytes", "remote-write-bytes-per-s",
+                          "remote-write-burst-bytes", "remote-inflight", "remote-retry-ms",
                           "remote-retry-max-ms", "remote-bytes", "remote-expiry-s"}) {
     EXPECT_THAT(out, HasSubstr(std::string("\n") + key + " = ")) << key;
   }
@@ -385,6 +386,8 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.remote.sessions, b.remote.sessions);
   EXPECT_EQ(a.metrics.namespaces, b.metrics.namespaces);
   EXPECT_EQ(a.remote.queue_bytes, b.remote.queue_bytes);
+  EXPECT_EQ(a.remote.write_bytes_per_s, b.remote.write_bytes_per_s);
+  EXPECT_EQ(a.remote.write_burst_bytes, b.remote.write_burst_bytes);
   EXPECT_EQ(a.remote.inflight, b.remote.inflight);
   EXPECT_EQ(a.remote.retry_ms, b.remote.retry_ms);
   EXPECT_EQ(a.remote.retry_max_ms, b.remote.retry_max_ms);
@@ -503,6 +506,8 @@ TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
     o.remote.sessions = pick(0, 1);
     o.metrics.namespaces = pick(0, 1);
     o.remote.queue_bytes = size(0);
+    o.remote.write_bytes_per_s = size(0);
+    o.remote.write_burst_bytes = size(1);
     o.remote.inflight = static_cast<uint32_t>(pick(1, 1024));
     o.remote.retry_ms = static_cast<uint32_t>(pick(1, 1u << 20));
     o.remote.retry_max_ms = static_cast<uint32_t>(pick(o.remote.retry_ms, UINT32_MAX));

@@ -83,6 +83,8 @@ TierManagerOptions ToTierManagerOptions(const DaemonOptions& options) {
   tiers.copy_threads = static_cast<int>(options.tiers.copy_threads);
   tiers.remote_sessions = options.remote.sessions;
   tiers.remote_queue_bytes = options.remote.queue_bytes;
+  tiers.remote_write_bytes_per_s = options.remote.write_bytes_per_s;
+  tiers.remote_write_burst_bytes = options.remote.write_burst_bytes;
   tiers.remote_batch_blocks = static_cast<int>(options.remote.inflight);
   return tiers;
 }

@@ -40,6 +40,8 @@ DaemonOptions Unusual() {
   o.remote.op_timeout_ms = 2500;
   o.remote.sessions = true;
   o.remote.queue_bytes = 9ull << 20;
+  o.remote.write_bytes_per_s = 11ull << 20;
+  o.remote.write_burst_bytes = 13ull << 20;
   o.remote.inflight = 7;
   o.remote.retry_ms = 300;
   o.remote.retry_max_ms = 4000;
@@ -82,6 +84,8 @@ TEST(DaemonPartsTest, StorageTakesTheTierGroups) {
   EXPECT_EQ(tiers.copy_threads, 5);
   EXPECT_TRUE(tiers.remote_sessions);
   EXPECT_EQ(tiers.remote_queue_bytes, 9ull << 20);
+  EXPECT_EQ(tiers.remote_write_bytes_per_s, 11ull << 20);
+  EXPECT_EQ(tiers.remote_write_burst_bytes, 13ull << 20);
   EXPECT_EQ(tiers.remote_batch_blocks, 7);
   EXPECT_TRUE(tiers.summarize);
   EXPECT_TRUE(tiers.summary_bound);

@@ -258,6 +258,7 @@ void AddRemote(const v1::RemoteStat& r, Families* f) {
       {"evoke_remote_dropped_blocks_total", r.dropped_blocks()},
       {"evoke_remote_expired_objects_total", r.expired_objects()},
       {"evoke_remote_removals_dropped_total", r.removals_dropped()},
+      {"evoke_remote_paced_total", r.paced()},
   };
   for (const auto& [name, value] : counters) {
     f->Counter(name, "Tier 3 (remote object store); see docs/METRICS.md.", n(value));

@@ -159,6 +159,7 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
     m->set_expired_objects(r.expired_objects);
     m->set_removals_queued(r.removals_queued);
     m->set_removals_dropped(r.removals_dropped);
+    m->set_paced(r.paced);
   }
 }
 

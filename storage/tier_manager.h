@@ -103,6 +103,10 @@ struct TierManagerOptions {
   // Bound of the write-behind queue; past it the newest blocks are refused
   // (dropped, counted), so queued chain heads still go. Default: 256 MiB.
   uint64_t remote_queue_bytes = 256ull << 20;
+  // Write-behind budget: payload bytes per second it may copy out and write
+  // (0: no limit), with bursts up to remote_write_burst_bytes.
+  uint64_t remote_write_bytes_per_s = 0;
+  uint64_t remote_write_burst_bytes = 64ull << 20;
   // Blocks written to tier 3 per batch (all in flight at once). Default: 16.
   int remote_batch_blocks = 16;
 };

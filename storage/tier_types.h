@@ -196,6 +196,8 @@ struct RemoteStats {
   // those given up (queue full, or the store refused).
   uint64_t removals_queued = 0;
   uint64_t removals_dropped = 0;
+  // Times a write-behind batch waited for its budget (--remote-write-bytes-per-s).
+  uint64_t paced = 0;
 };
 
 struct TierStats {

@@ -285,8 +285,11 @@ struct Host {
 class RemoteEngineTest : public ::testing::Test {
  protected:
   // `max_block_bytes`, `staging_bytes`: this host's limits (0: defaults).
+  // `write_bytes_per_s`: the write-behind budget (0: none), in bursts of
+  // 64 KiB.
   Host Open(uint64_t queue_bytes = 256ull << 20, bool sessions = false,
-            uint64_t max_block_bytes = 0, uint64_t staging_bytes = 0) {
+            uint64_t max_block_bytes = 0, uint64_t staging_bytes = 0,
+            uint64_t write_bytes_per_s = 0) {
     Host h;
     RemoteTierOptions ro;
     ro.retry = absl::Milliseconds(20);
@@ -303,6 +306,8 @@ class RemoteEngineTest : public ::testing::Test {
     options.remote_queue_bytes = queue_bytes;
     options.remote_sessions = sessions;
     options.remote_batch_blocks = 4;
+    options.remote_write_bytes_per_s = write_bytes_per_s;
+    options.remote_write_burst_bytes = 64 * kKiB;
     if (max_block_bytes != 0) options.limits.max_block_bytes = max_block_bytes;
     if (staging_bytes != 0) options.staging_bytes = staging_bytes;
     auto tm = TierManager::Open(options, std::move(arena).value(),
@@ -614,6 +619,23 @@ TEST_F(RemoteEngineTest, AFullQueueDropsTheNewestBlocksAndKeepsTheChainHeads) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ(store_.Has("ns", ids_[i]), i < 4) << i;
   Host b = Open();
   EXPECT_EQ(b.tiers->LookupFleet(ids_, "ns", "").size(), 4u);
+}
+
+TEST_F(RemoteEngineTest, WriteBehindKeepsToItsBudget) {
+  // 32 blocks of 32 KiB (1 MiB) in batches of 4 (128 KiB) at 2 MiB/s with
+  // bursts of 64 KiB: a batch starts once the last one's debt is paid, so
+  // at least (1 MiB - 64 KiB of burst - the last batch) / 2 MiB/s = 0.406 s,
+  // however fast the store. Without a budget the same writes into memory
+  // take milliseconds.
+  Host a = Open(256ull << 20, false, 0, 0, /*write_bytes_per_s=*/2ull << 20);
+  MakeChain(32);
+  const absl::Time start = absl::Now();
+  ASSERT_OK(SaveChain(a));  // The Save itself never waits for the budget.
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(400));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(20)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(400));
+  EXPECT_EQ(store_.size(), 32u);
+  EXPECT_GT(a.tiers->Stats().remote->paced, 0u);
 }
 
 }  // namespace

@@ -17,7 +17,11 @@ constexpr uint64_t kBatchBytes = 64ull << 20;
 
 }  // namespace
 
-Uploader::Uploader(EngineCore* core, RemoteTier* remote) : core_(core), remote_(remote) {}
+Uploader::Uploader(EngineCore* core, RemoteTier* remote)
+    : core_(core),
+      remote_(remote),
+      budget_(core->options().remote_write_bytes_per_s,
+              core->options().remote_write_burst_bytes, absl::Now()) {}
 
 void Uploader::Start() { thread_ = std::thread([this] { Loop(); }); }
 
@@ -84,6 +88,7 @@ void Uploader::Fill(RemoteStats* stats) {
   stats->inflight = inflight_;
   stats->removals_queued = removals_.size();
   stats->removals_dropped = removals_dropped_;
+  stats->paced = paced_;
 }
 
 void Uploader::Loop() {
@@ -106,9 +111,15 @@ void Uploader::Loop() {
     }
     if (!removals_.empty()) {
       RemoveRound();
-    } else {
-      Round();
+      continue;
     }
+    if (const absl::Duration pace = budget_.Wait(absl::Now()); pace > absl::ZeroDuration()) {
+      // Past the budget: the next batch waits (removals still go).
+      ++paced_;
+      cv_.WaitWithTimeout(core_->mu(), std::min(pace, absl::Seconds(1)));
+      continue;
+    }
+    Round();
   }
 }
 
@@ -176,6 +187,7 @@ void Uploader::Round() {
     jobs.push_back(std::move(job));
   }
   if (jobs.empty()) return;
+  budget_.Take(batch_bytes, absl::Now());
   inflight_ = jobs.size();
   core_->mu()->Unlock();
 

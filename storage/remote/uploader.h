@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/token_bucket.h"
 #include "storage/engine_core.h"
 #include "storage/remote/remote_tier.h"
 
@@ -29,6 +30,11 @@ namespace evoke {
 // (breaker open) the thread waits and keeps what failed at the front of the
 // queue; a block that changed or left the index meanwhile is skipped. A
 // full pool (or one past its budget) drops what it refuses, counted.
+// A budget (remote_write_bytes_per_s, a token bucket with bursts of
+// remote_write_burst_bytes) paces the batches, so that write-behind takes
+// no more of the disk, the memory bandwidth and the CPU (its copies and
+// checksums cost per byte) than the operator gives it; queued blocks wait
+// (and past the queue's bound, new ones are dropped).
 // Queued blocks are not persisted: a restart forgets them (their local
 // copies stay; a later Save of the same prefix on any host writes them).
 class Uploader {
@@ -78,6 +84,8 @@ class Uploader {
   bool stop_ ABSL_GUARDED_BY(core_->mu()) = false;
   std::deque<Item> queue_ ABSL_GUARDED_BY(core_->mu());
   uint64_t queue_bytes_ ABSL_GUARDED_BY(core_->mu()) = 0;
+  TokenBucket budget_ ABSL_GUARDED_BY(core_->mu());
+  uint64_t paced_ ABSL_GUARDED_BY(core_->mu()) = 0;  // Waits for the budget.
   uint64_t inflight_ ABSL_GUARDED_BY(core_->mu()) = 0;
   uint64_t dropped_ ABSL_GUARDED_BY(core_->mu()) = 0;
   struct Removal {

@@ -228,7 +228,7 @@ void PrintStat(const v1::StatResponse& s) {
               << "  write-behind: queue=" << r.queue_blocks() << " ("
               << FormatByteSize(r.queue_bytes()) << ") inflight=" << r.inflight()
               << " dropped=" << r.dropped_blocks() << " removals=" << r.removals_queued()
-              << " removals_dropped=" << r.removals_dropped() << "\n"
+              << " removals_dropped=" << r.removals_dropped() << " paced=" << r.paced() << "\n"
               << "  errors=" << r.errors() << " timeouts=" << r.timeouts()
               << " checksum_failures=" << r.checksum_failures()
               << " breaker_opens=" << r.breaker_opens() << " unavailable=" << r.unavailable()
