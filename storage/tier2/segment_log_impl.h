@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <future>
+#include <system_error>
 #include <optional>
 #include <utility>
 
@@ -307,7 +308,17 @@ class Stager {
     const uint64_t at = offset_;
     const char* data = buf_->data();
     const uint64_t n = fill_;
-    p.done = std::async(std::launch::async, [file, at, data, n] { return file->Write(at, data, n); });
+    try {
+      p.done =
+          std::async(std::launch::async, [file, at, data, n] { return file->Write(at, data, n); });
+    } catch (const std::system_error&) {
+      // No thread to be had (a process limit): this piece is written here.
+      EVOKE_RETURN_IF_ERROR(file->Write(at, data, n));
+      written_ += n;
+      offset_ += n;
+      fill_ = 0;
+      return absl::OkStatus();
+    }
     pending_.push_back(std::move(p));
     offset_ += fill_;
     fill_ = 0;
