@@ -124,9 +124,9 @@ struct SegmentInfo {
   bool active = false;     // Appends go here (one per stream).
   // It may hold tombstones (unknown for segments found at Open: true).
   bool may_hold_tombstones = false;
-  // The largest seq of any record in it, and of a payload record (0: none;
-  // the seal's seq where a segment sealed before this was kept does not
-  // say).
+  // The largest seq of any record in it, and of a payload record (0: none,
+  // or not known: a segment sealed by an evoked from before identity
+  // records).
   uint64_t max_seq = 0;
   uint64_t last_payload_seq = 0;
   bool poisoned = false;   // A write or sync failed: never appended again.

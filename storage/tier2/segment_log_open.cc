@@ -212,8 +212,10 @@ absl::StatusOr<std::optional<SegmentLogImpl::ScanResult>> SegmentLogImpl::ReadFo
   r.valid_end = seal_at + kRecordHeaderBytes;
   r.max_seq = f.seq;  // The seal's seq is the segment's last.
   // Its batch_seq names the last payload record; a seal from before that
-  // holds its own seq: then the last payload is somewhere below it.
-  r.last_payload_seq = f.batch_seq < f.seq ? f.batch_seq : f.seq;
+  // holds its own seq: then it is not known (0), and an upgraded store does
+  // not salvage its old segments at its first start (their records have no
+  // identity, and deleted blocks' garbage in them would read as losses).
+  r.last_payload_seq = f.batch_seq < f.seq ? f.batch_seq : 0;
   r.sealed = true;
   return r;
 }
