@@ -312,6 +312,20 @@ absl::Status SegmentLogImpl::Seal(SegmentStream stream) {
   return s;
 }
 
+absl::Status SegmentLogImpl::SyncActive(SegmentStream stream) {
+  absl::MutexLock w(&write_mu_);
+  std::shared_ptr<Segment> seg = active_[static_cast<int>(stream)];
+  if (seg == nullptr) return absl::OkStatus();
+  const absl::Status s = SyncFile(*seg);
+  if (!s.ok()) Poison(*seg, stream);
+  return s;
+}
+
+void SegmentLogImpl::AdvanceSeq(uint64_t next) {
+  absl::MutexLock w(&write_mu_);
+  next_seq_ = std::max(next_seq_, next);
+}
+
 // ------------------------------------------------------------ Read
 
 absl::Status SegmentLogImpl::ReadRange(Segment& seg, uint64_t begin, uint64_t size,

@@ -239,6 +239,15 @@ class SegmentLog {
   // the next Append starts a new one. Used before compacting and at close.
   virtual absl::Status Seal(SegmentStream stream) = 0;
 
+  // SyncActive fdatasyncs the active segment of `stream` (what Append wrote
+  // with sync false becomes durable). OK when there is none.
+  virtual absl::Status SyncActive(SegmentStream stream) = 0;
+
+  // AdvanceSeq makes every later record's seq at least `next`: seqs stay
+  // unique and rising across restarts even when the segments that held the
+  // highest ones are gone.
+  virtual void AdvanceSeq(uint64_t next) = 0;
+
   // RemoveSegment unlinks a segment that is not active and syncs the
   // directory. Its locations become invalid.
   virtual absl::Status RemoveSegment(uint64_t segment) = 0;

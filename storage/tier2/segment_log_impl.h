@@ -396,6 +396,8 @@ class SegmentLogImpl final : public SegmentLog {
   void AddLive(const PayloadLocation& location) override;
   void RemoveLive(const PayloadLocation& location) override;
   absl::Status Seal(SegmentStream stream) override;
+  absl::Status SyncActive(SegmentStream stream) override;
+  void AdvanceSeq(uint64_t next) override;
   absl::Status RemoveSegment(uint64_t segment) override;
   std::vector<SegmentInfo> Segments() const override;
   SegmentLogStats Stats() const override;

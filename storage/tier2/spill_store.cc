@@ -245,6 +245,13 @@ absl::Status RocksSpillStore::Sync() {
   absl::ReaderMutexLock d(&db_mu_);
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   EVOKE_RETURN_IF_ERROR(FlushTombstones(/*sync=*/true));
+  // Tombstones written without fdatasync (WriteTombstones) become durable
+  // with the delete they stand for.
+  if (log_ != nullptr) {
+    if (absl::Status t = log_->SyncActive(SegmentStream::kHot); !t.ok()) {
+      return AppendFailed(t, "sync");
+    }
+  }
   const rocksdb::Status s = db_.db->SyncWAL();
   if (!s.ok()) Stop(s, "sync");
   return ToAbsl(s, "sync");
@@ -256,6 +263,13 @@ absl::Status RocksSpillStore::Persist() {
   absl::ReaderMutexLock d(&db_mu_);
   EVOKE_RETURN_IF_ERROR(CheckOpen());
   EVOKE_RETURN_IF_ERROR(FlushTombstones(/*sync=*/true));
+  // Tombstones written without fdatasync (WriteTombstones) become durable
+  // with the delete they stand for.
+  if (log_ != nullptr) {
+    if (absl::Status t = log_->SyncActive(SegmentStream::kHot); !t.ok()) {
+      return AppendFailed(t, "sync");
+    }
+  }
   // Never sync a WAL that failed an append: CheckWritable refused above
   // if any write failed since the last resume.
   rocksdb::Status s = db_.db->SyncWAL();

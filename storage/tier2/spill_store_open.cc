@@ -44,6 +44,9 @@ absl::Status RocksSpillStore::OpenFirst() {
     EVOKE_RETURN_IF_ERROR(OpenSegments());
     CheckLocations();
     if (log_ != nullptr && !read_only_unlocked() && !format1_payloads_.load()) {
+      // Seqs keep rising past every one the metadata names, even where the
+      // segments that held the highest are gone.
+      log_->AdvanceSeq(std::max(max_record_seq_, ReadWatermark()) + 1);
       std::string salvaged;
       if (salvage_needed_ && !ladder_damage_ && !corrupt_tables_.empty() &&
           db_.db->Get(rocksdb::ReadOptions(), db_.handles[0], kSalvagedTablesKey, &salvaged)
@@ -53,7 +56,9 @@ absl::Status RocksSpillStore::OpenFirst() {
         // were written again into healthy ones then.
         Note(absl::StrCat("corrupt tables ", corrupt_tables_,
                           " were salvaged at an earlier start: nothing to rebuild"));
-      } else if (salvage_needed_) {
+        salvage_needed_ = false;
+      }
+      if (salvage_needed_) {
         Salvage(0);
       } else if (const std::optional<uint64_t> from = TailSalvageFrom()) {
         Salvage(*from);

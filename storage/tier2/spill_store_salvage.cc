@@ -113,6 +113,10 @@ void RocksSpillStore::Salvage(uint64_t above) {
   for (const SegmentInfo& seg : segments) {
     const absl::Status s = log_->ForEachRecord(seg.id, [&](const SegmentRecord& r, bool ok) {
       if (r.tombstone || killed(r.id, r.location.seq)) return absl::OkStatus();
+      // A tail salvage reads only the segments holding records above
+      // `above`, and with them only the tombstones of those records:
+      // what lies at or below it the metadata accounts for.
+      if (r.location.seq <= above) return absl::OkStatus();
       const std::string key = r.id.ToBytes();
       auto f = found.find(r.id);
       if (f == found.end()) {
