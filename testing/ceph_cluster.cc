@@ -33,13 +33,6 @@ bool OnPath(const std::string& program) {
   return false;
 }
 
-// IsZombie: /proc/PID/stat names state 'Z' (dead, not yet reaped).
-bool IsZombie(pid_t pid) {
-  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t paren = stat.rfind(") ");
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
-}
-
 std::atomic<int> g_counter{0};
 
 struct Run {
@@ -81,6 +74,13 @@ Run RunBounded(const std::string& dir, const std::vector<std::string>& argv,
 }
 
 }  // namespace
+
+char ProcState(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (stat.empty()) return '-';
+  const size_t paren = stat.rfind(") ");
+  return paren == std::string::npos || paren + 2 >= stat.size() ? '?' : stat[paren + 2];
+}
 
 absl::Status CephCluster::Installed() {
   for (const char* p : {"ceph-mon", "ceph-osd", "ceph-mgr", "ceph", "rados", "monmaptool"}) {
@@ -191,7 +191,7 @@ void CephCluster::Reap() {
       // Reaped, or not our child (ECHILD: a stranger's pid is left alone).
       if (r != 0) break;
       // A live daemon is left alone; a dying one is waited for.
-      if (!IsZombie(pid) || absl::Now() >= deadline) break;
+      if (ProcState(pid) != 'Z' || absl::Now() >= deadline) break;
       absl::SleepFor(absl::Milliseconds(5));
     }
   }

@@ -35,6 +35,10 @@
 
 namespace evoke::testing {
 
+// ProcState: the state letter of /proc/PID/stat ('R', 'S', 'T' stopped,
+// 'Z' zombie), or '-' when there is no such process.
+char ProcState(pid_t pid);
+
 class CephCluster {
  public:
   struct Options {

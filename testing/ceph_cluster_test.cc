@@ -20,16 +20,6 @@
 namespace evoke::testing {
 namespace {
 
-// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie), or
-// '-' when there is no such process.
-char ProcState(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(in, line)) return '-';
-  const size_t paren = line.rfind(") ");
-  return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
-}
-
 TEST(CephClusterTest, StartsServesFreezesKillsAndStopsWithoutLeftovers) {
   TempDir dir;
   absl::StatusOr<std::unique_ptr<CephCluster>> started = CephCluster::Start(dir.Join("ceph"));

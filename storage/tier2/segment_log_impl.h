@@ -272,15 +272,7 @@ class Stager {
   }
   // Flush writes what is staged and waits for every write in flight.
   absl::Status Flush() {
-    absl::Status s;
-    if (fill_ > 0) {
-      s = file_->Write(offset_, buf_->data(), fill_);
-      if (s.ok()) {
-        written_ += fill_;
-        offset_ += fill_;
-        fill_ = 0;
-      }
-    }
+    absl::Status s = fill_ > 0 ? WriteNow() : absl::OkStatus();
     s.Update(WaitAll());
     return s;
   }
@@ -292,15 +284,17 @@ class Stager {
     uint64_t bytes = 0;
     std::future<absl::Status> done;
   };
+  // WriteNow writes the staged bytes on this thread.
+  absl::Status WriteNow() {
+    EVOKE_RETURN_IF_ERROR(file_->Write(offset_, buf_->data(), fill_));
+    written_ += fill_;
+    offset_ += fill_;
+    fill_ = 0;
+    return absl::OkStatus();
+  }
   // Submit hands the full buffer to a writer and moves to a free one.
   absl::Status Submit() {
-    if (in_flight_ == 1) {
-      EVOKE_RETURN_IF_ERROR(file_->Write(offset_, buf_->data(), fill_));
-      written_ += fill_;
-      offset_ += fill_;
-      fill_ = 0;
-      return absl::OkStatus();
-    }
+    if (in_flight_ == 1) return WriteNow();
     Pending p;
     p.buffer = buf_;
     p.bytes = fill_;
@@ -313,11 +307,7 @@ class Stager {
           std::async(std::launch::async, [file, at, data, n] { return file->Write(at, data, n); });
     } catch (const std::system_error&) {
       // No thread to be had (a process limit): this piece is written here.
-      EVOKE_RETURN_IF_ERROR(file->Write(at, data, n));
-      written_ += n;
-      offset_ += n;
-      fill_ = 0;
-      return absl::OkStatus();
+      return WriteNow();
     }
     pending_.push_back(std::move(p));
     offset_ += fill_;

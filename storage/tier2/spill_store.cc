@@ -124,13 +124,7 @@ absl::Status RocksSpillStore::DropPayloads(absl::Span<const SpillWrite> breadcru
     if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
   }
   EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, false, "drop payloads"));
-  std::vector<SegmentTombstone> dropped;
-  for (size_t i = 0; i < old.size(); ++i) {
-    if (!old[i].has_value()) continue;
-    log_->RemoveLive(*old[i]);
-    dropped.push_back({ids[i], *old[i], SegmentTombstone::kDropped});
-  }
-  WriteTombstones(dropped);
+  Retire(ids, old, SegmentTombstone::kDropped);
   return absl::OkStatus();
 }
 
@@ -148,13 +142,7 @@ absl::Status RocksSpillStore::Delete(absl::Span<const BlockId> ids) {
     if (format1_payloads_.load()) EVOKE_ROCKS_CHECK(batch.Delete(payload(), key), "batch");
   }
   EVOKE_RETURN_IF_ERROR(CommitLocked(&batch, false, "delete"));
-  std::vector<SegmentTombstone> deleted;
-  for (size_t i = 0; i < old.size(); ++i) {
-    if (!old[i].has_value()) continue;
-    log_->RemoveLive(*old[i]);
-    deleted.push_back({ids[i], *old[i], SegmentTombstone::kDeleted});
-  }
-  WriteTombstones(deleted);
+  Retire(ids, old, SegmentTombstone::kDeleted);
   return absl::OkStatus();
 }
 
@@ -352,6 +340,18 @@ void RocksSpillStore::EncodeRecord(const storage::SpillRecord& record, const Pay
                                    std::string* out) {
   SerializeBase(record, out);
   AppendPresence(where, out);
+}
+
+void RocksSpillStore::Retire(absl::Span<const BlockId> ids,
+                             absl::Span<const std::optional<PayloadLocation>> old,
+                             SegmentTombstone::Kind kind) {
+  std::vector<SegmentTombstone> tombstones;
+  for (size_t i = 0; i < old.size(); ++i) {
+    if (!old[i].has_value()) continue;
+    log_->RemoveLive(*old[i]);
+    tombstones.push_back({ids[i], *old[i], kind});
+  }
+  WriteTombstones(tombstones);
 }
 
 void RocksSpillStore::WriteTombstones(absl::Span<const SegmentTombstone> tombstones) {

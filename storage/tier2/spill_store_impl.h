@@ -421,6 +421,11 @@ class RocksSpillStore final : public SpillStore {
   // payload) comes back.
   void WriteTombstones(absl::Span<const SegmentTombstone> tombstones)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // Retire: the payloads at `old` (one per id, nullopt: none) are no longer
+  // live; their tombstones, of `kind`, are written.
+  void Retire(absl::Span<const BlockId> ids,
+              absl::Span<const std::optional<PayloadLocation>> old, SegmentTombstone::Kind kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   absl::Status FlushTombstones(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_)
       ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   // The maintenance thread's flush (takes the locks; skipped while stopped).

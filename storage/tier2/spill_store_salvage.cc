@@ -85,17 +85,24 @@ void RocksSpillStore::Salvage(uint64_t above) {
     return it != kills.end() && seq <= it->second.seq;
   };
 
-  // What the metadata says of a block: its valid location, if any (its
-  // record's bytes in `value`).
-  auto current = [&](const std::string& key,
-                     std::string* value) -> std::optional<PayloadLocation> {
-    if (!db_.db->Get(rocksdb::ReadOptions(), meta(), key, value).ok()) return std::nullopt;
-    storage::SpillRecord record;
-    if (!record.ParseFromString(*value) || !record.payload_present() || !record.has_location()) {
+  // What the metadata says of a block: where its payload is (nullopt: no
+  // record, or one without a payload); the record in `record`, its bytes in
+  // `value`.
+  auto located = [&](const std::string& key, std::string* value,
+                     storage::SpillRecord* record) -> std::optional<PayloadLocation> {
+    if (!db_.db->Get(rocksdb::ReadOptions(), meta(), key, value).ok() ||
+        !record->ParseFromString(*value) || !record->payload_present() ||
+        !record->has_location()) {
       return std::nullopt;
     }
-    const PayloadLocation l = FromProto(record.location());
-    if (!log_->Contains(l)) return std::nullopt;
+    return FromProto(record->location());
+  };
+  // Its location if that lies in a valid segment.
+  auto current = [&](const std::string& key,
+                     std::string* value) -> std::optional<PayloadLocation> {
+    storage::SpillRecord record;
+    std::optional<PayloadLocation> l = located(key, value, &record);
+    if (l.has_value() && !log_->Contains(*l)) return std::nullopt;
     return l;
   };
 
@@ -178,14 +185,10 @@ void RocksSpillStore::Salvage(uint64_t above) {
     auto f = found.find(id);
     if (f != found.end() && f->second.rebuilt) continue;  // Newer than the kill.
     const std::string key = id.ToBytes();
-    std::string old;
-    if (!db_.db->Get(rocksdb::ReadOptions(), meta(), key, &old).ok()) continue;
     storage::SpillRecord record;
-    if (!record.ParseFromString(old) || !record.payload_present() || !record.has_location()) {
-      continue;
-    }
-    const PayloadLocation l = FromProto(record.location());
-    if (l.seq > kill.seq) continue;
+    const std::optional<PayloadLocation> at = located(key, &value, &record);
+    if (!at.has_value() || at->seq > kill.seq) continue;
+    const PayloadLocation l = *at;
     if (log_->Contains(l)) log_->RemoveLive(l);
     if (kill.kind == SegmentTombstone::kDeleted) {
       batch.Delete(meta(), key).PermitUncheckedError();
