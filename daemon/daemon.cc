@@ -420,13 +420,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     EVOKE_ASSIGN_OR_RETURN(impl->remote, OpenRemoteTier(options.remote));
   }
   const SpillStoreOptions spill_options = ToSpillStoreOptions(options.tier2);
+  const absl::Time tier2_start = absl::Now();
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> spill, SpillStore::Open(spill_options));
+  const absl::Duration tier2_open = absl::Now() - tier2_start;
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena, CreateTier1(options.tier1));
   uint8_t* const arena_base = arena->base();
   const uint64_t arena_bytes = arena->capacity_bytes();
   impl->OpenRecovery(options.tiers);
+  const absl::Time index_start = absl::Now();
   EVOKE_ASSIGN_OR_RETURN(impl->tiers, TierManager::Open(impl->TierOptions(options),
                                                         std::move(arena), std::move(spill)));
+  const absl::Duration index_build = absl::Now() - index_start;
   impl->StartGpus(options.tier1, arena_base, arena_bytes);
 
   // Clients' shared memory: leases, their reaper, device copies.
@@ -455,8 +459,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       "; tier 2: ", spill_options.path, " (budget ", FormatByteSize(options.tier2.spill_bytes),
       "); recovered ", stat.disk.blocks, " blocks (",
       FormatByteSize(stat.disk.payload_bytes), ") and ",
-      stat.breadcrumb_blocks, " breadcrumbs in ",
-      absl::FormatDuration(absl::Now() - start));
+      stat.breadcrumb_blocks, " breadcrumbs in ", absl::FormatDuration(absl::Now() - start),
+      " (tier 2 open ", absl::FormatDuration(tier2_open), ", index ",
+      absl::FormatDuration(index_build), ")");
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
 

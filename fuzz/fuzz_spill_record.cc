@@ -95,9 +95,8 @@ class FuzzTier final : public Tier {
     if (!record.payload_present()) return absl::NotFoundError("no payload");
     return consume(record, copy.payload);
   }
-  absl::Status ForEachRecord(
-      const std::function<absl::Status(const BlockId&, storage::SpillRecord)>& visit,
-      std::vector<std::string>* skipped) override {
+  absl::Status ForEachRecord(const RecordVisitor& visit,
+                             std::vector<std::string>* skipped) override {
     std::map<std::string, Stored> snapshot;
     {
       absl::MutexLock lock(&mu_);
@@ -110,7 +109,7 @@ class FuzzTier final : public Tier {
         if (skipped != nullptr) skipped->push_back("unreadable record");
         continue;
       }
-      absl::Status s = visit(*id, std::move(record));
+      absl::Status s = visit(*id, record);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();

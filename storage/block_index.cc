@@ -123,9 +123,13 @@ void BlockIndex::IndexSecondary(IndexEntry& e) {
   e.meta_bytes = MetadataBytes(e.meta);
   Charge(e, +1);
   const std::string& ns = e.meta.fingerprint().namespace_();
-  by_namespace_[ns].insert(e.id);
+  // Hinted at the end: a start adds ids in ascending order, and a wrong
+  // hint costs only the search it would have made anyway.
+  absl::btree_set<BlockId>& in_ns = by_namespace_[ns];
+  in_ns.insert(in_ns.end(), e.id);
   if (!e.meta.session_id().empty()) {
-    by_session_[SessionKey(ns, e.meta.session_id())].insert(e.id);
+    absl::btree_set<BlockId>& in_session = by_session_[SessionKey(ns, e.meta.session_id())];
+    in_session.insert(in_session.end(), e.id);
     ++session_namespaces_[e.meta.session_id()][ns];
   }
 }
@@ -216,11 +220,11 @@ IndexEntry* BlockIndex::AddRecovered(const BlockId& id, v1::BlockMeta meta,
   e->checksum = e->meta.checksum();
   e->record_on_disk = true;
   e->last_access_ms = last_access_ms;
-  // Counted as a breadcrumb now; FinishLoading moves payload holders to
-  // kSpilled in access order, so the disk LRU is ordered.
-  e->state = BlockState::kBreadcrumb;
-  ++count_[static_cast<int>(BlockState::kBreadcrumb)];
-  bytes_[static_cast<int>(BlockState::kBreadcrumb)] += e->payload_bytes;
+  // In its final state at once (spilled, or a breadcrumb); FinishLoading
+  // links the payload holders into the disk LRU in access order.
+  e->state = payload_present ? BlockState::kSpilled : BlockState::kBreadcrumb;
+  ++count_[static_cast<int>(e->state)];
+  bytes_[static_cast<int>(e->state)] += e->payload_bytes;
   if (payload_present) loading_.push_back(e);
   entries_.emplace(id, std::move(fresh));
   IndexSecondary(*e);
@@ -228,14 +232,17 @@ IndexEntry* BlockIndex::AddRecovered(const BlockId& id, v1::BlockMeta meta,
 }
 
 void BlockIndex::FinishLoading() {
-  // Oldest first, so that each push_front leaves the hottest at the front.
-  std::stable_sort(loading_.begin(), loading_.end(),
-                   [](const IndexEntry* a, const IndexEntry* b) {
-                     return a->last_access_ms < b->last_access_ms;
-                   });
-  for (IndexEntry* e : loading_) {
+  // Oldest first, so that each push_front leaves the hottest at the front;
+  // ties in load (id) order. Sorted by value, not through the pointers.
+  std::vector<std::pair<int64_t, uint32_t>> order(loading_.size());
+  for (size_t i = 0; i < loading_.size(); ++i) {
+    order[i] = {loading_[i]->last_access_ms, static_cast<uint32_t>(i)};
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [ms, i] : order) {
+    IndexEntry* e = loading_[i];
     e->access_tick = ++access_clock_;
-    SetState(e, BlockState::kSpilled);
+    Relink(e);
   }
   loading_.clear();
   loading_.shrink_to_fit();

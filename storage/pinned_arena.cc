@@ -1,6 +1,7 @@
 #include "storage/pinned_arena.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -84,6 +85,9 @@ absl::StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(
 }
 
 void PinnedArena::Prefault() {
+  // The lowest CPU priority: the prefault takes only what the start (the
+  // index rebuild) and the first clients leave.
+  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
   for (uint64_t off = 0; off < capacity_;) {
     {
       absl::MutexLock lock(&prefault_mu_);

@@ -39,6 +39,10 @@ struct TierWrite {
   bool fresh = false;
 };
 
+// Visits one record of a tier's scan (Tier::ForEachRecord).
+using RecordVisitor =
+    std::function<absl::Status(const BlockId& id, storage::SpillRecord& record)>;
+
 // Tier is what the TierManager needs from a store below tier 1: write-back
 // (Put), lookup and read (Read), drop (DropPayloads, Delete), and a scan of
 // its records to rebuild the index at start (ForEachRecord).
@@ -86,13 +90,13 @@ class Tier {
       const std::function<absl::Status(const storage::SpillRecord& record,
                                        absl::string_view payload)>& consume) = 0;
 
-  // ForEachRecord calls `visit` for every stored record in id order. A
-  // record that cannot be parsed is reported in `skipped` and passed over;
-  // the first visit error stops the scan and is returned.
-  virtual absl::Status ForEachRecord(
-      const std::function<absl::Status(const BlockId& id,
-                                       storage::SpillRecord record)>& visit,
-      std::vector<std::string>* skipped) = 0;
+  // ForEachRecord calls `visit` for every stored record in id order, on the
+  // calling thread; `visit` may take what it keeps out of `record` (moving
+  // it is cheaper than a copy). A record that cannot be parsed is reported
+  // in `skipped` and passed over; the first visit error stops the scan and
+  // is returned.
+  virtual absl::Status ForEachRecord(const RecordVisitor& visit,
+                                     std::vector<std::string>* skipped) = 0;
 
   // UsedBytes returns the bytes the tier occupies (approximate).
   virtual uint64_t UsedBytes() = 0;

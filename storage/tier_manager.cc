@@ -60,7 +60,7 @@ absl::Status TierManagerImpl::Rebuild() {
   absl::MutexLock lock(core_.mu());
   // Tier 2 is only read, before any other thread starts: no disk_mu.
   EVOKE_RETURN_IF_ERROR(core_.disk_->ForEachRecord(
-      [&](const BlockId& id, storage::SpillRecord record) -> absl::Status {
+      [&](const BlockId& id, storage::SpillRecord& record) -> absl::Status {
         if (absl::Status valid = ValidateRecord(id, record.meta()); !valid.ok()) {
           if (core_.invalid_records_.size() < 20) {
             EVOKE_LOG_ERROR("record ", id.ToHex(), " is invalid and is not served: ",

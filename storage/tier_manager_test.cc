@@ -75,9 +75,8 @@ class FlakySpillStore : public SpillStore {
       override {
     return real_->Read(id, consume);
   }
-  absl::Status ForEachRecord(
-      const std::function<absl::Status(const BlockId&, storage::SpillRecord)>& v,
-      std::vector<std::string>* skipped) override {
+  absl::Status ForEachRecord(const RecordVisitor& v,
+                             std::vector<std::string>* skipped) override {
     return real_->ForEachRecord(v, skipped);
   }
   uint64_t UsedBytes() override { return real_->UsedBytes(); }

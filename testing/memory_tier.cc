@@ -207,9 +207,8 @@ absl::Status MemoryTier::Read(
   return consume(record, payload);
 }
 
-absl::Status MemoryTier::ForEachRecord(
-    const std::function<absl::Status(const BlockId& id, storage::SpillRecord record)>& visit,
-    std::vector<std::string>* skipped) {
+absl::Status MemoryTier::ForEachRecord(const RecordVisitor& visit,
+                                       std::vector<std::string>* skipped) {
   if (absl::Status s = state_->Enter(TierOp::kForEachRecord); !s.ok()) return s;
   std::vector<std::pair<BlockId, std::string>> records;
   {
@@ -225,7 +224,7 @@ absl::Status MemoryTier::ForEachRecord(
       }
       continue;
     }
-    if (absl::Status s = visit(id, std::move(record)); !s.ok()) return s;
+    if (absl::Status s = visit(id, record); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -84,10 +84,8 @@ class MemoryTier final : public Tier {
       const BlockId& id,
       const std::function<absl::Status(const storage::SpillRecord& record,
                                        absl::string_view payload)>& consume) override;
-  absl::Status ForEachRecord(
-      const std::function<absl::Status(const BlockId& id, storage::SpillRecord record)>&
-          visit,
-      std::vector<std::string>* skipped) override;
+  absl::Status ForEachRecord(const RecordVisitor& visit,
+                             std::vector<std::string>* skipped) override;
   uint64_t UsedBytes() override;
   absl::Status Persist() override;
 

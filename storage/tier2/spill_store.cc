@@ -1,6 +1,6 @@
 // The spill store's data operations (Put, DropPayloads, Delete, Read,
-// ForEachRecord, Sync, Persist, Health) and SpillStore::Open. The other
-// concerns are in spill_store_{open,migration,compaction,maintenance}.cc;
+// Sync, Persist, Health) and SpillStore::Open. The other concerns are in
+// spill_store_{open,scan,migration,compaction,maintenance,salvage}.cc;
 // the class is in spill_store_impl.h.
 #include "storage/tier2/spill_store_impl.h"
 
@@ -182,32 +182,6 @@ absl::Status RocksSpillStore::Read(const BlockId& id,
     if (last.code() != absl::StatusCode::kNotFound) return last;
   }
   return last;
-}
-
-absl::Status RocksSpillStore::ForEachRecord(
-    const std::function<absl::Status(const BlockId&, storage::SpillRecord)>&
-        visit,
-    std::vector<std::string>* skipped) {
-  absl::ReaderMutexLock d(&db_mu_);
-  EVOKE_RETURN_IF_ERROR(CheckOpen());
-  rocksdb::ReadOptions options;
-  options.fill_cache = false;
-  options.verify_checksums = true;
-  std::unique_ptr<rocksdb::Iterator> it(db_.db->NewIterator(options, meta()));
-  std::string last_good;
-  bool any = false;
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    last_good.assign(it->key().data(), it->key().size());
-    any = true;
-    EVOKE_RETURN_IF_ERROR(Visit(it->key(), it->value(), visit, skipped));
-  }
-  if (it->status().ok()) return absl::OkStatus();
-  if (!it->status().IsCorruption()) return ToAbsl(it->status(), "scan");
-  // A corrupt block: read around it.
-  EVOKE_LOG_ERROR("spill store: the start-up scan met a corrupt block after ",
-                  any ? "the first records" : "no record", ": ", it->status().ToString(),
-                  "; reading around it");
-  return ScanAroundCorruption(any ? &last_good : nullptr, visit, skipped);
 }
 
 uint64_t RocksSpillStore::UsedBytes() {

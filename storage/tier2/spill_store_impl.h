@@ -375,10 +375,8 @@ class RocksSpillStore final : public SpillStore {
                         const storage::SpillRecord&, absl::string_view)>& consume)
       override;
 
-  absl::Status ForEachRecord(
-      const std::function<absl::Status(const BlockId&, storage::SpillRecord)>&
-          visit,
-      std::vector<std::string>* skipped) override;
+  absl::Status ForEachRecord(const RecordVisitor& visit,
+                             std::vector<std::string>* skipped) override;
 
   uint64_t UsedBytes() override;
 
@@ -606,20 +604,24 @@ class RocksSpillStore final : public SpillStore {
 
   // ------------------------------------------------------------ scan
 
+  // Decode parses one record of the metadata scan; its payload reads as
+  // absent when its location is not in a valid segment. False when the key
+  // or the value does not parse. Thread-safe: ForEachRecord decodes on a
+  // second thread.
+  bool Decode(const rocksdb::Slice& key, const rocksdb::Slice& value, BlockId* id,
+              storage::SpillRecord* record);
+  // Visit decodes one record and visits it, or counts it in `skipped`.
   absl::Status Visit(const rocksdb::Slice& key, const rocksdb::Slice& value,
-                     const std::function<absl::Status(const BlockId&, storage::SpillRecord)>&
-                         visit,
-                     std::vector<std::string>* skipped);
+                     const RecordVisitor& visit, std::vector<std::string>* skipped);
 
   // ScanAroundCorruption visits the records after `after` (all when null)
   // that can still be read: the keys of every meta SST file read forward
   // and backward up to its corrupt blocks, each looked up through the
   // database (so deletes and newer versions still win); keys whose lookup
   // fails are counted as unreadable.
-  absl::Status ScanAroundCorruption(
-      const std::string* after,
-      const std::function<absl::Status(const BlockId&, storage::SpillRecord)>& visit,
-      std::vector<std::string>* skipped) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  absl::Status ScanAroundCorruption(const std::string* after, const RecordVisitor& visit,
+                                    std::vector<std::string>* skipped)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
 
   // ------------------------------------------------------------ recovery
 

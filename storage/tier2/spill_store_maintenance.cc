@@ -1,84 +1,9 @@
 // The maintenance thread: resuming writes once space returns or the device
-// recovers (reopening read-write a store opened read-only), and the record
-// scans that step around damage.
+// recovers (reopening read-write a store opened read-only).
 #include "storage/tier2/spill_store_impl.h"
 
 namespace evoke {
 namespace spill_internal {
-
-absl::Status RocksSpillStore::Visit(const rocksdb::Slice& key, const rocksdb::Slice& value,
-                   const std::function<absl::Status(const BlockId&, storage::SpillRecord)>&
-                       visit,
-                   std::vector<std::string>* skipped) {
-  auto id = BlockId::FromBytes(absl::string_view(key.data(), key.size()));
-  storage::SpillRecord record;
-  if (!id.ok() || !record.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
-    if (skipped != nullptr) {
-      skipped->push_back(absl::StrCat("unreadable record under key ", key.size(),
-                                      " bytes long"));
-    }
-    return absl::OkStatus();
-  }
-  if (record.payload_present()) {
-    // A payload that CheckLocations found missing (left as it is on a
-    // read-only open), or a format-1 one after the migration finished,
-    // is not on disk: the engine sees a breadcrumb.
-    const bool readable =
-        record.has_location()
-            ? log_ != nullptr && log_->Contains(FromProto(record.location()))
-            : format1_payloads_.load();
-    if (!readable) record.set_payload_present(false);
-  }
-  return visit(*id, std::move(record));
-}
-
-absl::Status RocksSpillStore::ScanAroundCorruption(
-    const std::string* after,
-    const std::function<absl::Status(const BlockId&, storage::SpillRecord)>& visit,
-    std::vector<std::string>* skipped) {
-  std::vector<std::string> keys;
-  rocksdb::ReadOptions options;
-  options.fill_cache = false;
-  options.verify_checksums = true;
-  auto collect = [&](rocksdb::Iterator* it) {
-    for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
-    for (it->SeekToLast(); it->Valid(); it->Prev()) keys.push_back(it->key().ToString());
-  };
-  {
-    std::unique_ptr<rocksdb::Iterator> it(db_.db->NewIterator(options, meta()));
-    collect(it.get());  // Memtable and every file, up to the corrupt block each way.
-  }
-  std::vector<rocksdb::LiveFileMetaData> files;
-  db_.db->GetLiveFilesMetaData(&files);
-  const rocksdb::Options reader_options = config_.MetaReaderOptions();
-  for (const rocksdb::LiveFileMetaData& f : files) {
-    if (f.column_family_name != kMetaFamily) continue;
-    rocksdb::SstFileReader reader(reader_options);
-    if (!reader.Open(f.db_path + f.name).ok()) continue;
-    std::unique_ptr<rocksdb::Iterator> it(reader.NewIterator(options));
-    collect(it.get());
-  }
-  std::sort(keys.begin(), keys.end());
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  uint64_t unreadable = 0;
-  for (const std::string& key : keys) {
-    if (after != nullptr && key <= *after) continue;
-    std::string value;
-    rocksdb::Status s = db_.db->Get(options, meta(), key, &value);
-    if (s.IsNotFound()) continue;
-    if (!s.ok()) {
-      ++unreadable;
-      continue;
-    }
-    EVOKE_RETURN_IF_ERROR(Visit(key, value, visit, skipped));
-  }
-  absl::MutexLock lock(&state_mu_);
-  unreadable_records_ += unreadable;
-  EVOKE_LOG_ERROR("spill store: read around the corrupt block: ", keys.size(),
-                  " keys found, ", unreadable,
-                  " unreadable; records only in the corrupt block are lost");
-  return absl::OkStatus();
-}
 
 void RocksSpillStore::Maintain() {
   uint64_t corrupt_seen = 0;

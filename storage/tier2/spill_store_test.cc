@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -95,6 +96,62 @@ TEST_F(SpillStoreTest, PutReadDropDelete) {
   ASSERT_OK(store->Delete(gone));
   ReadPayload(store.get(), BlockId(0, 2), &s);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound));
+}
+
+// The scan decodes on a second thread, batches ahead of the visits: every
+// record comes once, in id order, on the calling thread, also across a
+// reopen (the scan of the start) and when the visitor moves what it keeps;
+// a visit error stops the scan while the decoder waits for room, and is
+// returned.
+TEST_F(SpillStoreTest, ScanVisitsEveryRecordInIdOrderAndStopsAtAnError) {
+  constexpr uint64_t kBlocks = 5000;  // Many batches of the decoder's.
+  {
+    auto store = Open();
+    std::vector<storage::SpillRecord> records;
+    std::vector<std::string> payloads;
+    records.reserve(kBlocks);
+    payloads.reserve(kBlocks);
+    std::vector<SpillWrite> writes;
+    for (uint64_t i = 0; i < kBlocks; ++i) {
+      payloads.push_back(absl::StrCat("payload ", i));
+      records.push_back(Record(i, payloads.back().size()));
+      // Ids out of order: the store sorts them.
+      writes.push_back({BlockId(0, (i * 7919) % kBlocks), &records.back(), payloads.back()});
+    }
+    ASSERT_OK(store->Put(writes, /*sync=*/true));
+  }
+  auto store = Open();
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<uint64_t> seen;
+  std::vector<v1::BlockMeta> kept;
+  ASSERT_OK(store->ForEachRecord(
+      [&](const BlockId& id, storage::SpillRecord& r) {
+        EXPECT_EQ(std::this_thread::get_id(), caller);
+        EXPECT_TRUE(r.payload_present());
+        seen.push_back(id.lo());
+        kept.push_back(std::move(*r.mutable_meta()));
+        return absl::OkStatus();
+      },
+      nullptr));
+  ASSERT_EQ(seen.size(), kBlocks);
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    ASSERT_EQ(seen[i], i);
+    // Record(checksum) was written under id (checksum * 7919) % kBlocks.
+    EXPECT_EQ(kept[i].checksum() * 7919 % kBlocks, i);
+  }
+
+  uint64_t visits = 0;
+  EXPECT_THAT(store->ForEachRecord(
+                  [&](const BlockId&, storage::SpillRecord&) {
+                    return ++visits == 10 ? absl::AbortedError("enough") : absl::OkStatus();
+                  },
+                  nullptr),
+              StatusIs(absl::StatusCode::kAborted));
+  EXPECT_EQ(visits, 10u);
+  // The store still serves after a scan was cut short.
+  absl::Status s;
+  EXPECT_EQ(ReadPayload(store.get(), BlockId(0, 0), &s), "payload 0");
+  EXPECT_OK(s);
 }
 
 TEST_F(SpillStoreTest, SurvivesReopen) {
