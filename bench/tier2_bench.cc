@@ -14,6 +14,11 @@
 //            dropping the page cache: root only) and reads every block in
 //            write order, once cold and once warm, verifying each payload's
 //            xxh3 checksum as the engine does with its own copy.
+//   engine-load: the engine's cold Load (TierManager over the SpillStore):
+//            saves --total-bytes of blocks, evicts them to tier 2, then
+//            loads them back --batch blocks per Load into a host buffer,
+//            with one disk read at a time and with --reads-in-flight,
+//            alternating for --rounds.
 //   sigterm: the real evoked with a tier 1 big enough for --blocks small
 //            blocks; saves them (not durable: they stay dirty in tier 1),
 //            sends SIGTERM and times until the process exits (Shutdown
@@ -51,7 +56,10 @@
 #include "common/checksum.h"
 #include "evoke/client.h"
 #include "storage/spill_record.pb.h"
+#include "storage/pinned_arena.h"
 #include "storage/tier2/spill_store.h"
+#include "storage/tier_manager.h"
+#include "common/status_macros.h"
 #include "testing/blocks.h"
 #include "testing/daemon_process.h"
 
@@ -343,6 +351,118 @@ int RunLoad(const std::string& dir, const Sizes& sz, bool drop_caches, bool veri
   return 0;
 }
 
+// ---------------------------------------------------------------- engine-load
+
+// A LoadSink into one reused buffer (block i of a batch at i * block_bytes).
+class BufferSink final : public LoadSink {
+ public:
+  explicit BufferSink(uint8_t* base, uint64_t block_bytes) : base_(base), block_(block_bytes) {}
+  absl::Status Prepare(absl::Span<const v1::BlockMeta> metas) override {
+    for (const v1::BlockMeta& m : metas) {
+      if (m.payload_bytes() != block_) return absl::InternalError("unexpected block size");
+    }
+    return absl::OkStatus();
+  }
+  uint8_t* HostDestination(size_t i) override { return base_ + i * block_; }
+
+ private:
+  uint8_t* base_;
+  uint64_t block_;
+};
+
+absl::StatusOr<std::unique_ptr<TierManager>> OpenEngine(const std::string& dir,
+                                                        uint64_t tier1_bytes, int in_flight) {
+  PinnedArenaOptions arena_options;
+  arena_options.capacity_bytes = tier1_bytes;
+  arena_options.lock_memory = false;
+  arena_options.prefault = false;
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena, PinnedArena::Create(arena_options));
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> store, OpenStore(dir));
+  TierManagerOptions options;
+  options.disk_reads_in_flight = in_flight;
+  options.limits.max_block_bytes = std::max<uint64_t>(options.limits.max_block_bytes,
+                                                      tier1_bytes);
+  return TierManager::Open(options, std::move(arena), std::move(store));
+}
+
+// The engine's cold Load: blocks saved through a TierManager and evicted to
+// tier 2, then loaded back in batches of `batch` blocks per Load into a
+// host buffer (the path of a Load into a client's shared memory), with one
+// read at a time and with `in_flight` reads at once, alternating.
+int RunEngineLoad(const std::string& dir, const Sizes& sz, uint64_t batch, int in_flight,
+                  int rounds) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  const uint64_t n = sz.count();
+  const v1::LayoutFingerprint fp = testing::OpaqueFingerprint("bench", "engine-load");
+  std::vector<BlockId> ids;
+  {
+    // Tier 1 holds a few batches; Saves past it spill, Flush evicts the rest.
+    absl::StatusOr<std::unique_ptr<TierManager>> tm =
+        OpenEngine(dir, std::max<uint64_t>(64ull << 20, 4 * sz.block_bytes), 1);
+    if (!tm.ok()) {
+      absl::FPrintF(stderr, "open: %s\n", tm.status().ToString().c_str());
+      return 1;
+    }
+    std::string payload(sz.block_bytes, '\0');
+    for (uint64_t i = 0; i < n; ++i) {
+      testing::FillPayload(i, payload.data(), payload.size());
+      v1::BlockMeta meta = testing::SessionMeta(fp, "engine-load", i, 16, 0, 1, 0);
+      meta.set_payload_bytes(sz.block_bytes);
+      meta.set_checksum(PayloadChecksum(payload.data(), payload.size()));
+      ids.push_back(testing::IdOf(meta));
+      const SaveItem item{&meta, payload.size(), false};
+      HostSaveSource source({payload});
+      const auto saved = (*tm)->Save({&item, 1}, source, false, absl::InfiniteFuture(), 1);
+      if (!saved.ok()) {
+        absl::FPrintF(stderr, "save %d: %s\n", i, saved.status().ToString().c_str());
+        return 1;
+      }
+    }
+    if (const auto f = (*tm)->Flush(/*evict=*/true); !f.ok()) {
+      absl::FPrintF(stderr, "flush: %s\n", f.status().ToString().c_str());
+      return 1;
+    }
+  }
+  std::vector<uint8_t> buffer(batch * sz.block_bytes);
+  BufferSink sink(buffer.data(), sz.block_bytes);
+  for (int round = 0; round < rounds; ++round) {
+    for (const int reads : {1, in_flight}) {
+      // A tier 1 too small to promote into: every pass reads from disk.
+      absl::StatusOr<std::unique_ptr<TierManager>> tm =
+          OpenEngine(dir, std::max<uint64_t>(4096, sz.block_bytes), reads);
+      if (!tm.ok()) {
+        absl::FPrintF(stderr, "reopen: %s\n", tm.status().ToString().c_str());
+        return 1;
+      }
+      std::vector<v1::BlockMeta> metas;
+      std::vector<LoadedInfo> infos;
+      uint64_t from_disk = 0;
+      const absl::Time t0 = absl::Now();
+      for (uint64_t b = 0; b < n; b += batch) {
+        const size_t k = static_cast<size_t>(std::min(batch, n - b));
+        const absl::Status s = (*tm)->Load(absl::MakeConstSpan(ids).subspan(b, k), fp, sink,
+                                           &metas, &infos);
+        if (!s.ok()) {
+          absl::FPrintF(stderr, "load at %d: %s\n", b, s.ToString().c_str());
+          return 1;
+        }
+        for (const LoadedInfo& info : infos) {
+          from_disk += info.served_from == BlockLocation::kDisk ? 1 : 0;
+        }
+      }
+      const absl::Duration d = absl::Now() - t0;
+      absl::PrintF(
+          "RESULT case=engine_load round=%d block_bytes=%d blocks=%d batch=%d "
+          "reads_in_flight=%d from_disk=%d read_s=%.3f read_MBps=%.1f\n",
+          round, sz.block_bytes, n, batch, reads, from_disk, absl::ToDoubleSeconds(d),
+          Mbps(n * sz.block_bytes, d));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 // ---------------------------------------------------------------- sigterm
 
 v1::BlockMeta SmallMeta(const v1::LayoutFingerprint& fp, uint64_t i) {
@@ -525,6 +645,16 @@ int main(int argc, char** argv) {
   load->add_flag("--no-verify", no_verify, "Do not hash the payloads read");
   load->add_option("--warm-passes", warm, "Passes after the first")->capture_default_str();
 
+  CLI::App* engine = app.add_subcommand(
+      "engine-load", "Save blocks through a TierManager, evict them, load them back in batches");
+  add_sizes(engine);
+  uint64_t load_batch = 16;
+  int in_flight = 4, rounds = 3;
+  engine->add_option("--batch", load_batch, "Blocks per Load")->capture_default_str();
+  engine->add_option("--reads-in-flight", in_flight, "disk_reads_in_flight of the second setting")
+      ->capture_default_str();
+  engine->add_option("--rounds", rounds, "Alternating rounds")->capture_default_str();
+
   CLI::App* term = app.add_subcommand("sigterm", "evoked: save small blocks, SIGTERM, time exit");
   std::string evoked;
   uint64_t blocks = 1000000, payload = 256, save_batch = 8192, sample = 2000;
@@ -543,6 +673,9 @@ int main(int argc, char** argv) {
   sz.pool_bytes = SizeOrDie(pool, "--pool-bytes");
   if (spill->parsed()) return evoke::RunSpill(dir, sz, sync, keep);
   if (load->parsed()) return evoke::RunLoad(dir, sz, drop, !no_verify, warm);
+  if (engine->parsed()) {
+    return evoke::RunEngineLoad(dir, sz, std::max<uint64_t>(1, load_batch), in_flight, rounds);
+  }
   return evoke::RunSigterm(dir, blocks, payload, std::max<uint64_t>(1, save_batch), sample,
                            evoked);
 }

@@ -265,6 +265,10 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                  "that scan large recovery tables)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--disk-reads-in-flight", o->tiers.disk_reads_in_flight,
+                 "Tier-2 reads one Load keeps in flight at once (1: one after another)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app.add_option("--lock-memory", o->tier1.lock_memory,
                  "mlock tier 1 (best effort; Stat reports the outcome)")
       ->capture_default_str();
@@ -468,6 +472,7 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "max-message-bytes = ", size(o.server.max_message_bytes), "\n",
       "worker-threads = ", o.server.worker_threads, "\n",
       "copy-threads = ", o.tiers.copy_threads, "\n",
+      "disk-reads-in-flight = ", o.tiers.disk_reads_in_flight, "\n",
       "lock-memory = ", o.tier1.lock_memory ? "true" : "false", "\n",
       "prefault-memory = ", o.tier1.prefault_memory ? "true" : "false", "\n",
       "ring-poll-max-us = ", o.rings.poll_max_us, "\n",

@@ -96,6 +96,10 @@ absl::Status DaemonOptions::Validate() const {
   if (tiers.copy_threads > 64) {
     return Invalid("copy-threads", absl::StrCat(tiers.copy_threads, " exceeds 64"));
   }
+  if (tiers.disk_reads_in_flight < 1 || tiers.disk_reads_in_flight > 64) {
+    return Invalid("disk-reads-in-flight",
+                   absl::StrCat(tiers.disk_reads_in_flight, " is outside 1..64"));
+  }
   if (server.worker_threads > 256) {
     return Invalid("worker-threads", absl::StrCat(server.worker_threads, " exceeds 256"));
   }

@@ -189,6 +189,12 @@ struct DaemonOptions {
     // Default: 2.
     uint32_t copy_threads = 2;
 
+    // Tier-2 reads one Load keeps in flight at once, for the blocks it
+    // reads from disk into a destination known in advance (a region, or
+    // room in tier 1). 1 reads them one after another. At most 64.
+    // Default: 4.
+    uint32_t disk_reads_in_flight = 4;
+
     // The layer whose keys the daemon summarizes (SUMMARY_MEAN_KEYS) for
     // canonical blocks saved without such a summary; -1 means the middle of
     // each block's layers. Recover asks for a layer: use the same one.

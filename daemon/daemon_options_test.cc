@@ -263,6 +263,7 @@ TEST(DaemonFlagsTest, ConfigFileRoundTripsAndFlagsOverride) {
   custom.tiers.staging_bytes = 48ull << 20;
   custom.server.worker_threads = 5;
   custom.tiers.copy_threads = 3;
+  custom.tiers.disk_reads_in_flight = 6;
   custom.tier1.lock_memory = false;
   custom.tier1.prefault_memory = false;
   custom.rings.poll_max_us = 200;
@@ -317,7 +318,8 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
   EXPECT_THAT(out, HasSubstr("pinned-bytes = \"2 GiB\""));
   for (const char* key : {"socket", "data-dir", "spill-bytes", "high-watermark",
                           "low-watermark", "max-block-bytes", "max-message-bytes",
-                          "worker-threads", "copy-threads", "lock-memory", "prefault-memory",
+                          "worker-threads", "copy-threads", "disk-reads-in-flight", "lock-memory",
+                          "prefault-memory",
                           "ring-poll-max-us", "spill-sync",
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-leases-per-uid",
@@ -354,6 +356,7 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.rings.poll_max_us, b.rings.poll_max_us);
   EXPECT_EQ(a.tier2.spill_sync, b.tier2.spill_sync);
   EXPECT_EQ(a.tiers.copy_threads, b.tiers.copy_threads);
+  EXPECT_EQ(a.tiers.disk_reads_in_flight, b.tiers.disk_reads_in_flight);
   EXPECT_EQ(a.tier2.spill_batch_bytes, b.tier2.spill_batch_bytes);
   EXPECT_EQ(a.tiers.save_wait_ms, b.tiers.save_wait_ms);
   EXPECT_EQ(a.server.shutdown_grace_ms, b.server.shutdown_grace_ms);
@@ -468,6 +471,7 @@ TEST(DaemonFlagsTest, PrintConfigRoundTripsRandomOptions) {
     o.tiers.staging_bytes = pick(o.tiers.max_block_bytes, 1ull << 40);
     o.server.worker_threads = static_cast<uint32_t>(pick(0, 256));
     o.tiers.copy_threads = static_cast<uint32_t>(pick(0, 64));
+    o.tiers.disk_reads_in_flight = static_cast<uint32_t>(pick(1, 64));
     o.tier1.lock_memory = pick(0, 1);
     o.tier1.prefault_memory = pick(0, 1);
     o.rings.poll_max_us = pick(0, 5000);

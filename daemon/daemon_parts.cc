@@ -81,6 +81,7 @@ TierManagerOptions ToTierManagerOptions(const DaemonOptions& options) {
   tiers.spill_batch_bytes = options.tier2.spill_batch_bytes;
   tiers.max_wait_for_room = absl::Milliseconds(options.tiers.save_wait_ms);
   tiers.copy_threads = static_cast<int>(options.tiers.copy_threads);
+  tiers.disk_reads_in_flight = static_cast<int>(options.tiers.disk_reads_in_flight);
   tiers.remote_sessions = options.remote.sessions;
   tiers.remote_queue_bytes = options.remote.queue_bytes;
   tiers.remote_write_bytes_per_s = options.remote.write_bytes_per_s;

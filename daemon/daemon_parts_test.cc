@@ -33,6 +33,7 @@ DaemonOptions Unusual() {
   o.tiers.metadata_bytes = 7ull << 20;
   o.tiers.save_wait_ms = 1234;
   o.tiers.copy_threads = 5;
+  o.tiers.disk_reads_in_flight = 3;
   o.remote.conf = "/etc/ceph/ceph.conf";
   o.remote.pool = "p";
   o.remote.user = "client.evoke";
@@ -82,6 +83,7 @@ TEST(DaemonPartsTest, StorageTakesTheTierGroups) {
   EXPECT_EQ(tiers.metadata_bytes, 7ull << 20);
   EXPECT_EQ(tiers.max_wait_for_room, absl::Milliseconds(1234));
   EXPECT_EQ(tiers.copy_threads, 5);
+  EXPECT_EQ(tiers.disk_reads_in_flight, 3);
   EXPECT_TRUE(tiers.remote_sessions);
   EXPECT_EQ(tiers.remote_queue_bytes, 9ull << 20);
   EXPECT_EQ(tiers.remote_write_bytes_per_s, 11ull << 20);

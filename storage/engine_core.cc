@@ -24,6 +24,7 @@ EngineCore::EngineCore(const TierManagerOptions& opts, std::unique_ptr<PinnedAre
       host_(std::move(arena), [this] { room_cv_.SignalAll(); }),
       disk_(std::move(disk_tier)),
       copier_(opts.copy_threads),
+      disk_readers_(std::max(0, opts.disk_reads_in_flight - 1)),
       staging_(opts.staging_bytes),
       high_bytes_(static_cast<uint64_t>(opts.high_watermark * host_.capacity_bytes())),
       low_bytes_(static_cast<uint64_t>(opts.low_watermark * host_.capacity_bytes())),
@@ -73,6 +74,13 @@ absl::Status EngineCore::ReadFromDisk(const BlockId& id, uint64_t checksum,
         }
         return absl::OkStatus();
       });
+}
+
+void EngineCore::ReadManyFromDisk(absl::Span<DiskRead> reads) {
+  disk_readers_.ParallelFor(reads.size(), [this, reads](size_t i) {
+    DiskRead& r = reads[i];
+    r.status = ReadFromDisk(r.id, r.checksum, r.payload_bytes, r.dest, r.promote);
+  });
 }
 
 void EngineCore::QuarantineDisk(const BlockId& id, uint64_t gen) {

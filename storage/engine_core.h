@@ -139,6 +139,19 @@ class EngineCore {
   // when absent or replaced by another version meanwhile.
   absl::Status ReadFromDisk(const BlockId& id, uint64_t checksum, uint64_t payload_bytes,
                             uint8_t* dest, uint8_t* promote = nullptr);
+  // DiskRead: the arguments and the outcome of one ReadFromDisk.
+  struct DiskRead {
+    BlockId id;
+    uint64_t checksum = 0;
+    uint64_t payload_bytes = 0;
+    uint8_t* dest = nullptr;
+    uint8_t* promote = nullptr;
+    absl::Status status;
+  };
+  // ReadManyFromDisk runs ReadFromDisk for each of `reads`, up to
+  // options().disk_reads_in_flight at once (this thread and the disk
+  // readers), and returns when all have ended.
+  void ReadManyFromDisk(absl::Span<DiskRead> reads);
   // DropCorruptDiskCopy counts a tier-2 copy of entry `gen` that failed its
   // checksum (ReadFromDisk's DATA_LOSS) and drops it: the block becomes a
   // breadcrumb, or keeps only its tier-1 copy. Takes disk_mu, then mu.
@@ -258,6 +271,7 @@ class EngineCore {
   HostTier host_;            // Tells room_cv_ whenever bytes return.
   const std::unique_ptr<Tier> disk_;
   CopyPool copier_;
+  CopyPool disk_readers_;  // Runs ReadManyFromDisk's reads, not copies.
   StagingBudget staging_;
   const uint64_t high_bytes_;
   const uint64_t low_bytes_;

@@ -78,6 +78,10 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   }
 
   absl::Status failure = sink.Prepare(*metas);
+  // Blocks read from tier 2 into a destination known now are read first,
+  // several at once; the loop below delivers in order.
+  std::vector<EarlyRead> early;
+  if (failure.ok()) ReadAhead(ids, plan, sink, &early);
   // Deliver-path copies of disk reads, under the staging budget; they live
   // until Finish, or until the sink drains.
   StagingBudget::Buffers staging(&core_.staging());
@@ -114,24 +118,35 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     // A block whose tier-1 copy just failed is still in tier 1 (we hold a
     // reader): read it through a staging buffer, not a promotion.
     std::optional<ArenaReservation> promote;
-    if (p.ram == nullptr) promote = core_.host().ReserveBelow(size, core_.high_bytes());
     uint8_t* target = dest;
-    if (target == nullptr) {
-      if (promote) {
-        target = promote->data();
-      } else {
-        if (!staging_deadline) staging_deadline = absl::Now() + core_.options().max_wait_for_room;
-        absl::StatusOr<uint8_t*> buffer =
-            staging.Take(size, *staging_deadline, [&sink] { return sink.Drain(); });
-        if (!buffer.ok()) {
-          failure = WithItem(buffer.status(), i, ItemPart::kId);
-          break;
+    absl::Status s;
+    if (!early.empty() && early[i].issued) {
+      EarlyRead& r = early[i];
+      r.consumed = true;
+      promote = std::move(r.promote);
+      if (target == nullptr) target = promote->data();
+      s = r.status;
+    } else {
+      if (p.ram == nullptr) promote = core_.host().ReserveBelow(size, core_.high_bytes());
+      if (target == nullptr) {
+        if (promote) {
+          target = promote->data();
+        } else {
+          if (!staging_deadline) {
+            staging_deadline = absl::Now() + core_.options().max_wait_for_room;
+          }
+          absl::StatusOr<uint8_t*> buffer =
+              staging.Take(size, *staging_deadline, [&sink] { return sink.Drain(); });
+          if (!buffer.ok()) {
+            failure = WithItem(buffer.status(), i, ItemPart::kId);
+            break;
+          }
+          target = *buffer;
         }
-        target = *buffer;
       }
+      s = core_.ReadFromDisk(ids[i], p.checksum, size, target,
+                             promote ? promote->data() : nullptr);
     }
-    absl::Status s =
-        core_.ReadFromDisk(ids[i], p.checksum, size, target, promote ? promote->data() : nullptr);
     if (!s.ok()) {
       promote.reset();
       if (s.code() == absl::StatusCode::kDataLoss) {
@@ -160,6 +175,14 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     failure = dest == nullptr ? sink.Deliver(i, target, size, p.checksum)
                               : sink.AfterHostCopy(i, dest, size);
   }
+  // Reads ahead that the loop did not reach (it stopped at a failure): a
+  // copy found corrupt is dropped all the same.
+  for (size_t i = 0; i < early.size(); ++i) {
+    if (early[i].issued && !early[i].consumed &&
+        early[i].status.code() == absl::StatusCode::kDataLoss) {
+      core_.DropCorruptDiskCopy(ids[i], plan[i].gen);
+    }
+  }
   if (failure.ok()) failure = sink.Finish();
   copying.reset();
   if (failure.code() == absl::StatusCode::kDataLoss && sink.VerifiesDeliveries()) {
@@ -179,6 +202,48 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   core_.counters_.hits_tier2 += hits2;
   if (failure.ok()) core_.counters_.loads += n;
   return failure;
+}
+
+void TierManagerImpl::ReadAhead(absl::Span<const BlockId> ids,
+                                absl::Span<const EngineCore::ReadHold> plan, LoadSink& sink,
+                                std::vector<EarlyRead>* early) {
+  // Only worth it with two reads or more, and with more than one in flight.
+  if (core_.options().disk_reads_in_flight <= 1) return;
+  size_t from_disk = 0;
+  for (const EngineCore::ReadHold& p : plan) from_disk += p.ram == nullptr ? 1 : 0;
+  if (from_disk < 2) return;
+  early->resize(ids.size());
+  std::vector<EngineCore::DiskRead> reads;
+  std::vector<size_t> which;
+  reads.reserve(from_disk);
+  which.reserve(from_disk);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const EngineCore::ReadHold& p = plan[i];
+    if (p.ram != nullptr) continue;
+    EarlyRead& r = (*early)[i];
+    uint8_t* dest = sink.HostDestination(i);
+    // As the loop would: the promotion's room in tier 1 (below the high
+    // watermark), and the destination when the sink has one.
+    r.promote = core_.host().ReserveBelow(p.payload_bytes, core_.high_bytes());
+    if (dest == nullptr && !r.promote) continue;  // Staged by the loop, in turn.
+    EngineCore::DiskRead& d = reads.emplace_back();
+    d.id = ids[i];
+    d.checksum = p.checksum;
+    d.payload_bytes = p.payload_bytes;
+    d.dest = dest != nullptr ? dest : r.promote->data();
+    d.promote = r.promote ? r.promote->data() : nullptr;
+    which.push_back(i);
+  }
+  if (reads.size() < 2) {
+    early->clear();  // Releases the reservations: the loop reads in turn.
+    return;
+  }
+  core_.ReadManyFromDisk(absl::MakeSpan(reads));
+  for (size_t k = 0; k < reads.size(); ++k) {
+    EarlyRead& r = (*early)[which[k]];
+    r.issued = true;
+    r.status = std::move(reads[k].status);
+  }
 }
 
 }  // namespace evoke

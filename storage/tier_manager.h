@@ -80,6 +80,11 @@ struct TierManagerOptions {
   // parallel (1 MiB pieces). 0: every copy on the calling thread.
   // Default: 2.
   int copy_threads = 2;
+  // Tier-2 reads one Load issues at once for the blocks it reads from disk
+  // into a destination known in advance (the sink's host destination, or
+  // room in tier 1 for the promotion): several reads in flight keep the
+  // device busy. 1: one after another. Default: 4.
+  int disk_reads_in_flight = 4;
   // What a stored record may be. At start every record is checked as a Save
   // would be (id, shape, positions, fingerprint, payload size; summaries
   // are checked by the observer that indexes them): one that fails is left

@@ -147,6 +147,19 @@ class TierManagerImpl final : public TierManager {
   absl::Status LoadLocal(absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,
                          LoadSink& sink, std::vector<v1::BlockMeta>* metas,
                          std::vector<LoadedInfo>* infos, const NamespaceScope* scope);
+  // EarlyRead: a block of a Load read from tier 2 before its turn.
+  struct EarlyRead {
+    bool issued = false;    // Read (status is its outcome).
+    bool consumed = false;  // The delivery loop took it.
+    absl::Status status;
+    std::optional<ArenaReservation> promote;  // Its promotion's room in tier 1.
+  };
+  // ReadAhead reads the blocks of `plan` that come from tier 2 into a
+  // destination known before delivery (the sink's host destination, or the
+  // promotion's room in tier 1), disk_reads_in_flight at once; `early` gets
+  // one entry per block, or stays empty when fewer than two qualify.
+  void ReadAhead(absl::Span<const BlockId> ids, absl::Span<const EngineCore::ReadHold> plan,
+                 LoadSink& sink, std::vector<EarlyRead>* early);
 
   // RemoveBlocks deletes those of `ids` that still exist from every tier and
   // returns how many.

@@ -1,0 +1,188 @@
+// Loads of blocks that come from tier 2: read ahead, several at once
+// (TierManagerOptions::disk_reads_in_flight), delivered in order.
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/pinned_arena.h"
+#include "storage/spill_record.pb.h"
+#include "storage/tier2/spill_store.h"
+#include "storage/tier_manager.h"
+#include "testing/blocks.h"
+#include "testing/status_matchers.h"
+#include "testing/temp_dir.h"
+
+namespace evoke {
+namespace {
+
+using ::evoke::testing::IdOf;
+using ::evoke::testing::Payload;
+using ::evoke::testing::StatusIs;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+constexpr PinOwner kOwner = 1;
+
+// A SpillStore wrapper that counts the reads in flight at once (each one
+// lasts a few milliseconds, so that overlapping reads overlap surely) and
+// flips a byte of the payloads of chosen blocks as they are read: a fake of
+// the disk boundary, for this module's tests only.
+class WatchedSpillStore : public SpillStore {
+ public:
+  explicit WatchedSpillStore(std::unique_ptr<SpillStore> real) : real_(std::move(real)) {}
+
+  void Corrupt(const BlockId& id) {
+    absl::MutexLock lock(&mu_);
+    corrupt_.insert(id);
+  }
+  int max_in_flight() const { return max_in_flight_.load(); }
+  int reads() const { return reads_.load(); }
+
+  absl::Status Put(absl::Span<const SpillWrite> writes, bool sync) override {
+    return real_->Put(writes, sync);
+  }
+  absl::Status DropPayloads(absl::Span<const SpillWrite> b) override {
+    return real_->DropPayloads(b);
+  }
+  absl::Status Delete(absl::Span<const BlockId> ids) override { return real_->Delete(ids); }
+  absl::Status Read(const BlockId& id,
+                    const std::function<absl::Status(const storage::SpillRecord&,
+                                                     absl::string_view)>& consume) override {
+    const int now = ++in_flight_;
+    int seen = max_in_flight_.load();
+    while (now > seen && !max_in_flight_.compare_exchange_weak(seen, now)) {
+    }
+    ++reads_;
+    absl::SleepFor(absl::Milliseconds(5));
+    bool corrupt;
+    {
+      absl::MutexLock lock(&mu_);
+      corrupt = corrupt_.contains(id);
+    }
+    const absl::Status s =
+        real_->Read(id, [&](const storage::SpillRecord& r, absl::string_view payload) {
+          if (!corrupt) return consume(r, payload);
+          std::string bad(payload);
+          bad[bad.size() / 2] ^= 0x40;
+          return consume(r, bad);
+        });
+    --in_flight_;
+    return s;
+  }
+  absl::Status ForEachRecord(const RecordVisitor& v,
+                             std::vector<std::string>* skipped) override {
+    return real_->ForEachRecord(v, skipped);
+  }
+  uint64_t UsedBytes() override { return real_->UsedBytes(); }
+  absl::Status Persist() override { return real_->Persist(); }
+
+ private:
+  std::unique_ptr<SpillStore> real_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> max_in_flight_{0};
+  std::atomic<int> reads_{0};
+  absl::Mutex mu_;
+  absl::flat_hash_set<BlockId> corrupt_ ABSL_GUARDED_BY(mu_);
+};
+
+class TierLoadTest : public ::testing::TestWithParam<int> {
+ protected:
+  // 48 blocks of 64 KiB saved into a 1 MiB tier 1, then all written to
+  // tier 2 and evicted: every Load reads from disk.
+  void SetUp() override {
+    PinnedArenaOptions arena_options;
+    arena_options.capacity_bytes = 1 * kMiB;
+    arena_options.lock_memory = false;
+    auto arena = PinnedArena::Create(arena_options);
+    ASSERT_OK(arena);
+    SpillStoreOptions spill_options;
+    spill_options.path = dir_.Join("db");
+    auto spill = SpillStore::Open(spill_options);
+    ASSERT_OK(spill);
+    auto watched = std::make_unique<WatchedSpillStore>(std::move(spill).value());
+    disk_ = watched.get();
+    TierManagerOptions options;
+    options.spill_batch_bytes = 256 * kKiB;
+    options.disk_reads_in_flight = GetParam();
+    auto tm = TierManager::Open(options, std::move(arena).value(), std::move(watched));
+    ASSERT_OK(tm);
+    tm_ = std::move(tm).value();
+    for (uint64_t i = 0; i < kBlocks; ++i) {
+      metas_.push_back(evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint(), "s", i,
+                                                   16, 0, 1, 0));
+      ids_.push_back(IdOf(metas_.back()));
+      const std::string payload = Payload(i, 64 * kKiB);
+      const SaveItem item{&metas_.back(), payload.size(), false};
+      HostSaveSource source({payload});
+      ASSERT_OK(tm_->Save({&item, 1}, source, false, absl::InfiniteFuture(), kOwner));
+    }
+    ASSERT_OK(tm_->Flush(/*evict=*/true));
+  }
+
+  absl::Status LoadAll(StringLoadSink* sink, std::vector<LoadedInfo>* infos) {
+    std::vector<v1::BlockMeta> metas;
+    return tm_->Load(ids_, evoke::testing::OpaqueFingerprint(), *sink, &metas, infos);
+  }
+
+  static constexpr uint64_t kBlocks = 48;
+  evoke::testing::TempDir dir_;
+  WatchedSpillStore* disk_ = nullptr;
+  std::unique_ptr<TierManager> tm_;
+  std::vector<v1::BlockMeta> metas_;
+  std::vector<BlockId> ids_;
+};
+
+TEST_P(TierLoadTest, ServesEveryBlockInOrderWithTheReadsItMayKeepInFlight) {
+  StringLoadSink sink;
+  std::vector<LoadedInfo> infos;
+  ASSERT_OK(LoadAll(&sink, &infos));
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    ASSERT_EQ(sink.payloads()[i], Payload(i, 64 * kKiB)) << i;
+    EXPECT_EQ(infos[i].served_from, BlockLocation::kDisk) << i;
+  }
+  EXPECT_EQ(disk_->reads(), static_cast<int>(kBlocks));
+  EXPECT_EQ(tm_->Stats().counters.hits_tier2, kBlocks);
+  // Reads overlap up to the option, never past it.
+  EXPECT_LE(disk_->max_in_flight(), GetParam());
+  if (GetParam() > 1) {
+    EXPECT_GE(disk_->max_in_flight(), 2);
+  }
+}
+
+TEST_P(TierLoadTest, ACorruptCopyFailsItsItemAndEveryCorruptCopyReadIsDropped) {
+  disk_->Corrupt(ids_[5]);
+  disk_->Corrupt(ids_[40]);
+  StringLoadSink sink;
+  std::vector<LoadedInfo> infos;
+  const absl::Status s = LoadAll(&sink, &infos);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDataLoss));
+  const std::optional<ItemRef> item = ErrorItem(s);
+  ASSERT_TRUE(item.has_value());
+  EXPECT_EQ(item->index, 5u);
+  // Block 5 is a breadcrumb now; so is block 40 when the Load read it
+  // ahead (with reads in flight), though its turn never came.
+  ASSERT_OK_AND_ASSIGN(BlockInfo five, tm_->Describe(ids_[5]));
+  EXPECT_EQ(five.location, BlockLocation::kBreadcrumb);
+  ASSERT_OK_AND_ASSIGN(BlockInfo forty, tm_->Describe(ids_[40]));
+  EXPECT_EQ(forty.location,
+            GetParam() > 1 ? BlockLocation::kBreadcrumb : BlockLocation::kDisk);
+  // The others still load, each from its own copy.
+  StringLoadSink one;
+  std::vector<v1::BlockMeta> metas;
+  ASSERT_OK(tm_->Load({&ids_[6], 1}, evoke::testing::OpaqueFingerprint(), one, &metas, &infos));
+  EXPECT_EQ(one.payloads()[0], Payload(6, 64 * kKiB));
+}
+
+INSTANTIATE_TEST_SUITE_P(ReadsInFlight, TierLoadTest, ::testing::Values(1, 4),
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return absl::StrCat("InFlight", p.param);
+                         });
+
+}  // namespace
+}  // namespace evoke
