@@ -2,6 +2,7 @@
 // blocks of a Load this host lacks, and fetching them into tier 1 within the
 // staging budget, with every record checked before it is served. The rest
 // of Load is in tier_manager.cc.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,25 @@ absl::Status TierManagerImpl::FetchRemote(absl::Span<const BlockId> ids,
   return absl::OkStatus();
 }
 
+namespace {
+
+// One fetched payload, in the pieces the object store received it in.
+class PiecesSaveSource final : public SaveSource {
+ public:
+  explicit PiecesSaveSource(absl::Span<const absl::string_view> pieces) : pieces_(pieces) {}
+  absl::string_view HostBytes(size_t) override {
+    return pieces_.size() == 1 ? pieces_[0] : absl::string_view();
+  }
+  absl::Span<const absl::string_view> HostPieces(size_t) override {
+    return pieces_.size() > 1 ? pieces_ : absl::Span<const absl::string_view>();
+  }
+
+ private:
+  absl::Span<const absl::string_view> pieces_;
+};
+
+}  // namespace
+
 absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
                                                absl::Span<const size_t> which,
                                                const v1::LayoutFingerprint& fingerprint) {
@@ -85,15 +105,25 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
   std::vector<BlockId> want;
   want.reserve(which.size());
   for (size_t i : which) want.push_back(ids[i]);
-  std::vector<storage::SpillRecord> records;
-  std::vector<std::string> payloads;
-  const std::vector<absl::Status> got =
-      remote->Fetch(ns, want, core_.options().limits.max_block_bytes, &records, &payloads);
   const FingerprintDigest expected = DigestFingerprint(fingerprint);
-  std::vector<SaveItem> items;
-  std::vector<absl::string_view> views;
+  // Each block is checked and saved into tier 1 as its read completes,
+  // while the reads after it are still in flight; its outcome (an item
+  // error, final) is kept. The first failure in the order of the Load is
+  // its answer, as if the blocks had been taken one after another.
+  std::vector<std::optional<absl::Status>> saved(which.size());
+  const std::vector<absl::Status> got = remote->FetchEach(
+      ns, want, core_.options().limits.max_block_bytes,
+      [&](size_t k, storage::SpillRecord& record, absl::Span<const absl::string_view> payload,
+          uint64_t bytes) {
+        saved[k] = SaveFetched(ids, which[k], ns, expected, fingerprint, record, payload, bytes);
+        return *saved[k];
+      });
   for (size_t k = 0; k < which.size(); ++k) {
     const size_t i = which[k];
+    if (saved[k].has_value()) {
+      if (!saved[k]->ok()) return *saved[k];
+      continue;
+    }
     const absl::Status& s = got[k];
     switch (s.code()) {
       case absl::StatusCode::kOk:
@@ -121,47 +151,55 @@ absl::Status TierManagerImpl::FetchRemoteBatch(absl::Span<const BlockId> ids,
       default:
         return WithItem(s, i, ItemPart::kId);
     }
-    const v1::BlockMeta& meta = records[k].meta();
-    // A record that is bad for every host is removed (so that the next host
-    // to compute the block writes a good one); one that only this host's
-    // limits refuse is left for the hosts that accept it.
-    absl::Status valid = CheckRecordIdentity(ids[i], meta);
-    if (valid.ok() && RemoteTier::RemoteNamespace(meta.fingerprint()) != ns) {
-      valid = absl::DataLossError("its record names another namespace or trust group");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TierManagerImpl::SaveFetched(absl::Span<const BlockId> ids, size_t i,
+                                          const std::string& ns,
+                                          const FingerprintDigest& expected,
+                                          const v1::LayoutFingerprint& fingerprint,
+                                          const storage::SpillRecord& record,
+                                          absl::Span<const absl::string_view> payload,
+                                          uint64_t bytes) {
+  RemoteTier* remote = core_.options().remote;
+  const v1::BlockMeta& meta = record.meta();
+  // A record that is bad for every host is removed (so that the next host
+  // to compute the block writes a good one); one that only this host's
+  // limits refuse is left for the hosts that accept it.
+  absl::Status valid = CheckRecordIdentity(ids[i], meta);
+  if (valid.ok() && RemoteTier::RemoteNamespace(meta.fingerprint()) != ns) {
+    valid = absl::DataLossError("its record names another namespace or trust group");
+  }
+  if (valid.ok()) {
+    if (absl::Status limits = ValidateRecord(ids[i], meta); !limits.ok()) {
+      remote->CountRefusedRecord();
+      return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
+                       absl::StrCat(BlockName(ids[i]), ": its remote record is outside this "
+                                    "host's limits (left in place): ", limits.message()));
     }
-    if (valid.ok()) {
-      if (absl::Status limits = ValidateRecord(ids[i], meta); !limits.ok()) {
-        remote->CountRefusedRecord();
-        return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
-                         absl::StrCat(BlockName(ids[i]), ": its remote record is outside this "
-                                      "host's limits (left in place): ", limits.message()));
-      }
-    }
-    if (!valid.ok()) {
-      remote->CountChecksumFailure();
-      DropRemoteCopy(ns, ids[i], valid);
-      core_.CountChecksumFailure();
-      return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
-                       absl::StrCat(BlockName(ids[i]), ": its remote record was refused: ",
-                                    valid.message()));
-    }
-    if (DigestFingerprint(meta.fingerprint()) != expected) {
-      return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kFingerprint,
-                       absl::StrCat(BlockName(ids[i]), " was saved with another layout: ",
-                                    FingerprintMismatch(meta.fingerprint(), fingerprint)));
-    }
-    items.push_back(SaveItem{&meta, payloads[k].size(), /*pin=*/false, /*from_remote=*/true});
-    views.push_back(payloads[k]);
+  }
+  if (!valid.ok()) {
+    remote->CountChecksumFailure();
+    DropRemoteCopy(ns, ids[i], valid);
+    core_.CountChecksumFailure();
+    return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kId,
+                     absl::StrCat(BlockName(ids[i]), ": its remote record was refused: ",
+                                  valid.message()));
+  }
+  if (DigestFingerprint(meta.fingerprint()) != expected) {
+    return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kFingerprint,
+                     absl::StrCat(BlockName(ids[i]), " was saved with another layout: ",
+                                  FingerprintMismatch(meta.fingerprint(), fingerprint)));
   }
   // Save hashes its own tier-1 copy against the record's checksum: a remote
   // payload that does not match is refused there (DATA_LOSS), never served.
-  HostSaveSource source(std::move(views));
-  absl::StatusOr<std::vector<SavedBlock>> saved =
-      Save(items, source, /*durable=*/false, absl::InfiniteFuture(), /*owner=*/0);
-  if (saved.ok()) return absl::OkStatus();
-  absl::Status s = saved.status();
-  const std::optional<ItemRef> item = ErrorItem(s);
-  const size_t i = item && item->index < which.size() ? which[item->index] : which[0];
+  const SaveItem item{&meta, bytes, /*pin=*/false, /*from_remote=*/true};
+  PiecesSaveSource source(payload);
+  absl::StatusOr<std::vector<SavedBlock>> stored =
+      Save({&item, 1}, source, /*durable=*/false, absl::InfiniteFuture(), /*owner=*/0);
+  if (stored.ok()) return absl::OkStatus();
+  const absl::Status s = stored.status();
   if (s.code() == absl::StatusCode::kDataLoss) {
     remote->CountChecksumFailure();
     DropRemoteCopy(ns, ids[i], s);

@@ -142,6 +142,15 @@ class TierManagerImpl final : public TierManager {
   // FetchRemoteBatch is FetchRemote for blocks read in one round trip.
   absl::Status FetchRemoteBatch(absl::Span<const BlockId> ids, absl::Span<const size_t> which,
                                 const v1::LayoutFingerprint& fingerprint);
+  // SaveFetched checks block ids[i]'s fetched remote record (identity,
+  // namespace, this host's limits, layout) and saves its payload into tier
+  // 1; the item error otherwise (a copy that is bad for every host is
+  // removed from tier 3).
+  absl::Status SaveFetched(absl::Span<const BlockId> ids, size_t i, const std::string& ns,
+                           const FingerprintDigest& expected,
+                           const v1::LayoutFingerprint& fingerprint,
+                           const storage::SpillRecord& record,
+                           absl::Span<const absl::string_view> payload, uint64_t bytes);
   // DropRemoteCopy removes a tier-3 object that failed verification.
   void DropRemoteCopy(absl::string_view ns, const BlockId& id, const absl::Status& why);
   absl::Status LoadLocal(absl::Span<const BlockId> ids, const v1::LayoutFingerprint& fingerprint,

@@ -5,6 +5,7 @@
 #define EVOKE_STORAGE_REMOTE_OBJECT_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,14 @@ struct ObjectRead {
   absl::Status status;  // OK, NOT_FOUND, or the error.
   std::string data;
   std::string record;
+};
+
+// An object ReadEach read: views of the store's own buffers, valid only
+// during the callback. The data may come in several pieces, in order.
+struct ObjectReadView {
+  absl::Span<const absl::string_view> data;
+  uint64_t data_bytes = 0;
+  absl::string_view record;
 };
 
 // One object found by List, with the time it was last written.
@@ -79,6 +88,26 @@ class ObjectStore {
   // with no data.
   virtual std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys,
                                        uint64_t max_data_bytes) = 0;
+  // ReadEach reads as Read does, and hands each object read to `got` as it
+  // completes, in the order of `keys`, while the reads after it are still
+  // in flight (so that the caller's work on one overlaps the transfer of
+  // the next), without copying its bytes out of the store's buffers.
+  // Returns one status per key; `got` runs for the OK ones only. The
+  // default reads everything with Read first.
+  virtual std::vector<absl::Status> ReadEach(
+      absl::Span<const ObjectKey> keys, uint64_t max_data_bytes,
+      const std::function<void(size_t i, const ObjectReadView& read)>& got) {
+    std::vector<ObjectRead> all = Read(keys, max_data_bytes);
+    std::vector<absl::Status> out;
+    out.reserve(all.size());
+    for (size_t i = 0; i < all.size(); ++i) {
+      out.push_back(all[i].status);
+      if (!all[i].status.ok()) continue;
+      const absl::string_view piece(all[i].data);
+      got(i, ObjectReadView{absl::MakeConstSpan(&piece, 1), piece.size(), all[i].record});
+    }
+    return out;
+  }
   // Stat returns each object's data size without reading it (NOT_FOUND for
   // an absent one).
   virtual std::vector<absl::StatusOr<uint64_t>> Stat(absl::Span<const ObjectKey> keys) = 0;

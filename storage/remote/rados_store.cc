@@ -134,9 +134,31 @@ class RadosObjectStore final : public ObjectStore {
 
   std::vector<ObjectRead> Read(absl::Span<const ObjectKey> keys,
                                uint64_t max_data_bytes) override {
+    std::vector<ObjectRead> out(keys.size());
+    const std::vector<absl::Status> statuses =
+        ReadEach(keys, max_data_bytes, [&](size_t i, const ObjectReadView& v) {
+          ObjectRead& r = out[i];
+          r.record.assign(v.record.data(), v.record.size());
+          r.data.reserve(v.data_bytes);
+          for (absl::string_view piece : v.data) r.data.append(piece.data(), piece.size());
+        });
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out[i].status = statuses[i];
+      if (!out[i].status.ok()) {
+        out[i].data.clear();
+        out[i].record.clear();
+      }
+    }
+    return out;
+  }
+
+  std::vector<absl::Status> ReadEach(
+      absl::Span<const ObjectKey> keys, uint64_t max_data_bytes,
+      const std::function<void(size_t i, const ObjectReadView& read)>& got) override {
     // One byte past the limit tells an object over it, without reading it.
     const uint64_t want = std::min<uint64_t>(max_data_bytes, 1ull << 40) + 1;
-    std::vector<ObjectRead> out(keys.size());
+    std::vector<absl::Status> refused(keys.size());
+    std::vector<absl::string_view> pieces;
     std::vector<absl::Status> statuses = Run(
         keys.size(),
         [&](size_t i, Op& op, librados::IoCtx& io) {
@@ -146,29 +168,31 @@ class RadosObjectStore final : public ObjectStore {
         },
         [&](size_t i) -> const ObjectKey& { return keys[i]; },
         [&](size_t i, Op& op) {
-          ObjectRead& r = out[i];
+          // Runs as each read completes, in order, while later ones are in
+          // flight; the views point into the op's bufferlists.
           if (op.record_rv < 0) {
-            r.status = FromErrno(op.record_rv, Name(keys[i]));
+            refused[i] = FromErrno(op.record_rv, Name(keys[i]));
             return;
           }
           if (op.data.length() > max_data_bytes) {
-            r.status = absl::FailedPreconditionError(absl::StrCat(
+            refused[i] = absl::FailedPreconditionError(absl::StrCat(
                 Name(keys[i]), ": data is larger than ", max_data_bytes, " bytes (not read)"));
             return;
           }
-          r.record.resize(op.record.length());
-          if (op.record.length() > 0) op.record.begin().copy(op.record.length(), r.record.data());
-          r.data.resize(op.data.length());
-          if (op.data.length() > 0) op.data.begin().copy(op.data.length(), r.data.data());
+          pieces.clear();
+          for (const auto& p : op.data.buffers()) {
+            if (p.length() > 0) pieces.emplace_back(p.c_str(), p.length());
+          }
+          const absl::string_view record =
+              op.record.length() > 0
+                  ? absl::string_view(op.record.c_str(), op.record.length())
+                  : absl::string_view();
+          got(i, ObjectReadView{pieces, op.data.length(), record});
         });
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (!statuses[i].ok()) out[i].status = statuses[i];
-      if (!out[i].status.ok()) {
-        out[i].data.clear();
-        out[i].record.clear();
-      }
+      if (statuses[i].ok() && !refused[i].ok()) statuses[i] = refused[i];
     }
-    return out;
+    return statuses;
   }
 
   std::vector<absl::StatusOr<uint64_t>> Stat(absl::Span<const ObjectKey> keys) override {

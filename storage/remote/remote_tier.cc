@@ -283,9 +283,24 @@ std::vector<absl::Status> RemoteTier::Fetch(absl::string_view ns, absl::Span<con
                                             uint64_t max_payload_bytes,
                                             std::vector<storage::SpillRecord>* records,
                                             std::vector<std::string>* payloads) {
-  std::vector<absl::Status> out(ids.size());
   records->assign(ids.size(), storage::SpillRecord());
   payloads->assign(ids.size(), std::string());
+  return FetchEach(ns, ids, max_payload_bytes,
+                   [&](size_t i, storage::SpillRecord& record,
+                       absl::Span<const absl::string_view> payload, uint64_t bytes) {
+                     (*records)[i] = std::move(record);
+                     std::string& out = (*payloads)[i];
+                     out.reserve(bytes);
+                     for (absl::string_view piece : payload) out.append(piece.data(), piece.size());
+                     return absl::OkStatus();
+                   });
+}
+
+std::vector<absl::Status> RemoteTier::FetchEach(absl::string_view ns,
+                                                absl::Span<const BlockId> ids,
+                                                uint64_t max_payload_bytes,
+                                                const FetchedVisitor& got) {
+  std::vector<absl::Status> out(ids.size());
   if (ids.empty()) return out;
   if (absl::Status admitted = Admit(); !admitted.ok()) {
     std::fill(out.begin(), out.end(), admitted);
@@ -294,54 +309,50 @@ std::vector<absl::Status> RemoteTier::Fetch(absl::string_view ns, absl::Span<con
   std::vector<ObjectKey> keys;
   keys.reserve(ids.size());
   for (const BlockId& id : ids) keys.push_back(ObjectKey{std::string(ns), ObjectName(id)});
-  std::vector<ObjectRead> got = store_->Read(keys, max_payload_bytes);
-  std::vector<absl::Status> statuses;
-  statuses.reserve(got.size());
-  for (const ObjectRead& r : got) statuses.push_back(r.status);
-  Record(statuses);
+  storage::SpillRecord record;
+  const std::vector<absl::Status> read =
+      store_->ReadEach(keys, max_payload_bytes, [&](size_t i, const ObjectReadView& r) {
+        const std::string name = absl::StrCat("remote block ", ids[i].ToHex());
+        record.Clear();
+        absl::Status checked;
+        if (!absl::StartsWith(r.record, kRecordMagic) ||
+            !record.ParseFromArray(r.record.data() + kRecordMagic.size(),
+                                   static_cast<int>(r.record.size() - kRecordMagic.size()))) {
+          checked = absl::DataLossError(absl::StrCat(name, ": its record does not parse"));
+        } else if (record.meta().id() != ids[i].ToBytes()) {
+          checked = absl::DataLossError(absl::StrCat(name, ": its record names another block"));
+        } else if (r.data_bytes != record.meta().payload_bytes()) {
+          checked = absl::DataLossError(absl::StrCat(name, ": payload is ", r.data_bytes,
+                                                     " bytes, its record says ",
+                                                     record.meta().payload_bytes()));
+        }
+        {
+          absl::MutexLock lock(&mu_);
+          if (checked.ok()) {
+            ++counters_.fetches;
+            counters_.fetched_bytes += r.data_bytes;
+          } else {
+            ++counters_.checksum_failures;
+          }
+        }
+        out[i] = checked.ok() ? got(i, record, r.data, r.data_bytes) : checked;
+      });
+  Record(read);
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < ids.size(); ++i) {
-    ObjectRead& r = got[i];
-    const std::string name = absl::StrCat("remote block ", ids[i].ToHex());
-    if (r.status.code() == absl::StatusCode::kNotFound) {
+    const absl::Status& s = read[i];
+    if (s.ok()) continue;
+    if (s.code() == absl::StatusCode::kNotFound) {
       ++counters_.misses;
-      out[i] = absl::NotFoundError(absl::StrCat(name, " not found"));
-      continue;
-    }
-    if (IsOutage(r.status)) {
+      out[i] = absl::NotFoundError(absl::StrCat("remote block ", ids[i].ToHex(), " not found"));
+    } else if (IsOutage(s)) {
       ++counters_.unavailable;
-      out[i] = Unavailable(absl::StrCat("read of block ", ids[i].ToHex()), r.status);
-      continue;
-    }
-    if (!r.status.ok()) {
+      out[i] = Unavailable(absl::StrCat("read of block ", ids[i].ToHex()), s);
+    } else {
       // DATA_LOSS: an object without a record.
-      if (r.status.code() == absl::StatusCode::kDataLoss) ++counters_.checksum_failures;
-      out[i] = r.status;
-      continue;
+      if (s.code() == absl::StatusCode::kDataLoss) ++counters_.checksum_failures;
+      out[i] = s;
     }
-    storage::SpillRecord& record = (*records)[i];
-    if (!absl::StartsWith(r.record, kRecordMagic) ||
-        !record.ParseFromArray(r.record.data() + kRecordMagic.size(),
-                               static_cast<int>(r.record.size() - kRecordMagic.size()))) {
-      ++counters_.checksum_failures;
-      out[i] = absl::DataLossError(absl::StrCat(name, ": its record does not parse"));
-      continue;
-    }
-    if (record.meta().id() != ids[i].ToBytes()) {
-      ++counters_.checksum_failures;
-      out[i] = absl::DataLossError(absl::StrCat(name, ": its record names another block"));
-      continue;
-    }
-    if (r.data.size() != record.meta().payload_bytes()) {
-      ++counters_.checksum_failures;
-      out[i] = absl::DataLossError(absl::StrCat(name, ": payload is ", r.data.size(),
-                                                " bytes, its record says ",
-                                                record.meta().payload_bytes()));
-      continue;
-    }
-    ++counters_.fetches;
-    counters_.fetched_bytes += r.data.size();
-    (*payloads)[i] = std::move(r.data);
   }
   return out;
 }

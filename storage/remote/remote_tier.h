@@ -5,6 +5,7 @@
 #define EVOKE_STORAGE_REMOTE_TIER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -107,6 +108,19 @@ class RemoteTier {
                                   uint64_t max_payload_bytes,
                                   std::vector<storage::SpillRecord>* records,
                                   std::vector<std::string>* payloads);
+  // FetchedVisitor gets block `i`'s checked record (it may take from it) and
+  // its payload, in pieces that are valid only during the call, and returns
+  // the block's status.
+  using FetchedVisitor =
+      std::function<absl::Status(size_t i, storage::SpillRecord& record,
+                                 absl::Span<const absl::string_view> payload, uint64_t bytes)>;
+  // FetchEach reads as Fetch does and hands each block over as its read
+  // completes, in order, while the later reads are still in flight (its
+  // work overlaps their transfer), without copying the payload out of the
+  // store's buffers. One status each: Fetch's errors, or what `got`
+  // returned.
+  std::vector<absl::Status> FetchEach(absl::string_view ns, absl::Span<const BlockId> ids,
+                                      uint64_t max_payload_bytes, const FetchedVisitor& got);
   // Sizes returns the payload size of each block of `ns` without reading it
   // (NOT_FOUND, UNAVAILABLE, or the store's error).
   std::vector<absl::StatusOr<uint64_t>> Sizes(absl::string_view ns,
