@@ -444,4 +444,112 @@ TierStats EngineCore::Stats() {
   return out;
 }
 
+// ------------------------------------------------------------ start-up
+
+absl::Status EngineCore::Rebuild(
+    const std::function<absl::Status(const BlockId&, const v1::BlockMeta&)>& validate) {
+  std::vector<std::string> skipped;
+  BlockObserver* const observer = options_.observer;
+  absl::MutexLock lock(&mu_);
+  // Tier 2 is only read, before any other thread starts: no disk_mu.
+  EVOKE_RETURN_IF_ERROR(disk_->ForEachRecord(
+      // Runs on this thread, within the scan, under `mu`.
+      [&](const BlockId& id, storage::SpillRecord& record)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+        if (absl::Status valid = validate(id, record.meta()); !valid.ok()) {
+          if (invalid_records_.size() < 20) {
+            EVOKE_LOG_ERROR("record ", id.ToHex(), " is invalid and is not served: ",
+                            valid.message());
+          }
+          invalid_records_.emplace(id, std::string(valid.message()));
+          ++counters_.invalid_records;
+          return absl::OkStatus();
+        }
+        IndexEntry* e = index_.AddRecovered(id, std::move(*record.mutable_meta()),
+                                            record.payload_present(),
+                                            record.last_access_unix_ms());
+        if (observer != nullptr) observer->Added(id, e->meta);
+        return absl::OkStatus();
+      },
+      &skipped));
+  index_.FinishLoading();
+  counters_.checksum_failures += skipped.size();
+  if (!invalid_records_.empty()) {
+    EVOKE_LOG_ERROR(invalid_records_.size(),
+                    " records failed validation and are kept out of the index (Stat: "
+                    "invalid_records; evokectl verify or delete removes them)");
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ the TierManager's steps
+
+uint64_t EngineCore::EvictCleanOf(absl::string_view ns, uint64_t want) {
+  // A bounded walk from the cold end: a Save never scans all of tier 1.
+  constexpr size_t kMaxVisits = 1 << 16;
+  uint64_t freed = 0;
+  size_t visits = 0;
+  const std::list<IndexEntry*>& lru = index_.ram_lru();
+  auto it = lru.end();
+  while (it != lru.begin() && freed < want && visits++ < kMaxVisits) {
+    auto cur = std::prev(it);
+    IndexEntry* e = *cur;
+    if (e->state != BlockState::kClean || e->readers > 0 ||
+        e->meta.fingerprint().namespace_() != ns) {
+      it = cur;
+      continue;
+    }
+    freed += e->payload_bytes;
+    Evict(e);  // Erases `cur`; `it` stays valid.
+  }
+  if (freed > 0) NotifyRoom();
+  return freed;
+}
+
+std::vector<IndexEntry*> EngineCore::DirtyOf(absl::string_view ns, uint64_t want) {
+  constexpr size_t kMaxVisits = 1 << 16;
+  std::vector<IndexEntry*> victims;
+  absl::MutexLock lock(&mu_);
+  uint64_t chosen = 0;
+  size_t visits = 0;
+  const std::list<IndexEntry*>& lru = index_.ram_lru();
+  for (auto it = lru.rbegin(); it != lru.rend() && chosen < want && visits++ < kMaxVisits;
+       ++it) {
+    IndexEntry* e = *it;
+    if (e->state != BlockState::kDirty || e->meta.fingerprint().namespace_() != ns) continue;
+    victims.push_back(e);
+    chosen += e->payload_bytes;
+  }
+  return victims;
+}
+
+void EngineCore::CommitWrite(IndexEntry* e, v1::BlockMeta meta, const FingerprintDigest& digest,
+                             ArenaReservation ram, std::optional<PinOwner> pin, int64_t now_ms) {
+  const uint64_t payload_bytes = meta.payload_bytes();
+  const uint64_t checksum = meta.checksum();
+  index_.ReplaceMetaForWrite(e, std::move(meta));
+  e->fp_digest = digest;
+  e->payload_bytes = payload_bytes;
+  e->checksum = checksum;
+  if (pin) index_.AddPin(e, *pin);
+  index_.CommitWrite(e, std::move(ram), now_ms);
+  ++counters_.saves;
+}
+
+void EngineCore::AttachForPin(IndexEntry* e, ArenaReservation ram, PinOwner owner) {
+  index_.AttachRam(e, std::move(ram));
+  index_.AddPin(e, owner);
+  index_.Touch(e, NowMs());
+  ++counters_.promotions;
+}
+
+void EngineCore::FinishLoad(absl::Span<IndexEntry* const> held, uint64_t hits_tier1,
+                            uint64_t hits_tier2, uint64_t loaded) {
+  absl::MutexLock lock(&mu_);
+  for (IndexEntry* e : held) index_.ReleaseReader(e);
+  counters_.hits_tier1 += hits_tier1;
+  counters_.hits_tier2 += hits_tier2;
+  counters_.loads += loaded;
+}
+
 }  // namespace evoke

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/copy_pool.h"
+#include "common/fingerprint.h"
 #include "storage/block_index.h"
 #include "storage/host_tier.h"
 #include "storage/quota_ledger.h"
@@ -46,9 +48,9 @@ inline std::string BlockName(const BlockId& id) { return absl::StrCat("block ", 
 // one documented sequence of them). They take mu() themselves only where
 // state of their own shares it (the Spiller's waiting saves, the Uploader's
 // queue), and disk_mu() around a write-back or a spill-budget round. The
-// TierManagerImpl, the owner, is a friend: its Save, Pin, Delete, List and
-// Rebuild paths are the engine itself and work the index directly, under
-// the same locks and annotations.
+// TierManagerImpl, the owner, goes through the same operations: lookups
+// and the steps of its Save, Pin, Load and Delete paths, each under the
+// lock its annotation names.
 class EngineCore {
  public:
   EngineCore(const TierManagerOptions& options, std::unique_ptr<PinnedArena> arena,
@@ -251,13 +253,154 @@ class EngineCore {
   // Stats reads occupancy and counters (tier 2's size outside `mu`).
   TierStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // --- start-up ---
+  // Rebuild fills the index from tier 2's records, before any other thread
+  // runs: a record that `validate` refuses is kept out (counted, listed in
+  // invalid records), the others are indexed and shown to the observer.
+  absl::Status Rebuild(
+      const std::function<absl::Status(const BlockId&, const v1::BlockMeta&)>& validate)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- lookups (the TierManager's calls) ---
+  IndexEntry* Find(const BlockId& id) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return index_.Find(id);
+  }
+  // FindVisible: not a save's placeholder.
+  IndexEntry* FindVisible(const BlockId& id) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return index_.FindVisible(id);
+  }
+  // FindGen: only while it is still entry `gen`.
+  IndexEntry* FindGen(const BlockId& id, uint64_t gen) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return index_.FindGen(id, gen);
+  }
+  // IsInvalidRecord: a record that failed validation at start (on disk, not
+  // in the index).
+  bool IsInvalidRecord(const BlockId& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return invalid_records_.contains(id);
+  }
+  std::vector<BlockId> SessionIds(absl::string_view ns, absl::string_view session) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.SessionIds(ns, session);
+  }
+  NamespaceUsage Usage(absl::string_view ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.Usage(ns);
+  }
+  // ListPage: BlockIndex::ListPage.
+  std::optional<BlockId> ListPage(const ListFilter& filter, const BlockId* after, size_t limit,
+                                  size_t max_visits, std::vector<BlockInfo>* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.ListPage(filter, after, limit, max_visits, out);
+  }
+
+  // --- a Save's admission: quotas and the metadata budget ---
+  // MetadataInUse: accounted metadata bytes, stored and reserved.
+  uint64_t MetadataInUse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.metadata_bytes() + quotas_.pending_metadata();
+  }
+  // PendingQuota: what Saves between their check and their commit reserved
+  // of `ns`'s quotas.
+  QuotaNeed PendingQuota(absl::string_view ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return quotas_.Pending(ns);
+  }
+  QuotaLedger::Hold ChargeQuotas(const absl::flat_hash_map<std::string, QuotaNeed>& needs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return quotas_.Charge(needs);
+  }
+  // SettleQuotas ends a reservation that did not commit and wakes the Saves
+  // waiting for it.
+  void SettleQuotas(QuotaLedger::Hold* hold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    quotas_.Settle(hold);
+    writes_cv_.SignalAll();
+  }
+  // EvictCleanOf drops up to `want` bytes of `ns`'s clean, unread, unpinned
+  // tier-1 copies, coldest first (a bounded walk); returns the bytes freed.
+  uint64_t EvictCleanOf(absl::string_view ns, uint64_t want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DirtyOf returns up to `want` bytes of `ns`'s coldest dirty entries (a
+  // bounded walk); they stay valid while disk_mu is held.
+  std::vector<IndexEntry*> DirtyOf(absl::string_view ns, uint64_t want)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- a Save's placeholders and commit ---
+  // AwaitWrites waits (releasing mu) until a save in flight ends, or
+  // `deadline`; true when the deadline passed.
+  bool AwaitWrites(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return writes_cv_.WaitWithDeadline(&mu_, deadline);
+  }
+  IndexEntry* BeginWrite(const BlockId& id, bool* revived) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.BeginWrite(id, revived);
+  }
+  // EndWrites: the reservations of a Save's commit settle (its blocks are in
+  // the index's usage, or never will be) and the saves waiting for it wake.
+  void EndWrites(QuotaLedger::Hold* hold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    quotas_.SettleCommitted(hold);
+    writes_cv_.SignalAll();
+  }
+  void AbortWrite(IndexEntry* e, bool revived) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.AbortWrite(e, revived);
+  }
+  // CommitWrite makes placeholder `e` a block: `meta` (complete: checksum,
+  // sizes), its layout digest, `ram` as its tier-1 copy, pinned by `pin`
+  // when set; counted as a save.
+  void CommitWrite(IndexEntry* e, v1::BlockMeta meta, const FingerprintDigest& digest,
+                   ArenaReservation ram, std::optional<PinOwner> pin, int64_t now_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deduplicated: a Save of a block already stored, counted and touched.
+  void Deduplicated(IndexEntry* e, int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.Touch(e, now_ms);
+    ++counters_.dedups;
+  }
+
+  // --- pins and access ---
+  void Touch(IndexEntry* e, int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.Touch(e, now_ms);
+  }
+  void AddPin(IndexEntry* e, PinOwner owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.AddPin(e, owner);
+  }
+  void RemovePin(IndexEntry* e, PinOwner owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.RemovePin(e, owner);
+  }
+  uint32_t PinsOf(const IndexEntry& e, PinOwner owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.PinsOf(e, owner);
+  }
+  uint64_t ReleaseOwner(PinOwner owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.ReleaseOwner(owner);
+  }
+  // AttachForPin makes `ram` (filled from tier 2) the tier-1 copy of `e`,
+  // pinned by `owner`; counted as a promotion.
+  void AttachForPin(IndexEntry* e, ArenaReservation ram, PinOwner owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountChecksumFailureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++counters_.checksum_failures;
+  }
+
+  // --- a Load's bookkeeping ---
+  // CountMissLocked: a Load of a block no tier holds.
+  void CountMissLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++counters_.misses; }
+  // FinishLoad lets go of the readers a Load held and counts its hits (and
+  // the Load, when it succeeded).
+  void FinishLoad(absl::Span<IndexEntry* const> held, uint64_t hits_tier1, uint64_t hits_tier2,
+                  uint64_t loaded) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- removal ---
+  // Remove takes `e` out of the index (counted as a delete).
+  void Remove(IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.Remove(e);
+    ++counters_.deletes;
+  }
+  // ForgetInvalidRecord: a record that failed validation at start was
+  // deleted from tier 2 (counted as a delete); false when there was none.
+  bool ForgetInvalidRecord(const BlockId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (invalid_records_.erase(id) == 0) return false;
+    ++counters_.deletes;
+    return true;
+  }
+
   // For tests that drive a Spiller without a TierManager (spiller_test.cc):
   // they make entries as a Save would.
   BlockIndex& index_for_testing() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return index_; }
 
  private:
-  friend class TierManagerImpl;
-
   // QuarantineDisk drops a tier-2 copy that failed verification (the block
   // becomes a breadcrumb, or keeps only its tier-1 copy).
   void QuarantineDisk(const BlockId& id, uint64_t gen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(disk_mu_);

@@ -38,7 +38,7 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
       uint64_t meta_total = 0;
       std::optional<size_t> first_fresh;
       for (size_t i = 0; i < items.size(); ++i) {
-        const IndexEntry* e = core_.index_.Find(plans[i].id);
+        const IndexEntry* e = core_.Find(plans[i].id);
         if (e != nullptr && e->bytes_available()) continue;  // Deduplicated.
         if (!first_fresh) first_fresh = i;
         const std::string& ns = items[i].meta->fingerprint().namespace_();
@@ -51,7 +51,7 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
       }
       if (!first_fresh) return absl::OkStatus();
       const uint64_t budget = core_.options().metadata_bytes;
-      const uint64_t meta_used = core_.index_.metadata_bytes() + core_.quotas_.pending_metadata();
+      const uint64_t meta_used = core_.MetadataInUse();
       if (budget > 0 && meta_used + meta_total > budget) {
         return ItemError(absl::StatusCode::kResourceExhausted, *first_fresh, ItemPart::kBlock,
                          absl::StrCat("the metadata budget is full (", meta_used, " of ", budget,
@@ -65,8 +65,8 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
           const std::string& ns = entry.first;
           const QuotaNeed& need = entry.second;
           const NamespaceQuota q = core_.options().quota(ns);
-          const NamespaceUsage u = core_.index_.Usage(ns);
-          const QuotaNeed pending = core_.quotas_.Pending(ns);
+          const NamespaceUsage u = core_.Usage(ns);
+          const QuotaNeed pending = core_.PendingQuota(ns);
           auto over = [&](absl::string_view what, uint64_t used, uint64_t more, uint64_t quota) {
             return ItemError(absl::StatusCode::kResourceExhausted, first_of[ns], ItemPart::kBlock,
                              absl::StrCat("namespace \"", ns, "\" is over its ", what,
@@ -87,7 +87,7 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
             return over("tier-1", tier1_ns, need.tier1, q.tier1_bytes);
           }
           const uint64_t excess = tier1_ns + need.tier1 - q.tier1_bytes;
-          const uint64_t freed = EvictCleanOf(ns, excess);
+          const uint64_t freed = core_.EvictCleanOf(ns, excess);
           if (freed >= excess) continue;
           if (pending.tier1 > 0 && absl::Now() < deadline) {
             // Saves in flight hold the room; once committed, their blocks
@@ -96,18 +96,18 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
             continue;
           }
           if (attempt >= 3 || absl::Now() >= deadline) {
-            return over("tier-1", core_.index_.Usage(ns).tier1_bytes + pending.tier1, need.tier1,
+            return over("tier-1", core_.Usage(ns).tier1_bytes + pending.tier1, need.tier1,
                         q.tier1_bytes);
           }
           write_back.emplace_back(ns, excess - freed);
         }
       }
       if (wait_for_commits) {
-        core_.writes_cv_.WaitWithDeadline(core_.mu(), deadline);
+        core_.AwaitWrites(deadline);
         continue;
       }
       if (write_back.empty()) {
-        *hold = core_.quotas_.Charge(needs);
+        *hold = core_.ChargeQuotas(needs);
         return absl::OkStatus();
       }
     }
@@ -116,45 +116,9 @@ absl::Status TierManagerImpl::EnforceQuotas(absl::Span<const SaveItem> items,
   }
 }
 
-uint64_t TierManagerImpl::EvictCleanOf(absl::string_view ns, uint64_t want) {
-  // A bounded walk from the cold end: a Save never scans all of tier 1.
-  constexpr size_t kMaxVisits = 1 << 16;
-  uint64_t freed = 0;
-  size_t visits = 0;
-  const std::list<IndexEntry*>& lru = core_.index_.ram_lru();
-  auto it = lru.end();
-  while (it != lru.begin() && freed < want && visits++ < kMaxVisits) {
-    auto cur = std::prev(it);
-    IndexEntry* e = *cur;
-    if (e->state != BlockState::kClean || e->readers > 0 ||
-        e->meta.fingerprint().namespace_() != ns) {
-      it = cur;
-      continue;
-    }
-    freed += e->payload_bytes;
-    core_.Evict(e);  // Erases `cur`; `it` stays valid.
-  }
-  if (freed > 0) core_.NotifyRoom();
-  return freed;
-}
-
 absl::Status TierManagerImpl::WriteBackOf(const std::string& ns, uint64_t want) {
-  constexpr size_t kMaxVisits = 1 << 16;
   absl::MutexLock disk(core_.disk_mu());  // Entries stay in the index.
-  std::vector<IndexEntry*> victims;
-  {
-    absl::MutexLock lock(core_.mu());
-    uint64_t chosen = 0;
-    size_t visits = 0;
-    const std::list<IndexEntry*>& lru = core_.index_.ram_lru();
-    for (auto it = lru.rbegin(); it != lru.rend() && chosen < want && visits++ < kMaxVisits;
-         ++it) {
-      IndexEntry* e = *it;
-      if (e->state != BlockState::kDirty || e->meta.fingerprint().namespace_() != ns) continue;
-      victims.push_back(e);
-      chosen += e->payload_bytes;
-    }
-  }
+  const std::vector<IndexEntry*> victims = core_.DirtyOf(ns, want);
   if (victims.empty()) return absl::OkStatus();
   uint64_t blocks = 0, bytes = 0;
   EVOKE_RETURN_IF_ERROR(spiller_.WriteBack(victims, /*sync=*/false, &blocks, &bytes));

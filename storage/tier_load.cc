@@ -52,7 +52,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     for (size_t i = 0; i < n; ++i) {
       const IndexEntry* e = FindFor(ids[i], scope);
       if (e == nullptr || !e->bytes_available()) {
-        ++core_.counters_.misses;
+        core_.CountMissLocked();
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          e == nullptr ? absl::StrCat(BlockName(ids[i]), " not found")
                                       : absl::StrCat(BlockName(ids[i]),
@@ -68,10 +68,10 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     }
     const int64_t now_ms = core_.NowMs();
     for (size_t i = 0; i < n; ++i) {
-      IndexEntry* e = core_.index_.FindVisible(ids[i]);
+      IndexEntry* e = core_.FindVisible(ids[i]);
       plan[i] = core_.HoldForRead(e);
       if (plan[i].ram != nullptr) held.push_back(e);
-      core_.index_.Touch(e, now_ms);
+      core_.Touch(e, now_ms);
       (*metas)[i] = e->meta;
       if (scope != nullptr && !scope->SeesTokensOf(e->meta)) (*metas)[i].clear_tokens();
     }
@@ -196,11 +196,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
       }
     }
   }
-  absl::MutexLock lock(core_.mu());
-  for (IndexEntry* e : held) core_.index_.ReleaseReader(e);
-  core_.counters_.hits_tier1 += hits1;
-  core_.counters_.hits_tier2 += hits2;
-  if (failure.ok()) core_.counters_.loads += n;
+  core_.FinishLoad(held, hits1, hits2, failure.ok() ? n : 0);
   return failure;
 }
 

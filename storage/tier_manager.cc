@@ -56,35 +56,9 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Open(
 }
 
 absl::Status TierManagerImpl::Rebuild() {
-  std::vector<std::string> skipped;
-  absl::MutexLock lock(core_.mu());
-  // Tier 2 is only read, before any other thread starts: no disk_mu.
-  EVOKE_RETURN_IF_ERROR(core_.disk_->ForEachRecord(
-      [&](const BlockId& id, storage::SpillRecord& record) -> absl::Status {
-        if (absl::Status valid = ValidateRecord(id, record.meta()); !valid.ok()) {
-          if (core_.invalid_records_.size() < 20) {
-            EVOKE_LOG_ERROR("record ", id.ToHex(), " is invalid and is not served: ",
-                            valid.message());
-          }
-          core_.invalid_records_.emplace(id, std::string(valid.message()));
-          ++core_.counters_.invalid_records;
-          return absl::OkStatus();
-        }
-        IndexEntry* e =
-            core_.index_.AddRecovered(id, std::move(*record.mutable_meta()),
-                                      record.payload_present(), record.last_access_unix_ms());
-        if (observer() != nullptr) observer()->Added(id, e->meta);
-        return absl::OkStatus();
-      },
-      &skipped));
-  core_.index_.FinishLoading();
-  core_.counters_.checksum_failures += skipped.size();
-  if (!core_.invalid_records_.empty()) {
-    EVOKE_LOG_ERROR(core_.invalid_records_.size(),
-                    " records failed validation and are kept out of the index (Stat: "
-                    "invalid_records; evokectl verify or delete removes them)");
-  }
-  return absl::OkStatus();
+  return core_.Rebuild([this](const BlockId& id, const v1::BlockMeta& meta) {
+    return ValidateRecord(id, meta);
+  });
 }
 
 absl::Status TierManagerImpl::ValidateRecord(const BlockId& id, const v1::BlockMeta& meta) const {
@@ -118,8 +92,7 @@ absl::StatusOr<std::vector<SavedBlock>> TierManagerImpl::Save(absl::Span<const S
   absl::Cleanup settle = [this, &hold] {
     if (hold.empty()) return;
     absl::MutexLock lock(core_.mu());
-    core_.quotas_.Settle(&hold);
-    core_.writes_cv_.SignalAll();  // Saves waiting for reserved tier-1 room.
+    core_.SettleQuotas(&hold);  // Wakes Saves waiting for reserved tier-1 room.
   };
   EVOKE_RETURN_IF_ERROR(ReserveForSave(items, deadline, &plans));
   absl::Status copied = CopyIn(items, source, &plans);
@@ -152,7 +125,7 @@ absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
     uint64_t total = 0, largest = 0;
     for (size_t i = 0; i < items.size() && !in_flight; ++i) {
       SavePlan& p = (*plans)[i];
-      const IndexEntry* e = core_.index_.Find(p.id);
+      const IndexEntry* e = core_.Find(p.id);
       in_flight = e != nullptr && e->state == BlockState::kWriting;
       if (e != nullptr && !in_flight &&
           e->meta.fingerprint().namespace_() != items[i].meta->fingerprint().namespace_()) {
@@ -176,7 +149,7 @@ absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
       largest = std::max(largest, rounded);
     }
     if (in_flight) {
-      if (core_.writes_cv_.WaitWithDeadline(core_.mu(), deadline)) {
+      if (core_.AwaitWrites(deadline)) {
         return absl::UnavailableError(
             "another save of the same block is still in progress; retry");
       }
@@ -188,7 +161,7 @@ absl::Status TierManagerImpl::ReserveForSave(absl::Span<const SaveItem> items,
       for (SavePlan& p : *plans) {
         if (!p.fresh) continue;
         p.ram = std::move(reserved[k++]);
-        p.entry = core_.index_.BeginWrite(p.id, &p.revived);
+        p.entry = core_.BeginWrite(p.id, &p.revived);
       }
       if (core_.host().used_bytes() > core_.high_bytes()) spiller_.Wake();
       return absl::OkStatus();
@@ -286,11 +259,10 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
   // Committed blocks are in the index's usage from here on, aborted ones
   // never will be: either way the reservation of tier 1 and metadata ends
   // with this critical section (tier 2 when the blocks are on disk).
-  core_.quotas_.SettleCommitted(hold);
   for (size_t i = 0; i < items.size() && failure.ok(); ++i) {
     const SavePlan& p = (*plans)[i];
     if (p.fresh) continue;
-    const IndexEntry* e = core_.index_.FindGen(p.id, p.existing_gen);
+    const IndexEntry* e = core_.FindGen(p.id, p.existing_gen);
     if (e == nullptr || !e->bytes_available()) {
       failure = ItemError(absl::StatusCode::kAborted, i, ItemPart::kId,
                           absl::StrCat(BlockName(p.id),
@@ -303,12 +275,12 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
                                        "Delete it first"));
     }
   }
-  core_.writes_cv_.SignalAll();
+  core_.EndWrites(hold);
   if (!failure.ok()) {
     for (SavePlan& p : *plans) {
       if (p.entry == nullptr) continue;
       p.ram.Release();
-      core_.index_.AbortWrite(p.entry, p.revived);
+      core_.AbortWrite(p.entry, p.revived);
     }
     return failure;
   }
@@ -326,32 +298,26 @@ absl::Status TierManagerImpl::CommitSave(absl::Span<const SaveItem> items, PinOw
       meta.set_payload_bytes(items[i].size);
       meta.set_checksum(p.checksum);
       if (!p.revived) meta.set_created_unix_ms(now_ms);
-      core_.index_.ReplaceMetaForWrite(e, std::move(meta));
-      e->fp_digest = p.digest;
-      e->payload_bytes = items[i].size;
-      e->checksum = p.checksum;
-      if (items[i].pin) core_.index_.AddPin(e, owner);
-      core_.index_.CommitWrite(e, std::move(p.ram), now_ms);
+      core_.CommitWrite(e, std::move(meta), p.digest, std::move(p.ram),
+                        items[i].pin ? std::optional<PinOwner>(owner) : std::nullopt, now_ms);
       if (observer() != nullptr) observer()->Added(e->id, e->meta);
       if (uploader_ != nullptr && !items[i].from_remote &&
           (items[i].meta->kind() != v1::BLOCK_KIND_SESSION || core_.options().remote_sessions)) {
         uploader_->Enqueue(*e);
       }
-      ++core_.counters_.saves;
       r.checksum = p.checksum;
       r.location = BlockLocation::kHost;
       p.existing_gen = e->gen;
       continue;
     }
-    IndexEntry* e = core_.index_.FindGen(p.id, p.existing_gen);
-    core_.index_.Touch(e, now_ms);
-    ++core_.counters_.dedups;
+    IndexEntry* e = core_.FindGen(p.id, p.existing_gen);
+    core_.Deduplicated(e, now_ms);
     r.deduplicated = true;
     r.checksum = e->checksum;
     r.location = e->location();
     if (items[i].pin) {
       if (e->in_ram()) {
-        core_.index_.AddPin(e, owner);
+        core_.AddPin(e, owner);
       } else {
         pin_later->push_back(i);
       }
@@ -369,7 +335,7 @@ absl::Status TierManagerImpl::WriteDurably(std::vector<SavePlan>& plans,
   {
     absl::MutexLock lock(core_.mu());
     for (const SavePlan& p : plans) {
-      IndexEntry* e = core_.index_.FindGen(p.id, p.existing_gen);
+      IndexEntry* e = core_.FindGen(p.id, p.existing_gen);
       if (e == nullptr) continue;
       if (e->state == BlockState::kDirty) dirty.push_back(e);
       written_by_others |= e->on_disk();
@@ -387,7 +353,7 @@ absl::Status TierManagerImpl::WriteDurably(std::vector<SavePlan>& plans,
   }
   absl::MutexLock lock(core_.mu());
   for (size_t i = 0; i < plans.size(); ++i) {
-    const IndexEntry* e = core_.index_.FindGen(plans[i].id, plans[i].existing_gen);
+    const IndexEntry* e = core_.FindGen(plans[i].id, plans[i].existing_gen);
     if (e != nullptr && e->state == BlockState::kDirty) {
       // Write-back skipped it: its tier-1 copy failed verification meanwhile.
       return ItemError(absl::StatusCode::kDataLoss, i, ItemPart::kBlock,
@@ -408,14 +374,14 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
   {
     absl::MutexLock lock(core_.mu());
     for (;;) {
-      IndexEntry* e = core_.index_.FindVisible(id);
+      IndexEntry* e = core_.FindVisible(id);
       if (e == nullptr || !e->bytes_available()) {
         return absl::NotFoundError(
             absl::StrCat(BlockName(id), " disappeared before it was pinned"));
       }
       if (e->in_ram()) {
-        core_.index_.AddPin(e, owner);
-        core_.index_.Touch(e, core_.NowMs());
+        core_.AddPin(e, owner);
+        core_.Touch(e, core_.NowMs());
         return absl::OkStatus();
       }
       gen = e->gen;
@@ -430,12 +396,12 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
   }
   absl::Status s = core_.ReadFromDisk(id, checksum, bytes, ram->data());
   absl::MutexLock lock(core_.mu());
-  IndexEntry* e = core_.index_.FindGen(id, gen);
+  IndexEntry* e = core_.FindGen(id, gen);
   const bool attachable = e != nullptr && (e->state == BlockState::kSpilled ||
                                            e->state == BlockState::kBreadcrumb);
   if (!s.ok() || !attachable) {
     ram->Release();
-    if (s.code() == absl::StatusCode::kDataLoss) ++core_.counters_.checksum_failures;
+    if (s.code() == absl::StatusCode::kDataLoss) core_.CountChecksumFailureLocked();
     if (!s.ok()) return s;
     if (e == nullptr) {
       return absl::NotFoundError(absl::StrCat(BlockName(id), " was deleted while being pinned"));
@@ -443,20 +409,17 @@ absl::Status TierManagerImpl::PromoteForPin(const BlockId& id, PinOwner owner,
     if (!e->in_ram()) {
       return absl::AbortedError(absl::StrCat(BlockName(id), " changed while being pinned; retry"));
     }
-    core_.index_.AddPin(e, owner);  // Promoted by someone else meanwhile.
+    core_.AddPin(e, owner);  // Promoted by someone else meanwhile.
     return absl::OkStatus();
   }
-  core_.index_.AttachRam(e, std::move(*ram));
-  core_.index_.AddPin(e, owner);
-  core_.index_.Touch(e, core_.NowMs());
-  ++core_.counters_.promotions;
+  core_.AttachForPin(e, std::move(*ram), owner);
   return absl::OkStatus();
 }
 
 // ------------------------------------------------------------ small calls
 
 IndexEntry* TierManagerImpl::FindFor(const BlockId& id, const NamespaceScope* scope) const {
-  IndexEntry* e = core_.index_.FindVisible(id);
+  IndexEntry* e = core_.FindVisible(id);
   if (e == nullptr || scope == nullptr || scope->SeesBlock(e->meta.fingerprint())) {
     return e;
   }
@@ -518,7 +481,7 @@ absl::Status TierManagerImpl::Delete(absl::Span<const BlockId> ids,
     const bool sees_all = scope == nullptr || scope->SeesEveryBlock();
     for (size_t i = 0; i < ids.size(); ++i) {
       if (FindFor(ids[i], scope) == nullptr &&
-          !(sees_all && core_.invalid_records_.contains(ids[i]))) {
+          !(sees_all && core_.IsInvalidRecord(ids[i]))) {
         return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                          absl::StrCat(BlockName(ids[i]), " not found; nothing deleted"));
       }
@@ -534,7 +497,7 @@ absl::StatusOr<uint32_t> TierManagerImpl::DropSession(absl::string_view ns,
   std::vector<BlockId> ids;
   {
     absl::MutexLock lock(core_.mu());
-    ids = core_.index_.SessionIds(ns, session_id);
+    ids = core_.SessionIds(ns, session_id);
   }
   return RemoveBlocks(ids);
 }
@@ -544,8 +507,8 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
   {
     absl::MutexLock lock(core_.mu());
     for (const BlockId& id : ids) {
-      const IndexEntry* e = core_.index_.FindVisible(id);
-      if ((e != nullptr && e->record_on_disk) || core_.invalid_records_.contains(id)) {
+      const IndexEntry* e = core_.FindVisible(id);
+      if ((e != nullptr && e->record_on_disk) || core_.IsInvalidRecord(id)) {
         on_disk.push_back(id);
       }
     }
@@ -558,12 +521,11 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
   absl::MutexLock lock(core_.mu());
   uint32_t n = 0;
   for (const BlockId& id : ids) {
-    if (core_.invalid_records_.erase(id) > 0) {
-      ++core_.counters_.deletes;
+    if (core_.ForgetInvalidRecord(id)) {
       ++n;
       continue;
     }
-    IndexEntry* e = core_.index_.FindVisible(id);
+    IndexEntry* e = core_.FindVisible(id);
     if (e == nullptr) continue;
     if (observer() != nullptr) observer()->Removed(e->id, e->meta);
     // A deleted session block's remote copy goes too; prefix blocks are
@@ -572,8 +534,7 @@ absl::StatusOr<uint32_t> TierManagerImpl::RemoveBlocks(absl::Span<const BlockId>
         e->meta.kind() == v1::BLOCK_KIND_SESSION) {
       uploader_->EnqueueRemoval(RemoteTier::RemoteNamespace(e->meta.fingerprint()), e->id);
     }
-    core_.index_.Remove(e);
-    ++core_.counters_.deletes;
+    core_.Remove(e);
     ++n;
   }
   EVOKE_FAILPOINT("delete.after_index");
@@ -597,13 +558,13 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
     }
     const int64_t now_ms = core_.NowMs();
     for (const BlockId& id : ids) {
-      IndexEntry* e = core_.index_.FindVisible(id);
+      IndexEntry* e = core_.FindVisible(id);
       if (!e->in_ram()) {
         to_promote.push_back(id);
         continue;
       }
-      core_.index_.AddPin(e, owner);
-      core_.index_.Touch(e, now_ms);
+      core_.AddPin(e, owner);
+      core_.Touch(e, now_ms);
       pinned.emplace_back(id, e->gen);
     }
   }
@@ -613,14 +574,14 @@ absl::Status TierManagerImpl::Pin(absl::Span<const BlockId> ids, PinOwner owner,
     // Undo, so that Pin stays all-or-nothing.
     absl::MutexLock lock(core_.mu());
     for (const auto& [id, gen] : pinned) {
-      if (IndexEntry* e = core_.index_.FindGen(id, gen); e != nullptr) {
-        core_.index_.RemovePin(e, owner);
+      if (IndexEntry* e = core_.FindGen(id, gen); e != nullptr) {
+        core_.RemovePin(e, owner);
         Unpinned(e);
       }
     }
     for (size_t j = 0; j < i; ++j) {
-      if (IndexEntry* e = core_.index_.FindVisible(to_promote[j]); e != nullptr) {
-        core_.index_.RemovePin(e, owner);
+      if (IndexEntry* e = core_.FindVisible(to_promote[j]); e != nullptr) {
+        core_.RemovePin(e, owner);
         Unpinned(e);
       }
     }
@@ -640,14 +601,14 @@ absl::Status TierManagerImpl::Unpin(absl::Span<const BlockId> ids, PinOwner owne
       return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                        absl::StrCat(BlockName(ids[i]), " not found"));
     }
-    if (++asked[ids[i]] > core_.index_.PinsOf(*e, owner)) {
+    if (++asked[ids[i]] > core_.PinsOf(*e, owner)) {
       return ItemError(absl::StatusCode::kFailedPrecondition, i, ItemPart::kId,
                        absl::StrCat(BlockName(ids[i]), " is not pinned by this lease"));
     }
   }
   for (const BlockId& id : ids) {
-    IndexEntry* e = core_.index_.FindVisible(id);
-    core_.index_.RemovePin(e, owner);
+    IndexEntry* e = core_.FindVisible(id);
+    core_.RemovePin(e, owner);
     Unpinned(e);
   }
   return absl::OkStatus();
@@ -655,7 +616,7 @@ absl::Status TierManagerImpl::Unpin(absl::Span<const BlockId> ids, PinOwner owne
 
 uint64_t TierManagerImpl::ReleaseOwner(PinOwner owner) {
   absl::MutexLock lock(core_.mu());
-  const uint64_t released = core_.index_.ReleaseOwner(owner);
+  const uint64_t released = core_.ReleaseOwner(owner);
   if (released > 0) {
     core_.NotifyRoom();
     spiller_.Wake();
@@ -686,7 +647,7 @@ std::vector<BlockInfo> TierManagerImpl::List(const ListFilter& filter, const Blo
   if (after != nullptr) cursor = *after;
   for (;;) {
     absl::MutexLock lock(core_.mu());
-    cursor = core_.index_.ListPage(filter, cursor ? &*cursor : nullptr, limit + 1 - out.size(),
+    cursor = core_.ListPage(filter, cursor ? &*cursor : nullptr, limit + 1 - out.size(),
                                    kListVisitsPerLock, &out);
     if (!cursor || out.size() > limit) break;
   }

@@ -80,7 +80,7 @@ class TierManagerImpl final : public TierManager {
   TierStats Stats() override;
   NamespaceUsage Usage(absl::string_view ns) override {
     absl::MutexLock lock(core_.mu());
-    return core_.index_.Usage(ns);
+    return core_.Usage(ns);
   }
   absl::StatusOr<VerifyReport> Verify(absl::Span<const BlockId> ids,
                                       const NamespaceScope* scope) override;
@@ -95,7 +95,7 @@ class TierManagerImpl final : public TierManager {
     for (size_t i = 0; i < ids.size(); ++i) {
       // Find, not FindVisible: a breadcrumb being re-saved keeps the meta
       // the observer was last told of until its save commits.
-      if (const IndexEntry* e = core_.index_.Find(ids[i]); e != nullptr) visit(i, e->meta);
+      if (const IndexEntry* e = core_.Find(ids[i]); e != nullptr) visit(i, e->meta);
     }
   }
 
@@ -103,16 +103,12 @@ class TierManagerImpl final : public TierManager {
   // Save, in three phases.
   // EnforceQuotas refuses a Save past the metadata budget or a namespace's
   // quota, counting what concurrent Saves have reserved, and reserves this
-  // Save's share in `hold` (core_.quotas_). Over a tier-1 quota it first
+  // Save's share in `hold` (EngineCore::ChargeQuotas). Over a tier-1 quota it first
   // makes room from the namespace's own blocks: clean ones leave tier 1,
   // dirty ones are written back first.
   absl::Status EnforceQuotas(absl::Span<const SaveItem> items,
                              absl::Span<const SavePlan> plans, bool durable,
                              absl::Time deadline, QuotaLedger::Hold* hold);
-  // EvictCleanOf drops up to `want` bytes of `ns`'s clean, unread, unpinned
-  // tier-1 copies, coldest first; returns the bytes freed.
-  uint64_t EvictCleanOf(absl::string_view ns, uint64_t want)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu());
   // WriteBackOf writes up to `want` bytes of `ns`'s coldest dirty blocks to
   // tier 2 and evicts them from tier 1.
   absl::Status WriteBackOf(const std::string& ns, uint64_t want);
