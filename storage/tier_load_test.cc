@@ -15,6 +15,7 @@
 #include "storage/tier2/spill_store.h"
 #include "storage/tier_manager.h"
 #include "testing/blocks.h"
+#include "testing/forwarding_spill_store.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
 
@@ -33,9 +34,9 @@ constexpr PinOwner kOwner = 1;
 // lasts a few milliseconds, so that overlapping reads overlap surely) and
 // flips a byte of the payloads of chosen blocks as they are read: a fake of
 // the disk boundary, for this module's tests only.
-class WatchedSpillStore : public SpillStore {
+class WatchedSpillStore : public evoke::testing::ForwardingSpillStore {
  public:
-  explicit WatchedSpillStore(std::unique_ptr<SpillStore> real) : real_(std::move(real)) {}
+  using ForwardingSpillStore::ForwardingSpillStore;
 
   void Corrupt(const BlockId& id) {
     absl::MutexLock lock(&mu_);
@@ -44,13 +45,6 @@ class WatchedSpillStore : public SpillStore {
   int max_in_flight() const { return max_in_flight_.load(); }
   int reads() const { return reads_.load(); }
 
-  absl::Status Put(absl::Span<const SpillWrite> writes, bool sync) override {
-    return real_->Put(writes, sync);
-  }
-  absl::Status DropPayloads(absl::Span<const SpillWrite> b) override {
-    return real_->DropPayloads(b);
-  }
-  absl::Status Delete(absl::Span<const BlockId> ids) override { return real_->Delete(ids); }
   absl::Status Read(const BlockId& id,
                     const std::function<absl::Status(const storage::SpillRecord&,
                                                      absl::string_view)>& consume) override {
@@ -65,8 +59,8 @@ class WatchedSpillStore : public SpillStore {
       absl::MutexLock lock(&mu_);
       corrupt = corrupt_.contains(id);
     }
-    const absl::Status s =
-        real_->Read(id, [&](const storage::SpillRecord& r, absl::string_view payload) {
+    const absl::Status s = ForwardingSpillStore::Read(
+        id, [&](const storage::SpillRecord& r, absl::string_view payload) {
           if (!corrupt) return consume(r, payload);
           std::string bad(payload);
           bad[bad.size() / 2] ^= 0x40;
@@ -75,15 +69,8 @@ class WatchedSpillStore : public SpillStore {
     --in_flight_;
     return s;
   }
-  absl::Status ForEachRecord(const RecordVisitor& v,
-                             std::vector<std::string>* skipped) override {
-    return real_->ForEachRecord(v, skipped);
-  }
-  uint64_t UsedBytes() override { return real_->UsedBytes(); }
-  absl::Status Persist() override { return real_->Persist(); }
 
  private:
-  std::unique_ptr<SpillStore> real_;
   std::atomic<int> in_flight_{0};
   std::atomic<int> max_in_flight_{0};
   std::atomic<int> reads_{0};

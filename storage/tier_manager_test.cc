@@ -19,6 +19,7 @@
 #include "storage/spill_record.pb.h"
 #include "storage/tier2/spill_store.h"
 #include "testing/blocks.h"
+#include "testing/forwarding_spill_store.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
 
@@ -53,37 +54,19 @@ bool NamesItem(const absl::Status& s, size_t index, ItemPart part) {
 
 // A SpillStore wrapper whose writes can be made to fail (a fake of the disk
 // boundary, for this module's tests only).
-class FlakySpillStore : public SpillStore {
+class FlakySpillStore : public evoke::testing::ForwardingSpillStore {
  public:
-  explicit FlakySpillStore(std::unique_ptr<SpillStore> real) : real_(std::move(real)) {}
+  using ForwardingSpillStore::ForwardingSpillStore;
   std::atomic<bool> fail_writes{false};
 
   absl::Status Put(absl::Span<const SpillWrite> writes, bool sync) override {
     if (fail_writes) return absl::ResourceExhaustedError("injected: disk full");
-    return real_->Put(writes, sync);
+    return ForwardingSpillStore::Put(writes, sync);
   }
   absl::Status DropPayloads(absl::Span<const SpillWrite> b) override {
     if (fail_writes) return absl::ResourceExhaustedError("injected: disk full");
-    return real_->DropPayloads(b);
+    return ForwardingSpillStore::DropPayloads(b);
   }
-  absl::Status Delete(absl::Span<const BlockId> ids) override {
-    return real_->Delete(ids);
-  }
-  absl::Status Read(const BlockId& id,
-                    const std::function<absl::Status(const storage::SpillRecord&,
-                                                     absl::string_view)>& consume)
-      override {
-    return real_->Read(id, consume);
-  }
-  absl::Status ForEachRecord(const RecordVisitor& v,
-                             std::vector<std::string>* skipped) override {
-    return real_->ForEachRecord(v, skipped);
-  }
-  uint64_t UsedBytes() override { return real_->UsedBytes(); }
-  absl::Status Persist() override { return real_->Persist(); }
-
- private:
-  std::unique_ptr<SpillStore> real_;
 };
 
 class TierManagerTest : public ::testing::Test {
