@@ -1,7 +1,6 @@
 #include "storage/pinned_arena.h"
 
 #include <sys/mman.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +9,7 @@
 #include "absl/base/macros.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/background_thread.h"
 #include "common/byte_size.h"
 
 namespace evoke {
@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(
 void PinnedArena::Prefault() {
   // The lowest CPU priority: the prefault takes only what the start (the
   // index rebuild) and the first clients leave.
-  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+  BecomeBackgroundThread("evoke-prefault", kPrefaultNice);
   for (uint64_t off = 0; off < capacity_;) {
     {
       absl::MutexLock lock(&prefault_mu_);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/background_thread.h"
 #include "common/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -630,6 +631,14 @@ TEST_F(RemoteEngineTest, WriteBehindKeepsToItsBudget) {
   // however fast the store. Without a budget the same writes into memory
   // take milliseconds.
   Host a = Open(256ull << 20, false, 0, 0, /*write_bytes_per_s=*/2ull << 20);
+  // Its thread also runs below serving, at the write-behind's nice value
+  // (once it has started and named itself).
+  std::optional<int> nice = NiceOfThread("evoke-upload");
+  for (int i = 0; i < 500 && !nice.has_value(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    nice = NiceOfThread("evoke-upload");
+  }
+  EXPECT_EQ(nice, kWriteBehindNice);
   MakeChain(32);
   const absl::Time start = absl::Now();
   ASSERT_OK(SaveChain(a));  // The Save itself never waits for the budget.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/background_thread.h"
 #include "common/log.h"
 
 namespace evoke {
@@ -23,7 +24,14 @@ Uploader::Uploader(EngineCore* core, RemoteTier* remote)
       budget_(core->options().remote_write_bytes_per_s,
               core->options().remote_write_burst_bytes, absl::Now()) {}
 
-void Uploader::Start() { thread_ = std::thread([this] { Loop(); }); }
+void Uploader::Start() {
+  thread_ = std::thread([this] {
+    // Below serving: under CPU contention the RPC threads get several times
+    // its share (its copies and checksums cost per byte).
+    BecomeBackgroundThread("evoke-upload", kWriteBehindNice);
+    Loop();
+  });
+}
 
 void Uploader::Stop() {
   {
