@@ -82,6 +82,10 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   // several at once; the loop below delivers in order.
   std::vector<EarlyRead> early;
   if (failure.ok()) ReadAhead(ids, plan, sink, &early);
+  // Tier-1 blocks bound for the sink's memory are copied (and hashed) first,
+  // several at once across the copy pool; the loop checks and delivers.
+  std::vector<std::optional<uint64_t>> copied;
+  if (failure.ok()) CopyAhead(plan, sink, &copied);
   // Deliver-path copies of disk reads, under the staging budget; they live
   // until Finish, or until the sink drains.
   StagingBudget::Buffers staging(&core_.staging());
@@ -95,9 +99,11 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
     if (p.ram != nullptr) {
       const uint8_t* bytes = p.ram->ram.data();
       const bool sink_verifies = dest == nullptr && sink.VerifiesDeliveries();
-      const uint64_t got = sink_verifies     ? p.checksum
-                           : dest != nullptr ? core_.copier().CopyHashingSource(dest, bytes, size)
-                                             : core_.copier().Checksum(bytes, size);
+      const uint64_t got =
+          sink_verifies                       ? p.checksum
+          : !copied.empty() && copied[i]      ? *copied[i]
+          : dest != nullptr                   ? core_.copier().CopyHashingSource(dest, bytes, size)
+                                              : core_.copier().Checksum(bytes, size);
       if (got == p.checksum) {
         failure = dest == nullptr ? sink.Deliver(i, bytes, size, p.checksum)
                                   : sink.AfterHostCopy(i, dest, size);
@@ -240,6 +246,31 @@ void TierManagerImpl::ReadAhead(absl::Span<const BlockId> ids,
     r.issued = true;
     r.status = std::move(reads[k].status);
   }
+}
+
+void TierManagerImpl::CopyAhead(absl::Span<const EngineCore::ReadHold> plan, LoadSink& sink,
+                                std::vector<std::optional<uint64_t>>* copied) {
+  // Below this, waking the pool costs more than it saves.
+  constexpr uint64_t kMinBytes = 256 << 10;
+  std::vector<size_t> which;
+  std::vector<uint8_t*> dests;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (plan[i].ram == nullptr) continue;
+    uint8_t* dest = sink.HostDestination(i);
+    if (dest == nullptr) continue;
+    which.push_back(i);
+    dests.push_back(dest);
+    bytes += plan[i].payload_bytes;
+  }
+  if (which.size() < 2 || bytes < kMinBytes) return;
+  copied->resize(plan.size());
+  // A block over 2 MiB is split across the pool again by its own copy.
+  core_.copier().ParallelFor(which.size(), [&](size_t k) {
+    const EngineCore::ReadHold& p = plan[which[k]];
+    (*copied)[which[k]] =
+        core_.copier().CopyHashingSource(dests[k], p.ram->ram.data(), p.payload_bytes);
+  });
 }
 
 }  // namespace evoke

@@ -1,5 +1,6 @@
-// Loads of blocks that come from tier 2: read ahead, several at once
-// (TierManagerOptions::disk_reads_in_flight), delivered in order.
+// Loads of several blocks: those from tier 2 read ahead, several at once
+// (TierManagerOptions::disk_reads_in_flight), those in tier 1 copied ahead
+// across the copy pool, all verified and delivered in order.
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -164,6 +165,52 @@ TEST_P(TierLoadTest, ACorruptCopyFailsItsItemAndEveryCorruptCopyReadIsDropped) {
   std::vector<v1::BlockMeta> metas;
   ASSERT_OK(tm_->Load({&ids_[6], 1}, evoke::testing::OpaqueFingerprint(), one, &metas, &infos));
   EXPECT_EQ(one.payloads()[0], Payload(6, 64 * kKiB));
+}
+
+// Sixteen blocks of 64 KiB held in tier 1 (and, durable, in tier 2): one
+// Load copies them into the sink several at once across the copy pool, and
+// each copy is still checked: with every tier-1 byte flipped, each block is
+// served from its disk copy instead, byte for byte.
+TEST(TierOneLoadTest, ManyTier1BlocksAreCopiedAtOnceAndEachIsStillVerified) {
+  evoke::testing::TempDir dir;
+  PinnedArenaOptions arena_options;
+  arena_options.capacity_bytes = 8 * kMiB;
+  arena_options.lock_memory = false;
+  auto arena = PinnedArena::Create(arena_options);
+  ASSERT_OK(arena);
+  PinnedArena* const tier1 = arena->get();
+  SpillStoreOptions spill_options;
+  spill_options.path = dir.Join("db");
+  auto spill = SpillStore::Open(spill_options);
+  ASSERT_OK(spill);
+  TierManagerOptions options;
+  options.copy_threads = 2;
+  auto tm = TierManager::Open(options, std::move(arena).value(), std::move(spill).value());
+  ASSERT_OK(tm);
+  std::vector<v1::BlockMeta> metas;
+  std::vector<BlockId> ids;
+  for (uint64_t i = 0; i < 16; ++i) {
+    metas.push_back(evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint(), "t1", i,
+                                                16, 0, 1, 0));
+    ids.push_back(IdOf(metas.back()));
+    const std::string payload = Payload(100 + i, 64 * kKiB);
+    const SaveItem item{&metas.back(), payload.size(), false};
+    HostSaveSource source({payload});
+    ASSERT_OK((*tm)->Save({&item, 1}, source, /*durable=*/true, absl::InfiniteFuture(), kOwner));
+  }
+  for (const BlockLocation want : {BlockLocation::kHost, BlockLocation::kDisk}) {
+    StringLoadSink sink;
+    std::vector<v1::BlockMeta> got_metas;
+    std::vector<LoadedInfo> infos;
+    ASSERT_OK((*tm)->Load(ids, evoke::testing::OpaqueFingerprint(), sink, &got_metas, &infos));
+    for (uint64_t i = 0; i < 16; ++i) {
+      ASSERT_EQ(sink.payloads()[i], Payload(100 + i, 64 * kKiB)) << i;
+      EXPECT_EQ(infos[i].served_from, want) << i;
+    }
+    // Flip every byte of tier 1 for the second round.
+    for (uint64_t b = 0; b < tier1->capacity_bytes(); ++b) tier1->base()[b] ^= 0x5a;
+  }
+  EXPECT_GE((*tm)->Stats().counters.checksum_failures, 16u);
 }
 
 INSTANTIATE_TEST_SUITE_P(ReadsInFlight, TierLoadTest, ::testing::Values(1, 4),

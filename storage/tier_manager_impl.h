@@ -165,6 +165,12 @@ class TierManagerImpl final : public TierManager {
   // one entry per block, or stays empty when fewer than two qualify.
   void ReadAhead(absl::Span<const BlockId> ids, absl::Span<const EngineCore::ReadHold> plan,
                  LoadSink& sink, std::vector<EarlyRead>* early);
+  // CopyAhead copies the blocks of `plan` held in tier 1 into the sink's
+  // host destinations, several at once across the copy pool, and leaves the
+  // checksum of each copy in `copied` (one entry per block; empty when
+  // fewer than two blocks, or under 256 KiB in all, qualify).
+  void CopyAhead(absl::Span<const EngineCore::ReadHold> plan, LoadSink& sink,
+                 std::vector<std::optional<uint64_t>>* copied);
 
   // RemoveBlocks deletes those of `ids` that still exist from every tier and
   // returns how many.
