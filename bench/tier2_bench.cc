@@ -380,8 +380,6 @@ absl::StatusOr<std::unique_ptr<TierManager>> OpenEngine(const std::string& dir,
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> store, OpenStore(dir));
   TierManagerOptions options;
   options.disk_reads_in_flight = in_flight;
-  options.limits.max_block_bytes = std::max<uint64_t>(options.limits.max_block_bytes,
-                                                      tier1_bytes);
   return TierManager::Open(options, std::move(arena), std::move(store));
 }
 

@@ -80,12 +80,17 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   absl::Status failure = sink.Prepare(*metas);
   // Blocks read from tier 2 into a destination known now are read first,
   // several at once; the loop below delivers in order.
+  // Where each block goes in host memory (null: through Deliver).
+  std::vector<uint8_t*> dests(n, nullptr);
+  if (failure.ok()) {
+    for (size_t i = 0; i < n; ++i) dests[i] = sink.HostDestination(i);
+  }
   std::vector<EarlyRead> early;
-  if (failure.ok()) ReadAhead(ids, plan, sink, &early);
+  if (failure.ok()) ReadAhead(ids, plan, dests, &early);
   // Tier-1 blocks bound for the sink's memory are copied (and hashed) first,
   // several at once across the copy pool; the loop checks and delivers.
   std::vector<std::optional<uint64_t>> copied;
-  if (failure.ok()) CopyAhead(plan, sink, &copied);
+  if (failure.ok()) CopyAhead(plan, dests, &copied);
   // Deliver-path copies of disk reads, under the staging budget; they live
   // until Finish, or until the sink drains.
   StagingBudget::Buffers staging(&core_.staging());
@@ -95,7 +100,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
   for (size_t i = 0; i < n && failure.ok(); ++i) {
     const EngineCore::ReadHold& p = plan[i];
     const uint64_t size = p.payload_bytes;
-    uint8_t* dest = sink.HostDestination(i);
+    uint8_t* dest = dests[i];
     if (p.ram != nullptr) {
       const uint8_t* bytes = p.ram->ram.data();
       const bool sink_verifies = dest == nullptr && sink.VerifiesDeliveries();
@@ -207,7 +212,8 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
 }
 
 void TierManagerImpl::ReadAhead(absl::Span<const BlockId> ids,
-                                absl::Span<const EngineCore::ReadHold> plan, LoadSink& sink,
+                                absl::Span<const EngineCore::ReadHold> plan,
+                                absl::Span<uint8_t* const> dests,
                                 std::vector<EarlyRead>* early) {
   // Only worth it with two reads or more, and with more than one in flight.
   if (core_.options().disk_reads_in_flight <= 1) return;
@@ -223,7 +229,7 @@ void TierManagerImpl::ReadAhead(absl::Span<const BlockId> ids,
     const EngineCore::ReadHold& p = plan[i];
     if (p.ram != nullptr) continue;
     EarlyRead& r = (*early)[i];
-    uint8_t* dest = sink.HostDestination(i);
+    uint8_t* dest = dests[i];
     // As the loop would: the promotion's room in tier 1 (below the high
     // watermark), and the destination when the sink has one.
     r.promote = core_.host().ReserveBelow(p.payload_bytes, core_.high_bytes());
@@ -248,28 +254,25 @@ void TierManagerImpl::ReadAhead(absl::Span<const BlockId> ids,
   }
 }
 
-void TierManagerImpl::CopyAhead(absl::Span<const EngineCore::ReadHold> plan, LoadSink& sink,
+void TierManagerImpl::CopyAhead(absl::Span<const EngineCore::ReadHold> plan,
+                                absl::Span<uint8_t* const> dests,
                                 std::vector<std::optional<uint64_t>>* copied) {
   // Below this, waking the pool costs more than it saves.
   constexpr uint64_t kMinBytes = 256 << 10;
   std::vector<size_t> which;
-  std::vector<uint8_t*> dests;
   uint64_t bytes = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
-    if (plan[i].ram == nullptr) continue;
-    uint8_t* dest = sink.HostDestination(i);
-    if (dest == nullptr) continue;
+    if (plan[i].ram == nullptr || dests[i] == nullptr) continue;
     which.push_back(i);
-    dests.push_back(dest);
     bytes += plan[i].payload_bytes;
   }
   if (which.size() < 2 || bytes < kMinBytes) return;
   copied->resize(plan.size());
   // A block over 2 MiB is split across the pool again by its own copy.
   core_.copier().ParallelFor(which.size(), [&](size_t k) {
-    const EngineCore::ReadHold& p = plan[which[k]];
-    (*copied)[which[k]] =
-        core_.copier().CopyHashingSource(dests[k], p.ram->ram.data(), p.payload_bytes);
+    const size_t i = which[k];
+    (*copied)[i] =
+        core_.copier().CopyHashingSource(dests[i], plan[i].ram->ram.data(), plan[i].payload_bytes);
   });
 }
 

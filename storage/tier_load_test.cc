@@ -3,6 +3,7 @@
 // across the copy pool, all verified and delivered in order.
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/status_macros.h"
 #include "storage/pinned_arena.h"
 #include "storage/spill_record.pb.h"
 #include "storage/tier2/spill_store.h"
@@ -79,37 +81,59 @@ class WatchedSpillStore : public evoke::testing::ForwardingSpillStore {
   absl::flat_hash_set<BlockId> corrupt_ ABSL_GUARDED_BY(mu_);
 };
 
+// An engine over a real SpillStore at `path` (handed to `wrap` first, when
+// given) with a tier 1 of `tier1_bytes`; `tier1` gets the arena.
+absl::StatusOr<std::unique_ptr<TierManager>> OpenEngine(
+    const std::string& path, uint64_t tier1_bytes, const TierManagerOptions& options,
+    const std::function<std::unique_ptr<SpillStore>(std::unique_ptr<SpillStore>)>& wrap,
+    PinnedArena** tier1 = nullptr) {
+  PinnedArenaOptions arena_options;
+  arena_options.capacity_bytes = tier1_bytes;
+  arena_options.lock_memory = false;
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena, PinnedArena::Create(arena_options));
+  if (tier1 != nullptr) *tier1 = arena.get();
+  SpillStoreOptions spill_options;
+  spill_options.path = path;
+  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> spill, SpillStore::Open(spill_options));
+  if (wrap) spill = wrap(std::move(spill));
+  return TierManager::Open(options, std::move(arena), std::move(spill));
+}
+
+// SaveBlocks saves `n` session blocks of 64 KiB (payload seeds from `seed`),
+// one Save each, and appends their metas and ids.
+absl::Status SaveBlocks(TierManager& tm, absl::string_view session, uint64_t n, uint64_t seed,
+                        bool durable, std::vector<v1::BlockMeta>* metas,
+                        std::vector<BlockId>* ids) {
+  for (uint64_t i = 0; i < n; ++i) {
+    metas->push_back(evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint(),
+                                                 session, i, 16, 0, 1, 0));
+    ids->push_back(IdOf(metas->back()));
+    const std::string payload = Payload(seed + i, 64 * kKiB);
+    const SaveItem item{&metas->back(), payload.size(), false};
+    HostSaveSource source({payload});
+    EVOKE_RETURN_IF_ERROR(
+        tm.Save({&item, 1}, source, durable, absl::InfiniteFuture(), kOwner).status());
+  }
+  return absl::OkStatus();
+}
+
 class TierLoadTest : public ::testing::TestWithParam<int> {
  protected:
   // 48 blocks of 64 KiB saved into a 1 MiB tier 1, then all written to
   // tier 2 and evicted: every Load reads from disk.
   void SetUp() override {
-    PinnedArenaOptions arena_options;
-    arena_options.capacity_bytes = 1 * kMiB;
-    arena_options.lock_memory = false;
-    auto arena = PinnedArena::Create(arena_options);
-    ASSERT_OK(arena);
-    SpillStoreOptions spill_options;
-    spill_options.path = dir_.Join("db");
-    auto spill = SpillStore::Open(spill_options);
-    ASSERT_OK(spill);
-    auto watched = std::make_unique<WatchedSpillStore>(std::move(spill).value());
-    disk_ = watched.get();
     TierManagerOptions options;
     options.spill_batch_bytes = 256 * kKiB;
     options.disk_reads_in_flight = GetParam();
-    auto tm = TierManager::Open(options, std::move(arena).value(), std::move(watched));
+    auto tm = OpenEngine(dir_.Join("db"), 1 * kMiB, options,
+                         [this](std::unique_ptr<SpillStore> real) {
+                           auto watched = std::make_unique<WatchedSpillStore>(std::move(real));
+                           disk_ = watched.get();
+                           return watched;
+                         });
     ASSERT_OK(tm);
     tm_ = std::move(tm).value();
-    for (uint64_t i = 0; i < kBlocks; ++i) {
-      metas_.push_back(evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint(), "s", i,
-                                                   16, 0, 1, 0));
-      ids_.push_back(IdOf(metas_.back()));
-      const std::string payload = Payload(i, 64 * kKiB);
-      const SaveItem item{&metas_.back(), payload.size(), false};
-      HostSaveSource source({payload});
-      ASSERT_OK(tm_->Save({&item, 1}, source, false, absl::InfiniteFuture(), kOwner));
-    }
+    ASSERT_OK(SaveBlocks(*tm_, "s", kBlocks, 0, /*durable=*/false, &metas_, &ids_));
     ASSERT_OK(tm_->Flush(/*evict=*/true));
   }
 
@@ -173,31 +197,14 @@ TEST_P(TierLoadTest, ACorruptCopyFailsItsItemAndEveryCorruptCopyReadIsDropped) {
 // served from its disk copy instead, byte for byte.
 TEST(TierOneLoadTest, ManyTier1BlocksAreCopiedAtOnceAndEachIsStillVerified) {
   evoke::testing::TempDir dir;
-  PinnedArenaOptions arena_options;
-  arena_options.capacity_bytes = 8 * kMiB;
-  arena_options.lock_memory = false;
-  auto arena = PinnedArena::Create(arena_options);
-  ASSERT_OK(arena);
-  PinnedArena* const tier1 = arena->get();
-  SpillStoreOptions spill_options;
-  spill_options.path = dir.Join("db");
-  auto spill = SpillStore::Open(spill_options);
-  ASSERT_OK(spill);
   TierManagerOptions options;
   options.copy_threads = 2;
-  auto tm = TierManager::Open(options, std::move(arena).value(), std::move(spill).value());
+  PinnedArena* tier1 = nullptr;
+  auto tm = OpenEngine(dir.Join("db"), 8 * kMiB, options, nullptr, &tier1);
   ASSERT_OK(tm);
   std::vector<v1::BlockMeta> metas;
   std::vector<BlockId> ids;
-  for (uint64_t i = 0; i < 16; ++i) {
-    metas.push_back(evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint(), "t1", i,
-                                                16, 0, 1, 0));
-    ids.push_back(IdOf(metas.back()));
-    const std::string payload = Payload(100 + i, 64 * kKiB);
-    const SaveItem item{&metas.back(), payload.size(), false};
-    HostSaveSource source({payload});
-    ASSERT_OK((*tm)->Save({&item, 1}, source, /*durable=*/true, absl::InfiniteFuture(), kOwner));
-  }
+  ASSERT_OK(SaveBlocks(**tm, "t1", 16, 100, /*durable=*/true, &metas, &ids));
   for (const BlockLocation want : {BlockLocation::kHost, BlockLocation::kDisk}) {
     StringLoadSink sink;
     std::vector<v1::BlockMeta> got_metas;

@@ -160,16 +160,16 @@ class TierManagerImpl final : public TierManager {
     std::optional<ArenaReservation> promote;  // Its promotion's room in tier 1.
   };
   // ReadAhead reads the blocks of `plan` that come from tier 2 into a
-  // destination known before delivery (the sink's host destination, or the
+  // destination known before delivery (`dests[i]`, the sink's, or the
   // promotion's room in tier 1), disk_reads_in_flight at once; `early` gets
   // one entry per block, or stays empty when fewer than two qualify.
   void ReadAhead(absl::Span<const BlockId> ids, absl::Span<const EngineCore::ReadHold> plan,
-                 LoadSink& sink, std::vector<EarlyRead>* early);
+                 absl::Span<uint8_t* const> dests, std::vector<EarlyRead>* early);
   // CopyAhead copies the blocks of `plan` held in tier 1 into the sink's
-  // host destinations, several at once across the copy pool, and leaves the
-  // checksum of each copy in `copied` (one entry per block; empty when
-  // fewer than two blocks, or under 256 KiB in all, qualify).
-  void CopyAhead(absl::Span<const EngineCore::ReadHold> plan, LoadSink& sink,
+  // host destinations (`dests`), several at once across the copy pool, and
+  // leaves the checksum of each copy in `copied` (one entry per block;
+  // empty when fewer than two blocks, or under 256 KiB in all, qualify).
+  void CopyAhead(absl::Span<const EngineCore::ReadHold> plan, absl::Span<uint8_t* const> dests,
                  std::vector<std::optional<uint64_t>>* copied);
 
   // RemoveBlocks deletes those of `ids` that still exist from every tier and

@@ -312,19 +312,21 @@ std::vector<absl::Status> RemoteTier::FetchEach(absl::string_view ns,
   storage::SpillRecord record;
   const std::vector<absl::Status> read =
       store_->ReadEach(keys, max_payload_bytes, [&](size_t i, const ObjectReadView& r) {
-        const std::string name = absl::StrCat("remote block ", ids[i].ToHex());
+        // The block's name only for an error: the path of every fetched object.
+        auto refused = [&](absl::string_view why) {
+          return absl::DataLossError(absl::StrCat("remote block ", ids[i].ToHex(), ": ", why));
+        };
         record.Clear();
         absl::Status checked;
         if (!absl::StartsWith(r.record, kRecordMagic) ||
             !record.ParseFromArray(r.record.data() + kRecordMagic.size(),
                                    static_cast<int>(r.record.size() - kRecordMagic.size()))) {
-          checked = absl::DataLossError(absl::StrCat(name, ": its record does not parse"));
+          checked = refused("its record does not parse");
         } else if (record.meta().id() != ids[i].ToBytes()) {
-          checked = absl::DataLossError(absl::StrCat(name, ": its record names another block"));
+          checked = refused("its record names another block");
         } else if (r.data_bytes != record.meta().payload_bytes()) {
-          checked = absl::DataLossError(absl::StrCat(name, ": payload is ", r.data_bytes,
-                                                     " bytes, its record says ",
-                                                     record.meta().payload_bytes()));
+          checked = refused(absl::StrCat("payload is ", r.data_bytes, " bytes, its record says ",
+                                         record.meta().payload_bytes()));
         }
         {
           absl::MutexLock lock(&mu_);

@@ -201,25 +201,11 @@ uint64_t RocksSpillStore::UsedBytes() {
   return total;
 }
 
-absl::Status RocksSpillStore::Sync() {
-  absl::MutexLock w(&write_mu_);
-  EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
-  absl::ReaderMutexLock d(&db_mu_);
-  EVOKE_RETURN_IF_ERROR(CheckOpen());
-  EVOKE_RETURN_IF_ERROR(FlushTombstones(/*sync=*/true));
-  // Tombstones written without fdatasync (WriteTombstones) become durable
-  // with the delete they stand for.
-  if (log_ != nullptr) {
-    if (absl::Status t = log_->SyncActive(SegmentStream::kHot); !t.ok()) {
-      return AppendFailed(t, "sync");
-    }
-  }
-  const rocksdb::Status s = db_.db->SyncWAL();
-  if (!s.ok()) Stop(s, "sync");
-  return ToAbsl(s, "sync");
-}
+absl::Status RocksSpillStore::Sync() { return MakeDurable(/*flush=*/false); }
 
-absl::Status RocksSpillStore::Persist() {
+absl::Status RocksSpillStore::Persist() { return MakeDurable(/*flush=*/true); }
+
+absl::Status RocksSpillStore::MakeDurable(bool flush) {
   absl::MutexLock w(&write_mu_);
   EVOKE_RETURN_IF_ERROR(CheckWritable(0, "sync"));
   absl::ReaderMutexLock d(&db_mu_);
@@ -235,14 +221,14 @@ absl::Status RocksSpillStore::Persist() {
   // Never sync a WAL that failed an append: CheckWritable refused above
   // if any write failed since the last resume.
   rocksdb::Status s = db_.db->SyncWAL();
-  if (s.ok()) {
+  if (s.ok() && flush) {
     rocksdb::FlushOptions options;
     options.wait = true;
     options.allow_write_stall = true;
     s = db_.db->Flush(options, {meta(), payload()});
   }
   if (!s.ok()) Stop(s, "sync");
-  return ToAbsl(s, "flush");
+  return ToAbsl(s, flush ? "flush" : "sync");
 }
 
 SpillStoreHealth RocksSpillStore::Health() const {

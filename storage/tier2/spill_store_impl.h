@@ -380,14 +380,17 @@ class RocksSpillStore final : public SpillStore {
 
   uint64_t UsedBytes() override;
 
-  // Sync: the segments are synced by every append; only the WAL is left.
+  // Sync: the segments are synced by every append; the tombstones, the hot
+  // segment they went to without fdatasync, and the WAL are left.
   absl::Status Sync() override;
-
+  // Persist: Sync, then the memtables flushed.
   absl::Status Persist() override;
 
   SpillStoreHealth Health() const override;
 
  private:
+  // MakeDurable is Sync, and with `flush` Persist.
+  absl::Status MakeDurable(bool flush);
   rocksdb::ColumnFamilyHandle* meta() const ABSL_SHARED_LOCKS_REQUIRED(db_mu_) {
     return db_.handles[1];
   }
