@@ -1,6 +1,7 @@
 // Google Benchmark micro-benchmarks of the hot loops under evoked's data
 // paths, each beside its baseline in the same run:
-//   memcpy vs the fused copy+checksum the daemon uses (CopyHashing*), and
+//   memcpy vs the fused copy+checksum the daemon uses (CopyHashing*, alone
+//   and through a CopyPool), and
 //   the xxh3 checksum alone; the tier-1 allocator.
 //   build/bench/evoke_micro_bench --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
@@ -11,6 +12,7 @@
 
 #include "common/chain_hash.h"
 #include "common/checksum.h"
+#include "common/copy_pool.h"
 #include "common/fingerprint.h"
 #include "storage/pinned_arena.h"
 #include "storage/tier2/spill_store.h"
@@ -63,6 +65,23 @@ void BM_Checksum(benchmark::State& state) {
   CopyLoop(state, [](void*, const void* s, size_t n) { return PayloadChecksum(s, n); });
 }
 
+// The same through a CopyPool of evoked's default size (2 workers): above
+// CopyPool::kSplitCopyBytes, one chunk copied by two threads.
+CopyPool& Pool() {
+  static CopyPool* pool = new CopyPool(2);
+  return *pool;
+}
+void BM_PoolCopyHashingDestination(benchmark::State& state) {
+  CopyLoop(state, [](void* d, const void* s, size_t n) {
+    return Pool().CopyHashingDestination(d, s, n);
+  });
+}
+void BM_PoolCopyHashingSource(benchmark::State& state) {
+  CopyLoop(state, [](void* d, const void* s, size_t n) {
+    return Pool().CopyHashingSource(d, s, n);
+  });
+}
+
 // The same copy from a payload in 16 KiB pieces (an inline Save's bytes as
 // gRPC received them, HTTP/2 DATA frames), as the TierManager copies it.
 void BM_CopyPiecesHashingDestination(benchmark::State& state) {
@@ -80,6 +99,8 @@ BENCHMARK(BM_Memcpy)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
 BENCHMARK(BM_CopyPiecesHashingDestination)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
 BENCHMARK(BM_CopyHashingDestination)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
 BENCHMARK(BM_CopyHashingSource)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
+BENCHMARK(BM_PoolCopyHashingDestination)->Arg(256 << 10)->Arg(512 << 10)->Arg(1 << 20)->Arg(2 << 20);
+BENCHMARK(BM_PoolCopyHashingSource)->Arg(256 << 10)->Arg(512 << 10)->Arg(1 << 20)->Arg(2 << 20);
 BENCHMARK(BM_Checksum)->RangeMultiplier(4)->Range(64 << 10, 16 << 20);
 
 void BM_ArenaAllocateFree(benchmark::State& state) {

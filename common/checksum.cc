@@ -111,6 +111,35 @@ uint64_t PayloadChecksum(const void* data, size_t size) {
   return CombineChunkChecksums(chunks, size);
 }
 
+static_assert(sizeof(XXH3_state_t) <= 640 && alignof(XXH3_state_t) <= 64);
+
+PayloadHasher::PayloadHasher() {
+  XXH3_64bits_reset(reinterpret_cast<XXH3_state_t*>(state_));
+}
+
+void PayloadHasher::Update(const void* data, size_t size) {
+  auto* state = reinterpret_cast<XXH3_state_t*>(state_);
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    if (in_chunk_ == kChecksumChunkBytes) {
+      chunks_.push_back(XXH3_64bits_digest(state));
+      XXH3_64bits_reset(state);
+      in_chunk_ = 0;
+    }
+    const size_t n = std::min(size, kChecksumChunkBytes - in_chunk_);
+    XXH3_64bits_update(state, p, n);
+    p += n;
+    size -= n;
+    in_chunk_ += n;
+    total_ += n;
+  }
+}
+
+uint64_t PayloadHasher::Finish() {
+  chunks_.push_back(XXH3_64bits_digest(reinterpret_cast<XXH3_state_t*>(state_)));
+  return CombineChunkChecksums(chunks_, total_);
+}
+
 uint64_t CopyHashingDestination(void* dst, const void* src, size_t size) {
   return CopyHashingImpl<true>(dst, src, size);
 }

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -33,6 +34,23 @@ uint64_t ChunkChecksum(const void* data, size_t size);
 // `total_size` bytes into its checksum (for total_size <= 1 MiB, the one
 // chunk's checksum).
 uint64_t CombineChunkChecksums(absl::Span<const uint64_t> chunks, size_t total_size);
+
+// PayloadHasher computes PayloadChecksum of a payload handed to it in
+// order, in any number of Updates of any sizes (chunk boundaries are its
+// business): for hashing a payload whose pieces arrive one after another.
+class PayloadHasher {
+ public:
+  PayloadHasher();
+  void Update(const void* data, size_t size);
+  // PayloadChecksum of the bytes updated so far; the hasher is spent.
+  uint64_t Finish();
+
+ private:
+  alignas(64) unsigned char state_[640];  // An XXH3_state_t (checked in the .cc).
+  size_t total_ = 0;     // Bytes updated so far.
+  size_t in_chunk_ = 0;  // Of which in the current chunk.
+  std::vector<uint64_t> chunks_;  // Checksums of the chunks completed.
+};
 
 // CopyHashingDestination copies `size` bytes and returns the checksum of the
 // destination, hashing each piece while it is still in cache, so the

@@ -55,6 +55,23 @@ std::vector<absl::string_view> Cut(const std::string& s, size_t piece) {
   return out;
 }
 
+// PayloadHasher gives PayloadChecksum whatever the updates' sizes.
+TEST(ChecksumTest, PayloadHasherEqualsTheOneShotChecksum) {
+  std::mt19937_64 rng(12);
+  for (size_t size : {0ul, 1ul, (1ul << 20) - 1, 1ul << 20, (1ul << 20) + 1, (3ul << 20) + 5}) {
+    std::string src(size, '\0');
+    for (size_t i = 0; i < size; i += 8) src[i] = static_cast<char>(rng());
+    for (size_t step : {1ul, 4093ul, 65536ul, 1ul << 20, 5ul << 20}) {
+      if (step == 1 && size > 4096) continue;
+      PayloadHasher hasher;
+      for (size_t at = 0; at < size; at += step) {
+        hasher.Update(src.data() + at, std::min(step, size - at));
+      }
+      EXPECT_EQ(hasher.Finish(), PayloadChecksum(src.data(), size)) << size << " " << step;
+    }
+  }
+}
+
 TEST(ChecksumTest, PiecesHashAndCopyAsTheirConcatenation) {
   std::mt19937_64 rng(11);
   for (size_t size : {0ul, 1ul, 4096ul, 1ul << 20, (1ul << 20) + 1, (3ul << 20) + 777}) {

@@ -19,9 +19,14 @@
 namespace evoke {
 
 // CopyPool splits a payload larger than two checksum chunks (1 MiB each, see
-// common/checksum.h) across its worker threads and the calling thread; the
-// result is identical to the serial functions. Small payloads are copied on
-// the calling thread. When every worker is busy (many concurrent calls), the
+// common/checksum.h) across its worker threads and the calling thread, a
+// chunk per task. A payload of kSplitCopyBytes up to two chunks is copied in
+// pieces by the caller and one worker while the caller hashes the pieces in
+// order as they land (one chunk cannot be hashed in parallel, but its copy
+// can), when the host has a core to spare for each such copy in progress
+// (on two cores, two concurrent copies are faster each on its own thread).
+// The result is identical to the serial functions. Smaller payloads are
+// copied on the calling thread. When every worker is busy (many concurrent calls), the
 // caller does the work itself, so the pool never queues a copy behind
 // another. Thread-safe.
 class CopyPool {
@@ -31,6 +36,8 @@ class CopyPool {
   ~CopyPool();
   CopyPool(const CopyPool&) = delete;
   CopyPool& operator=(const CopyPool&) = delete;
+
+  static constexpr size_t kSplitCopyBytes = 512 * 1024;
 
   // CopyHashingDestination / CopyHashingSource as in common/checksum.h.
   uint64_t CopyHashingDestination(void* dst, const void* src, size_t size);
@@ -52,12 +59,20 @@ class CopyPool {
     std::atomic<size_t> done{0};
   };
   static void Drain(Job& job);
+  // Whether a copy of `size` bytes should be split, and if so counts it in
+  // splitting_ (the caller must call EndSplit after it).
+  bool BeginSplit(size_t size);
+  void EndSplit() { splitting_.fetch_sub(1, std::memory_order_relaxed); }
+  template <bool kHashDestination>
+  uint64_t SplitCopyHashing(void* dst, const void* src, size_t size);
   void Work();
 
   absl::Mutex mu_;
   std::deque<std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
+  const int cores_;                  // Those this process may run on.
+  std::atomic<int> splitting_{0};  // Split copies in progress.
 };
 
 }  // namespace evoke

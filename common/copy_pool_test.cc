@@ -1,5 +1,6 @@
 #include "common/copy_pool.h"
 
+#include <atomic>
 #include <random>
 #include <string>
 #include <thread>
@@ -26,6 +27,46 @@ TEST(CopyPoolTest, ParallelResultsEqualTheSerialDefinition) {
     EXPECT_EQ(a, src);
     EXPECT_EQ(b, src);
   }
+}
+
+// Payloads of kSplitCopyBytes to two chunks are copied by two threads and
+// hashed in order by one: every size around the piece and chunk edges, with
+// one worker and with several, and with the workers kept busy elsewhere
+// (the caller then copies every piece itself).
+TEST(CopyPoolTest, SplitCopiesEqualTheSerialDefinition) {
+  std::mt19937_64 rng(11);
+  const size_t split = CopyPool::kSplitCopyBytes;
+  for (int workers : {1, 3}) {
+    CopyPool pool(workers);
+    for (size_t size : {split - 1, split, split + 1, (1ul << 20) - 1, 1ul << 20,
+                        (1ul << 20) + 1, (1ul << 20) + 65536, (2ul << 20) - 7, 2ul << 20}) {
+      std::string src(size, '\0');
+      for (size_t i = 0; i < size; i += 8) src[i] = static_cast<char>(rng());
+      const uint64_t expected = PayloadChecksum(src.data(), size);
+      std::string a(size, 'a'), b(size, 'b');
+      EXPECT_EQ(pool.CopyHashingDestination(a.data(), src.data(), size), expected) << size;
+      EXPECT_EQ(pool.CopyHashingSource(b.data(), src.data(), size), expected) << size;
+      EXPECT_TRUE(a == src) << size;
+      EXPECT_TRUE(b == src) << size;
+    }
+  }
+  CopyPool pool(1);
+  const size_t size = 1 << 20;
+  std::string src(size, 'x'), dst(size, '\0');
+  src[size - 1] = 'y';
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    std::string big(8 << 20, 'b'), out(8 << 20, '\0');
+    while (!stop.load()) pool.CopyHashingDestination(out.data(), big.data(), big.size());
+  });
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(pool.CopyHashingSource(dst.data(), src.data(), size),
+              PayloadChecksum(src.data(), size));
+    ASSERT_TRUE(dst == src);
+    dst.assign(size, '\0');
+  }
+  stop = true;
+  busy.join();
 }
 
 TEST(CopyPoolTest, PiecesCopyInParallelAsTheSerialDefinition) {

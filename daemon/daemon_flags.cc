@@ -261,8 +261,8 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--copy-threads", o->tiers.copy_threads,
-                 "Extra threads that copy and checksum payloads over 2 MiB (and as many "
-                 "that scan large recovery tables)")
+                 "Extra threads that copy and checksum payloads of 512 KiB or more (and as "
+                 "many that scan large recovery tables)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--disk-reads-in-flight", o->tiers.disk_reads_in_flight,

@@ -183,7 +183,7 @@ struct DaemonOptions {
     // Default: 10000 ms.
     uint32_t save_wait_ms = 10000;
 
-    // Extra threads that copy and checksum payloads over 2 MiB in parallel,
+    // Extra threads that copy and checksum payloads of 512 KiB or more in parallel,
     // and as many again that scan recovery tables of 32k rows or more.
     // 0 does both on the RPC's own thread. At most 64.
     // Default: 2.
