@@ -307,6 +307,37 @@ evoke_status evoke_prefix_lookup(evoke_client* c, const evoke_layout* layout,
   return Fail(c, tiers.status());
 }
 
+evoke_status evoke_prefix_acquire(evoke_client* c, const evoke_layout* layout,
+                                  const int32_t* tokens, size_t n_tokens, uint32_t block_tokens,
+                                  uint64_t* handle, size_t* n_blocks) {
+  if (evoke_status s = CheckCommon(c, layout); s != EVOKE_OK) return s;
+  if (tokens == nullptr || block_tokens == 0 || handle == nullptr || n_blocks == nullptr) {
+    return Invalid(c, "tokens, block_tokens, handle, n_blocks: must be non-NULL and > 0");
+  }
+  *handle = 0;
+  *n_blocks = 0;
+  const std::vector<BlockId> chain =
+      evoke::PrefixChain(absl::MakeConstSpan(tokens, n_tokens), block_tokens,
+                         evoke::DigestFingerprint(ToFingerprint(*layout)));
+  if (chain.empty()) return Fail(c, absl::OkStatus());
+  if (!c->client->has_lease()) {
+    if (absl::Status s = c->client->OpenLease("c-api"); !s.ok()) return Fail(c, s);
+  }
+  absl::StatusOr<evoke::Client::Acquired> held = c->client->Acquire(chain);
+  if (held.ok()) {
+    *handle = held->handle;
+    *n_blocks = held->tiers.size();
+  }
+  return Fail(c, held.status());
+}
+
+evoke_status evoke_release(evoke_client* c, uint64_t handle, uint32_t* n_released) {
+  if (c == nullptr) return EVOKE_INVALID_ARGUMENT;
+  absl::StatusOr<uint32_t> released = c->client->Release(handle);
+  if (released.ok() && n_released != nullptr) *n_released = *released;
+  return Fail(c, released.status());
+}
+
 evoke_status evoke_prefix_load(evoke_client* c, const evoke_layout* layout,
                                const int32_t* tokens, size_t n_tokens, uint32_t block_tokens,
                                uint32_t block_index, int32_t new_first_pos, void* dst,

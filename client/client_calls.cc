@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "client/client_impl.h"
+#include "client/ring_client.h"
 #include "common/status_macros.h"
 #include "evoke/client.h"
 #include "evoke/v1/kvtier.grpc.pb.h"
@@ -93,6 +94,53 @@ absl::Status Client::Unpin(absl::Span<const BlockId> ids) {
   impl_->Prepare(&context);
   v1::PinResponse response;
   return FromGrpc(impl_->stub->Unpin(&context, request, &response));
+}
+
+absl::StatusOr<Client::Acquired> Client::Acquire(absl::Span<const BlockId> ids,
+                                                 v1::AcquireMode mode) {
+  v1::AcquireRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_lease_id(impl_->LeaseId());
+  request.set_mode(mode);
+  if (request.lease_id().empty()) {
+    return absl::FailedPreconditionError(
+        "no lease: call OpenLease first (handles belong to a lease)");
+  }
+  if (std::shared_ptr<RingClient> ring = impl_->Ring();
+      ring != nullptr && ring->FitsAcquire(ids.size())) {
+    EVOKE_ASSIGN_OR_RETURN(
+        uint64_t ticket,
+        ring->SubmitAcquire(ids, mode == v1::ACQUIRE_MODE_ALL, impl_->Deadline()));
+    EVOKE_ASSIGN_OR_RETURN(RingCompletion done, ring->Wait(ticket, impl_->Deadline()));
+    EVOKE_RETURN_IF_ERROR(done.status);
+    return Acquired{done.checksum, std::move(done.tiers)};
+  }
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::AcquireResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Acquire(&context, request, &response)));
+  Acquired out;
+  out.handle = response.handle();
+  out.tiers.reserve(response.tiers_size());
+  for (int t : response.tiers()) out.tiers.push_back(static_cast<v1::Tier>(t));
+  return out;
+}
+
+absl::StatusOr<uint32_t> Client::Release(uint64_t handle) {
+  if (std::shared_ptr<RingClient> ring = impl_->Ring(); ring != nullptr) {
+    EVOKE_ASSIGN_OR_RETURN(uint64_t ticket, ring->SubmitRelease(handle, impl_->Deadline()));
+    EVOKE_ASSIGN_OR_RETURN(RingCompletion done, ring->Wait(ticket, impl_->Deadline()));
+    EVOKE_RETURN_IF_ERROR(done.status);
+    return static_cast<uint32_t>(done.payload_bytes);
+  }
+  v1::ReleaseRequest request;
+  request.set_lease_id(impl_->LeaseId());
+  request.set_handle(handle);
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::ReleaseResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Release(&context, request, &response)));
+  return response.n_released();
 }
 
 absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) { return impl_->Describe(id); }

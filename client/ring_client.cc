@@ -110,7 +110,8 @@ absl::StatusOr<uint64_t> RingClient::SubmitSave(const BlockToSave& block, bool d
   }
   sqe.arg_len = arg_len;
   sqe.meta_len = static_cast<uint32_t>(meta.size());
-  return Submit(sqe, reinterpret_cast<const uint8_t*>(args.data()), arg_len, false, deadline);
+  return Submit(sqe, reinterpret_cast<const uint8_t*>(args.data()), arg_len, Message::kNone,
+                deadline);
 }
 
 absl::StatusOr<uint64_t> RingClient::SubmitLoad(const BlockId& id, absl::string_view fingerprint,
@@ -145,12 +146,38 @@ absl::StatusOr<uint64_t> RingClient::SubmitLoad(const BlockId& id, absl::string_
   }
   sqe.arg_len = arg_len;
   sqe.meta_len = static_cast<uint32_t>(fingerprint.size());
-  return Submit(sqe, reinterpret_cast<const uint8_t*>(args.data()), arg_len, want_meta,
-                deadline);
+  return Submit(sqe, reinterpret_cast<const uint8_t*>(args.data()), arg_len,
+                want_meta ? Message::kMeta : Message::kNone, deadline);
+}
+
+absl::StatusOr<uint64_t> RingClient::SubmitAcquire(absl::Span<const BlockId> ids, bool all,
+                                                   absl::Time deadline) {
+  if (!FitsAcquire(ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ids: ", ids.size(), " ids; a ring acquire carries 1 to ",
+        std::min<uint64_t>(g_.arg_bytes / 16, g_.msg_bytes)));
+  }
+  thread_local std::string args;
+  args.clear();
+  for (const BlockId& id : ids) args += id.ToBytes();
+  RingSqe sqe{};
+  sqe.opcode = ring::kOpAcquire;
+  sqe.flags = all ? ring::kAcquireAll : 0;
+  sqe.arg_len = static_cast<uint32_t>(args.size());
+  sqe.meta_len = sqe.arg_len;
+  return Submit(sqe, reinterpret_cast<const uint8_t*>(args.data()), sqe.arg_len,
+                Message::kTiers, deadline);
+}
+
+absl::StatusOr<uint64_t> RingClient::SubmitRelease(uint64_t handle, absl::Time deadline) {
+  RingSqe sqe{};
+  sqe.opcode = ring::kOpRelease;
+  std::memcpy(sqe.id, &handle, sizeof(handle));  // Little endian.
+  return Submit(sqe, nullptr, 0, Message::kNone, deadline);
 }
 
 absl::StatusOr<uint64_t> RingClient::Submit(RingSqe sqe, const uint8_t* args, uint32_t arg_len,
-                                            bool want_meta, absl::Time deadline) {
+                                            Message message, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   // Room in the submission queue; and, so that the daemon never waits for
   // room to post, no more in flight than the completion queue holds.
@@ -178,7 +205,7 @@ absl::StatusOr<uint64_t> RingClient::Submit(RingSqe sqe, const uint8_t* args, ui
   std::memcpy(base_ + g_.sq_offset() + uint64_t{slot} * sizeof(RingSqe), &sqe, sizeof(sqe));
   ++sq_tail_;
   header_->sq_tail.value.store(sq_tail_, std::memory_order_release);
-  pending_.emplace(ticket, want_meta);
+  pending_.emplace(ticket, message);
   // Pairs with the daemon's store of sq_need_wake and re-read of sq_tail.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (header_->sq_need_wake.value.exchange(0, std::memory_order_seq_cst) != 0) {
@@ -211,9 +238,15 @@ size_t RingClient::Reap() {
       done.payload_bytes = c.payload_bytes;
       done.tier = static_cast<v1::Tier>(c.tier);
       done.deduplicated = (c.flags & ring::kCqeDeduplicated) != 0;
-      if (c.status == 0 && it->second && (c.flags & ring::kCqeMetaOmitted) == 0) {
-        v1::BlockMeta meta;
-        if (meta.ParseFromArray(msg, static_cast<int>(msg_len))) done.meta = std::move(meta);
+      if (c.status == 0 && (c.flags & ring::kCqeMetaOmitted) == 0) {
+        if (it->second == Message::kMeta) {
+          v1::BlockMeta meta;
+          if (meta.ParseFromArray(msg, static_cast<int>(msg_len))) done.meta = std::move(meta);
+        } else if (it->second == Message::kTiers) {
+          for (uint32_t k = 0; k < msg_len; ++k) {
+            done.tiers.push_back(static_cast<v1::Tier>(static_cast<uint8_t>(msg[k])));
+          }
+        }
       }
       pending_.erase(it);
       done_.emplace(c.user_data, std::move(done));

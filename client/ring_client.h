@@ -49,6 +49,18 @@ class RingClient {
                                       absl::Span<const v1::RegionSlice> destination,
                                       std::optional<int32_t> first_position, bool want_meta,
                                       absl::Time deadline);
+  // SubmitAcquire queues one Acquire of `ids` (ACQUIRE_MODE_ALL when `all`);
+  // its completion has the handle, and the tiers of the blocks held.
+  // INVALID_ARGUMENT when the ids do not fit in the argument area.
+  absl::StatusOr<uint64_t> SubmitAcquire(absl::Span<const BlockId> ids, bool all,
+                                         absl::Time deadline);
+  // FitsAcquire: an Acquire of `n` ids fits in one submission, and the
+  // tiers of all of them in its completion.
+  bool FitsAcquire(size_t n) const {
+    return n > 0 && n * 16 <= g_.arg_bytes && n <= g_.msg_bytes;
+  }
+  // SubmitRelease queues one Release of `handle`.
+  absl::StatusOr<uint64_t> SubmitRelease(uint64_t handle, absl::Time deadline);
   // Wait returns the completion of `ticket` (DEADLINE_EXCEEDED past
   // `deadline`, the ticket still valid; NOT_FOUND for a ticket that is
   // unknown or already waited; UNAVAILABLE once the ring is dead).
@@ -61,9 +73,11 @@ class RingClient {
   uint64_t region_id() const { return region_->id(); }
 
  private:
+  // What a completion's message holds for the caller.
+  enum class Message : uint8_t { kNone, kMeta, kTiers };
   // Submit writes one entry (and `args`, `arg_len` bytes) and publishes it.
   absl::StatusOr<uint64_t> Submit(ring::RingSqe sqe, const uint8_t* args, uint32_t arg_len,
-                                  bool want_meta, absl::Time deadline);
+                                  Message message, absl::Time deadline);
   // Reap moves every posted completion into done_; returns how many.
   size_t Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeadStatus() const;
@@ -82,8 +96,8 @@ class RingClient {
   uint32_t sq_tail_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t cq_head_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
-  // Submitted, not yet completed: whether it asked for meta.
-  absl::flat_hash_map<uint64_t, bool> pending_ ABSL_GUARDED_BY(mu_);
+  // Submitted, not yet completed: what its message holds.
+  absl::flat_hash_map<uint64_t, Message> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, RingCompletion> done_ ABSL_GUARDED_BY(mu_);
   bool sleeper_ ABSL_GUARDED_BY(mu_) = false;  // A thread sleeps on the futex.
   std::string scratch_ ABSL_GUARDED_BY(mu_);    // Serialized arguments.

@@ -4,7 +4,8 @@
 // A ring is one shared-memory region of a lease (a sealed memfd registered
 // through the fd channel like any other), attached with the AttachRing RPC.
 // gRPC stays the control plane (leases, regions, Recover, admin); the ring
-// carries Save and Load of blocks whose payloads are region slices.
+// carries Save and Load of blocks whose payloads are region slices, and
+// Acquire and Release (holds on blocks, between a lookup and a load).
 //
 //   offset 0               RingHeader (4096 bytes)
 //   sq_offset()            sq_entries x RingSqe     submissions, client -> daemon
@@ -72,6 +73,15 @@ enum Opcode : uint8_t {
   kOpNop = 0,   // Completes at once with status 0 (for tests and latency).
   kOpSave = 1,  // Stores one block.
   kOpLoad = 2,  // Loads one block into region slices.
+  // Acquire (as the RPC): the argument area holds the ids, 16 bytes each
+  // (meta_len = arg_len = 16 x n, n_slices 0). The completion's `checksum`
+  // is the handle (0: nothing held), `payload_bytes` the number held, and
+  // its message one byte per held block, its evoke.v1.Tier
+  // (kCqeMetaOmitted when they do not fit in msg_bytes).
+  kOpAcquire = 3,
+  // Release (as the RPC): the handle in the first 8 bytes of `id` (little
+  // endian). The completion's `payload_bytes` is the holds released.
+  kOpRelease = 4,
 };
 
 // RingSqe::flags.
@@ -80,6 +90,7 @@ enum SqeFlags : uint8_t {
   kSaveDurable = 1u << 1,    // Save: acknowledged once fsync'd to tier 2.
   kLoadReanchor = 1u << 0,   // Load: re-anchor to first_position.
   kLoadWantMeta = 1u << 1,   // Load: return the block's meta in the message.
+  kAcquireAll = 1u << 0,     // Acquire: every id or NOT_FOUND (ACQUIRE_MODE_ALL).
 };
 
 // RingCqe::flags.
@@ -96,7 +107,7 @@ struct RingSlice {
 };
 static_assert(sizeof(RingSlice) == 24);
 
-// A submission: one Save or Load of one block.
+// A submission: one Save or Load of one block, or one Acquire or Release.
 struct RingSqe {
   uint64_t user_data;   // Echoed in the completion.
   uint8_t opcode;       // Opcode.

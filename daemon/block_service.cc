@@ -55,6 +55,32 @@ absl::StatusOr<Lease> BlockService::FindLease(const Caller& caller,
   return lease;
 }
 
+absl::StatusOr<BlockService::Acquired> BlockService::Acquire(const Caller& caller,
+                                                             const Lease& lease,
+                                                             absl::Span<const BlockId> ids,
+                                                             bool all) {
+  EVOKE_ASSIGN_OR_RETURN(LeaseManager::Handle handle, leases_->NewHandle(lease.id));
+  absl::StatusOr<std::vector<BlockLocation>> held =
+      tiers_->Acquire(ids, handle.owner, all, &caller);
+  if (!held.ok() || held->empty()) {
+    (void)leases_->TakeHandle(lease.id, handle.id);
+    if (!held.ok()) return WithFieldPath(held.status(), ItemsField::kIds);
+    return Acquired{};
+  }
+  // The lease may have ended while the blocks were pinned: its handles were
+  // released before these pins existed.
+  if (!leases_->HasHandle(lease.id, handle.id)) {
+    tiers_->ReleaseOwner(handle.owner);
+    return absl::NotFoundError("lease_id: unknown or ended lease");
+  }
+  return Acquired{handle.id, *std::move(held)};
+}
+
+absl::StatusOr<uint64_t> BlockService::Release(const Lease& lease, uint64_t handle) {
+  EVOKE_ASSIGN_OR_RETURN(PinOwner owner, leases_->TakeHandle(lease.id, handle));
+  return tiers_->ReleaseOwner(owner);
+}
+
 absl::StatusOr<std::optional<Lease>> BlockService::ResolveLease(const Caller& caller,
                                                                 const LeaseRef& ref) const {
   if (ref.resolved != nullptr) return std::optional<Lease>(*ref.resolved);

@@ -83,6 +83,20 @@ class BlockService {
   absl::Status LoadInto(const Caller& caller, const LoadCommand& command, LoadSink& sink,
                         LoadResult* result);
 
+  // Acquire holds the blocks of `ids` loadable under a new handle of
+  // `lease` (TierManager::Acquire: the longest held run, or with `all`
+  // every id). No handle is made when nothing is held (handle 0).
+  // NOT_FOUND (mode all: "ids[i]"), RESOURCE_EXHAUSTED (handles per lease).
+  struct Acquired {
+    uint64_t handle = 0;
+    std::vector<BlockLocation> held;
+  };
+  absl::StatusOr<Acquired> Acquire(const Caller& caller, const Lease& lease,
+                                   absl::Span<const BlockId> ids, bool all);
+  // Release ends a handle of `lease` and returns how many holds went.
+  // NOT_FOUND naming "handle" for one the lease does not have.
+  absl::StatusOr<uint64_t> Release(const Lease& lease, uint64_t handle);
+
   // FindLease resolves a lease_id of the caller's own uid (NOT_FOUND for
   // another's, as for an unknown one).
   absl::StatusOr<Lease> FindLease(const Caller& caller, absl::string_view lease_id) const;

@@ -591,6 +591,47 @@ grpc::ServerUnaryReactor* KvTierService::Unpin(grpc::CallbackServerContext* cont
   });
 }
 
+// Acquire and Release touch memory only (a lookup and pins under the
+// engine's lock): they finish on the reactor, as Lookup and Unpin do.
+grpc::ServerUnaryReactor* KvTierService::Acquire(grpc::CallbackServerContext* context,
+                                                 const v1::AcquireRequest* request,
+                                                 v1::AcquireResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
+  return FinishInline(context, [&]() -> absl::Status {
+    if (request->mode() != v1::ACQUIRE_MODE_UNSPECIFIED &&
+        request->mode() != v1::ACQUIRE_MODE_PREFIX && request->mode() != v1::ACQUIRE_MODE_ALL) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode: unknown value ", static_cast<int>(request->mode())));
+    }
+    const bool all = request->mode() == v1::ACQUIRE_MODE_ALL;
+    EVOKE_ASSIGN_OR_RETURN(
+        std::vector<BlockId> ids,
+        ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, all));
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(BlockService::Acquired acquired,
+                           blocks_.Acquire(*caller, lease, ids, all));
+    response->set_handle(acquired.handle);
+    response->set_n_held(acquired.held.size());
+    for (BlockLocation where : acquired.held) response->add_tiers(ToProto(where));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KvTierService::Release(grpc::CallbackServerContext* context,
+                                                 const v1::ReleaseRequest* request,
+                                                 v1::ReleaseResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
+  return FinishInline(context, [&]() -> absl::Status {
+    if (request->handle() == 0) {
+      return absl::InvalidArgumentError("handle: is required (0 is no handle)");
+    }
+    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
+    EVOKE_ASSIGN_OR_RETURN(uint64_t released, blocks_.Release(lease, request->handle()));
+    response->set_n_released(static_cast<uint32_t>(released));
+    return absl::OkStatus();
+  });
+}
+
 grpc::ServerUnaryReactor* KvTierService::List(grpc::CallbackServerContext* context,
                                               const v1::ListRequest* request,
                                               v1::ListResponse* response) {

@@ -122,6 +122,12 @@ class KvTierService final : public v1::KvTier::CallbackService {
   grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* context,
                                   const v1::PinRequest* request,
                                   v1::PinResponse* response) override;
+  grpc::ServerUnaryReactor* Acquire(grpc::CallbackServerContext* context,
+                                    const v1::AcquireRequest* request,
+                                    v1::AcquireResponse* response) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
   grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* context,
                                  const v1::ListRequest* request,
                                  v1::ListResponse* response) override;

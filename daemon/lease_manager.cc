@@ -94,7 +94,8 @@ void LeaseManager::Forget(absl::flat_hash_map<BlockId, LeaseState>::iterator it)
 
 void LeaseManager::Release(LeaseState state) {
   // Outside the lock: the TierManager takes its own.
-  const uint64_t released = tiers_->ReleaseOwner(state.owner);
+  uint64_t released = tiers_->ReleaseOwner(state.owner);
+  for (const auto& [id, owner] : state.handles) released += tiers_->ReleaseOwner(owner);
   {
     absl::MutexLock lock(&mu_);
     pins_released_ += released;
@@ -184,6 +185,44 @@ absl::StatusOr<uint64_t> LeaseManager::AddRegion(const BlockId& lease,
   const uint64_t id = next_region_++;
   it->second.regions.emplace(id, std::move(region));
   return id;
+}
+
+absl::StatusOr<LeaseManager::Handle> LeaseManager::NewHandle(const BlockId& lease) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) return absl::NotFoundError(kUnknownLease);
+  it->second.last_used = std::max(it->second.last_used, now);
+  if (it->second.handles.size() >= options_.max_handles_per_lease) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the lease already holds ", options_.max_handles_per_lease,
+        " handles; release some first"));
+  }
+  const Handle handle{next_handle_++, next_owner_++};
+  it->second.handles.emplace(handle.id, handle.owner);
+  return handle;
+}
+
+bool LeaseManager::HasHandle(const BlockId& lease, uint64_t handle) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease);
+  return it != leases_.end() && it->second.handles.contains(handle);
+}
+
+absl::StatusOr<PinOwner> LeaseManager::TakeHandle(const BlockId& lease, uint64_t handle) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) return absl::NotFoundError(kUnknownLease);
+  it->second.last_used = std::max(it->second.last_used, now);
+  auto h = it->second.handles.find(handle);
+  if (h == it->second.handles.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("handle: ", handle, " is not an open handle of this lease"));
+  }
+  const PinOwner owner = h->second;
+  it->second.handles.erase(h);
+  return owner;
 }
 
 absl::StatusOr<uint64_t> LeaseManager::AddSharedMemoryRegion(absl::string_view lease_id,

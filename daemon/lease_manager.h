@@ -32,6 +32,8 @@ struct LeaseManagerOptions {
   uint32_t max_leases_per_uid = 0;
   // Regions one lease may register. Default: 256.
   uint32_t max_regions_per_lease = 256;
+  // Acquire handles one lease may hold at once.
+  uint32_t max_handles_per_lease = 4096;
   // Largest region. Default: 64 GiB.
   uint64_t max_region_bytes = 64ull << 30;
   // Caps on the shared-memory regions mapped at once, over all leases and
@@ -134,6 +136,23 @@ class LeaseManager {
   // RemoveRegion unregisters a region. NOT_FOUND.
   absl::Status RemoveRegion(const BlockId& lease, uint64_t region_id);
 
+  // Handles (Acquire): each has a PinOwner of its own, so that releasing
+  // one leaves the lease's other pins and handles alone; ending the lease
+  // releases them all.
+  struct Handle {
+    uint64_t id;
+    PinOwner owner;
+  };
+  // NewHandle registers a handle under the lease. NOT_FOUND (lease),
+  // RESOURCE_EXHAUSTED (max_handles_per_lease).
+  absl::StatusOr<Handle> NewHandle(const BlockId& lease);
+  // HasHandle says whether the handle is still registered (the lease may
+  // have ended, and released its handles, while a caller was pinning).
+  bool HasHandle(const BlockId& lease, uint64_t handle) const;
+  // TakeHandle unregisters a handle and returns its owner, for the caller
+  // to release. NOT_FOUND naming `handle` when the lease has no such handle.
+  absl::StatusOr<PinOwner> TakeHandle(const BlockId& lease, uint64_t handle);
+
   const LeaseManagerOptions& options() const { return options_; }
   // The per-uid lease cap in force (max_leases_per_uid resolved).
   uint32_t max_leases_per_uid() const { return max_leases_per_uid_; }
@@ -153,6 +172,7 @@ class LeaseManager {
     mutable absl::Time last_used;
     absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions;
     uint64_t regions_removed = 0;  // See Touch.
+    absl::flat_hash_map<uint64_t, PinOwner> handles;
   };
 
   // Release releases the pins and regions of an ended lease; call without
@@ -173,6 +193,7 @@ class LeaseManager {
   absl::flat_hash_map<uid_t, uint32_t> leases_per_uid_ ABSL_GUARDED_BY(mu_);
   PinOwner next_owner_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t expired_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pins_released_ ABSL_GUARDED_BY(mu_) = 0;
 };

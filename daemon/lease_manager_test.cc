@@ -260,3 +260,48 @@ TEST_F(LeaseManagerTest, MappingCapsDefaultWellUnderTheKernelLimit) {
 
 }  // namespace
 }  // namespace evoke
+
+namespace evoke {
+namespace {
+
+// Handles: one PinOwner each, capped per lease, scoped to their lease, and
+// released with it.
+TEST_F(LeaseManagerTest, HandlesAreTheLeasesOwnAndEndWithIt) {
+  LeaseManagerOptions options;
+  options.max_handles_per_lease = 2;
+  LeaseManager leases(options, tiers_.get());
+  ASSERT_OK_AND_ASSIGN(Lease mine, leases.Grant("mine"));
+  ASSERT_OK_AND_ASSIGN(Lease other, leases.Grant("other"));
+  ASSERT_OK_AND_ASSIGN(LeaseManager::Handle a, leases.NewHandle(mine.id));
+  ASSERT_OK_AND_ASSIGN(LeaseManager::Handle b, leases.NewHandle(mine.id));
+  EXPECT_NE(a.id, b.id);
+  EXPECT_NE(a.owner, b.owner);
+  EXPECT_NE(a.owner, mine.owner);
+  EXPECT_THAT(leases.NewHandle(mine.id),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("2 handles")));
+  SavePinned(0, a.owner);
+  SavePinned(1, b.owner);
+  SavePinned(2, mine.owner);
+
+  // Another lease cannot name them; the lease itself can, once.
+  EXPECT_THAT(leases.TakeHandle(other.id, a.id),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("handle")));
+  EXPECT_TRUE(leases.HasHandle(mine.id, a.id));
+  ASSERT_OK_AND_ASSIGN(PinOwner owner, leases.TakeHandle(mine.id, a.id));
+  EXPECT_EQ(owner, a.owner);
+  EXPECT_FALSE(leases.HasHandle(mine.id, a.id));
+  EXPECT_THAT(leases.TakeHandle(mine.id, a.id), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(tiers_->ReleaseOwner(owner), 1u);
+
+  // Ending the lease releases its own pins and its open handles' pins.
+  leases.End(mine.id);
+  EXPECT_FALSE(leases.HasHandle(mine.id, b.id));
+  EXPECT_THAT(leases.NewHandle(mine.id), StatusIs(absl::StatusCode::kNotFound));
+  for (uint64_t seq : {0, 1, 2}) {
+    ASSERT_OK_AND_ASSIGN(BlockInfo info, tiers_->Describe(SessionBlockId("ns", "s", seq)));
+    EXPECT_EQ(info.pin_count, 0u) << seq;
+  }
+}
+
+}  // namespace
+}  // namespace evoke

@@ -153,9 +153,10 @@ class RingSet::Ring {
 };
 
 absl::Status RingSet::Ring::Check(const RingSqe& e) const {
-  if (e.opcode != ring::kOpNop && e.opcode != ring::kOpSave && e.opcode != ring::kOpLoad) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sqe.opcode: ", e.opcode, " is not NOP (0), SAVE (1) or LOAD (2)"));
+  if (e.opcode > ring::kOpRelease) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sqe.opcode: ", e.opcode,
+        " is not NOP (0), SAVE (1), LOAD (2), ACQUIRE (3) or RELEASE (4)"));
   }
   if (e.arg_len > g_.arg_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -168,6 +169,12 @@ absl::Status RingSet::Ring::Check(const RingSqe& e) const {
   if (e.n_slices > ring::kMaxSlices) {
     return absl::InvalidArgumentError(absl::StrCat("sqe.n_slices: ", e.n_slices,
                                                    " is past ", ring::kMaxSlices));
+  }
+  if (e.opcode == ring::kOpAcquire &&
+      (e.meta_len == 0 || e.meta_len % 16 != 0 || e.n_slices != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sqe.meta_len: an ACQUIRE carries 1 or more ids of 16 bytes and no slices (meta_len ",
+        e.meta_len, ", n_slices ", e.n_slices, ")"));
   }
   if (e.n_slices > 0 &&
       AlignUp8(e.meta_len) + uint64_t{e.n_slices} * sizeof(RingSlice) > e.arg_len) {

@@ -50,7 +50,7 @@ struct RingOptions {
 // entry and of its argument bytes.
 struct RingRequest {
   ring::RingSqe sqe;
-  absl::string_view meta;                  // The serialized protobuf.
+  absl::string_view meta;                  // The serialized protobuf (Acquire: the ids).
   absl::Span<const ring::RingSlice> slices;  // n_slices entries, or empty.
 };
 

@@ -1,6 +1,7 @@
 #include "daemon/ring_service.h"
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,8 @@ class ServiceRingHandler final : public RingHandler {
   static bool Compatible(const ring::RingSqe& a, const ring::RingSqe& b, absl::string_view ma,
                          absl::string_view mb) {
     if (a.opcode != b.opcode || (a.n_slices > 0) != (b.n_slices > 0)) return false;
+    // Each Acquire and Release is its own command.
+    if (a.opcode != ring::kOpSave && a.opcode != ring::kOpLoad) return false;
     if (a.opcode == ring::kOpSave) {
       return (a.flags & ring::kSaveDurable) == (b.flags & ring::kSaveDurable);
     }
@@ -87,6 +90,16 @@ class ServiceRingHandler final : public RingHandler {
   // Run runs entries as one command; when that fails and they are several,
   // each runs again alone so that each gets its own status.
   void Run(absl::Span<const RingRequest> requests, absl::Span<RingResult> results, bool alone) {
+    switch (requests[0].sqe.opcode) {
+      case ring::kOpAcquire:
+        results[0].status = RunAcquire(requests[0], results[0]);
+        return;
+      case ring::kOpRelease:
+        results[0].status = RunRelease(requests[0], results[0]);
+        return;
+      default:
+        break;
+    }
     absl::Status s = requests[0].sqe.opcode == ring::kOpSave ? RunSaves(requests, results)
                                                              : RunLoads(requests, results);
     if (s.ok()) return;
@@ -107,7 +120,7 @@ class ServiceRingHandler final : public RingHandler {
   // "ring.Load" with its own status and the batch's time.
   void Record(uint8_t opcode, absl::Span<const RingResult> results, double seconds) {
     if (metrics_ == nullptr) return;
-    const int method = opcode == ring::kOpSave ? metrics_->ring_save() : metrics_->ring_load();
+    const int method = metrics_->ring_method(opcode);
     for (const RingResult& r : results) {
       metrics_->Record(method, static_cast<int>(r.status.code()), seconds);
     }
@@ -165,6 +178,35 @@ class ServiceRingHandler final : public RingHandler {
       out.payload_bytes = save_.blocks[b].payload.Length();
       if (saved[b].deduplicated) out.flags |= ring::kCqeDeduplicated;
     }
+    return absl::OkStatus();
+  }
+
+  // RunAcquire: the ids in the arguments (16 bytes each, checked by the
+  // ring), the handle and count in the completion, the tiers in its message.
+  absl::Status RunAcquire(const RingRequest& request, RingResult& out) {
+    const size_t n = request.meta.size() / 16;
+    if (n > service_->limits().max_ids) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sqe.meta_len: ", n, " ids is past the limit of ", service_->limits().max_ids));
+    }
+    ids_.clear();
+    for (size_t k = 0; k < n; ++k) ids_.push_back(*BlockId::FromBytes(request.meta.substr(16 * k, 16)));
+    EVOKE_ASSIGN_OR_RETURN(
+        BlockService::Acquired held,
+        service_->Acquire(*caller_, lease_, ids_, (request.sqe.flags & ring::kAcquireAll) != 0));
+    out.checksum = held.handle;
+    out.payload_bytes = held.held.size();
+    out.meta.clear();
+    for (BlockLocation where : held.held) out.meta.push_back(static_cast<char>(ToProto(where)));
+    return absl::OkStatus();
+  }
+
+  absl::Status RunRelease(const RingRequest& request, RingResult& out) {
+    uint64_t handle = 0;
+    std::memcpy(&handle, request.sqe.id, sizeof(handle));  // Little endian.
+    if (handle == 0) return absl::InvalidArgumentError("sqe.id: handle 0 is no handle");
+    EVOKE_ASSIGN_OR_RETURN(uint64_t released, service_->Release(lease_, handle));
+    out.payload_bytes = released;
     return absl::OkStatus();
   }
 
@@ -233,6 +275,7 @@ class ServiceRingHandler final : public RingHandler {
   SaveCommand save_;
   std::vector<v1::BlockMeta> metas_;
   std::vector<size_t> index_;
+  std::vector<BlockId> ids_;  // Of an Acquire.
   LoadCommand load_;
   LoadResult loaded_;
   bool has_fingerprint_ = false;

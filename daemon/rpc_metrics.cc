@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/ring_format.h"
 #include "google/protobuf/descriptor.h"
 
 namespace evoke {
@@ -69,12 +70,16 @@ RpcMetrics::RpcMetrics() : recover_candidates_(kCandidateBuckets) {
       methods_.push_back(std::make_unique<Method>(name));
     }
   }
-  for (const char* ring : {"ring.Save", "ring.Load"}) {
+  for (const char* ring : {"ring.Save", "ring.Load", "ring.Acquire", "ring.Release"}) {
     by_name_.emplace(ring, static_cast<int>(methods_.size()));
     methods_.push_back(std::make_unique<Method>(ring));
   }
   ring_save_ = IndexOf("ring.Save");
   ring_load_ = IndexOf("ring.Load");
+  ring_methods_[ring::kOpSave] = ring_save_;
+  ring_methods_[ring::kOpLoad] = ring_load_;
+  ring_methods_[ring::kOpAcquire] = IndexOf("ring.Acquire");
+  ring_methods_[ring::kOpRelease] = IndexOf("ring.Release");
 }
 
 int RpcMetrics::IndexOfPath(absl::string_view path) const {

@@ -27,7 +27,8 @@ class RpcMetrics {
   static constexpr int kCodes = 17;
 
   // Methods: every method of evoke.v1.KvTier (kvtier.proto's order, named
-  // as there: "Save", "Load", ...), then "ring.Save" and "ring.Load".
+  // as there: "Save", "Load", ...), then "ring.Save", "ring.Load",
+  // "ring.Acquire" and "ring.Release".
   RpcMetrics();
   RpcMetrics(const RpcMetrics&) = delete;
   RpcMetrics& operator=(const RpcMetrics&) = delete;
@@ -39,6 +40,10 @@ class RpcMetrics {
   int IndexOf(absl::string_view name) const;
   int ring_save() const { return ring_save_; }
   int ring_load() const { return ring_load_; }
+  // The method of a ring opcode ("ring.Save", "ring.Acquire", ...), or -1.
+  int ring_method(uint8_t opcode) const {
+    return opcode < ring_methods_.size() ? ring_methods_[opcode] : -1;
+  }
   size_t size() const { return methods_.size(); }
   const std::string& name(int method) const { return methods_[method]->name; }
 
@@ -81,6 +86,7 @@ class RpcMetrics {
   absl::flat_hash_map<std::string, int> by_name_;
   int ring_save_ = -1;
   int ring_load_ = -1;
+  std::array<int, 5> ring_methods_{-1, -1, -1, -1, -1};  // By ring::Opcode.
   Histogram recover_candidates_;
 };
 

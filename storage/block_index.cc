@@ -106,7 +106,9 @@ void BlockIndex::Relink(IndexEntry* e) {
     }
     e->in_ram_lru = want_ram;
   }
-  const bool want_disk = e->on_disk();
+  // A pinned block with no tier-1 copy (held by Acquire) is no victim of
+  // the spill budget: its tier-2 payload is all it has.
+  const bool want_disk = e->on_disk() && (e->in_ram() || e->pins == 0);
   if (want_disk != e->in_disk_lru) {
     if (want_disk) {
       disk_lru_.push_front(e);

@@ -88,7 +88,8 @@ struct IndexEntry {
 // BlockIndex owns the entries. It has no lock, no thread and no I/O: the
 // engine calls it under its own mutex. Lists:
 //   ram LRU   unpinned entries with tier-1 bytes (the spiller's victims);
-//   disk LRU  entries with a payload in tier 2 (the spill budget's victims);
+//   disk LRU  entries with a payload in tier 2 (the spill budget's victims),
+//             except pinned ones with no tier-1 copy (held by Acquire);
 // front = most recently used. Secondary indexes by namespace and by session
 // serve List and DropSession without scanning every block.
 class BlockIndex {

@@ -18,6 +18,7 @@
 #include "storage/tier2/spill_store.h"
 #include "storage/tier_manager.h"
 #include "testing/blocks.h"
+#include "testing/engine.h"
 #include "testing/forwarding_spill_store.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
@@ -27,6 +28,8 @@ namespace {
 
 using ::evoke::testing::IdOf;
 using ::evoke::testing::Payload;
+using ::evoke::testing::OpenEngine;
+using ::evoke::testing::SaveBlocks;
 using ::evoke::testing::StatusIs;
 
 constexpr uint64_t kKiB = 1024;
@@ -80,42 +83,6 @@ class WatchedSpillStore : public evoke::testing::ForwardingSpillStore {
   absl::Mutex mu_;
   absl::flat_hash_set<BlockId> corrupt_ ABSL_GUARDED_BY(mu_);
 };
-
-// An engine over a real SpillStore at `path` (handed to `wrap` first, when
-// given) with a tier 1 of `tier1_bytes`; `tier1` gets the arena.
-absl::StatusOr<std::unique_ptr<TierManager>> OpenEngine(
-    const std::string& path, uint64_t tier1_bytes, const TierManagerOptions& options,
-    const std::function<std::unique_ptr<SpillStore>(std::unique_ptr<SpillStore>)>& wrap,
-    PinnedArena** tier1 = nullptr) {
-  PinnedArenaOptions arena_options;
-  arena_options.capacity_bytes = tier1_bytes;
-  arena_options.lock_memory = false;
-  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<PinnedArena> arena, PinnedArena::Create(arena_options));
-  if (tier1 != nullptr) *tier1 = arena.get();
-  SpillStoreOptions spill_options;
-  spill_options.path = path;
-  EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<SpillStore> spill, SpillStore::Open(spill_options));
-  if (wrap) spill = wrap(std::move(spill));
-  return TierManager::Open(options, std::move(arena), std::move(spill));
-}
-
-// SaveBlocks saves `n` session blocks of 64 KiB (payload seeds from `seed`),
-// one Save each, and appends their metas and ids.
-absl::Status SaveBlocks(TierManager& tm, absl::string_view session, uint64_t n, uint64_t seed,
-                        bool durable, std::vector<v1::BlockMeta>* metas,
-                        std::vector<BlockId>* ids) {
-  for (uint64_t i = 0; i < n; ++i) {
-    metas->push_back(evoke::testing::SessionMeta(evoke::testing::OpaqueFingerprint(),
-                                                 session, i, 16, 0, 1, 0));
-    ids->push_back(IdOf(metas->back()));
-    const std::string payload = Payload(seed + i, 64 * kKiB);
-    const SaveItem item{&metas->back(), payload.size(), false};
-    HostSaveSource source({payload});
-    EVOKE_RETURN_IF_ERROR(
-        tm.Save({&item, 1}, source, durable, absl::InfiniteFuture(), kOwner).status());
-  }
-  return absl::OkStatus();
-}
 
 class TierLoadTest : public ::testing::TestWithParam<int> {
  protected:

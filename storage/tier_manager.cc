@@ -651,6 +651,33 @@ uint64_t TierManagerImpl::ReleaseOwner(PinOwner owner) {
   return released;
 }
 
+absl::StatusOr<std::vector<BlockLocation>> TierManagerImpl::Acquire(
+    absl::Span<const BlockId> ids, PinOwner owner, bool all, const NamespaceScope* scope) {
+  EVOKE_RETURN_IF_ERROR(CheckOpen());
+  std::vector<BlockLocation> held;
+  absl::MutexLock lock(core_.mu());
+  std::vector<IndexEntry*> found;
+  found.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    IndexEntry* e = FindFor(ids[i], scope);
+    if (e == nullptr || !e->bytes_available()) {
+      if (!all) break;
+      return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
+                       absl::StrCat(BlockName(ids[i]), e == nullptr ? " not found"
+                                                                 : " has no bytes (breadcrumb)"));
+    }
+    found.push_back(e);
+  }
+  const int64_t now_ms = core_.NowMs();
+  held.reserve(found.size());
+  for (IndexEntry* e : found) {
+    core_.AddPin(e, owner);
+    core_.Touch(e, now_ms);
+    held.push_back(e->location());
+  }
+  return held;
+}
+
 absl::StatusOr<BlockInfo> TierManagerImpl::Describe(const BlockId& id,
                                                     const NamespaceScope* scope) {
   absl::MutexLock lock(core_.mu());

@@ -329,6 +329,17 @@ class TierManager {
   // returns how many. Never fails.
   virtual uint64_t ReleaseOwner(PinOwner owner) = 0;
 
+  // Acquire looks up `ids` and adds one pin of `owner` to each block found,
+  // under one lock, promoting nothing: the longest run of leading ids whose
+  // bytes are held (`all` false; may be empty), or every id (`all` true;
+  // NOT_FOUND naming the first missing one, and nothing pinned). A pinned
+  // block in tier 1 is never spilled; one only in tier 2 is never dropped
+  // to a breadcrumb (BlockIndex keeps it off the disk LRU). Returns where
+  // each pinned block was. Release them with ReleaseOwner(owner).
+  virtual absl::StatusOr<std::vector<BlockLocation>> Acquire(
+      absl::Span<const BlockId> ids, PinOwner owner, bool all,
+      const NamespaceScope* scope = nullptr) = 0;
+
   // Describe returns one block's metadata and state. Errors: NOT_FOUND.
   virtual absl::StatusOr<BlockInfo> Describe(const BlockId& id,
                                              const NamespaceScope* scope = nullptr) = 0;

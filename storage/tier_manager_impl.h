@@ -74,6 +74,9 @@ class TierManagerImpl final : public TierManager {
   absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner,
                      const NamespaceScope* scope) override;
   uint64_t ReleaseOwner(PinOwner owner) override;
+  absl::StatusOr<std::vector<BlockLocation>> Acquire(absl::Span<const BlockId> ids,
+                                                     PinOwner owner, bool all,
+                                                     const NamespaceScope* scope) override;
   absl::StatusOr<BlockInfo> Describe(const BlockId& id, const NamespaceScope* scope) override;
   std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after, size_t limit,
                               bool* more) override;
@@ -182,11 +185,11 @@ class TierManagerImpl final : public TierManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu());
   absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);
   // Unpinned wakes saves and the spiller when `e` became evictable.
+  // (An unpinned block only in tier 2 may put the spill budget over.)
   void Unpinned(const IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu()) {
-    if (e->pins == 0 && e->in_ram()) {
-      core_.NotifyRoom();
-      spiller_.Wake();
-    }
+    if (e->pins != 0) return;
+    if (e->in_ram()) core_.NotifyRoom();
+    spiller_.Wake();
   }
   absl::Status CheckFits(uint64_t size) const {
     if (size <= core_.host().capacity_bytes()) return absl::OkStatus();

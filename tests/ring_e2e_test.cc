@@ -450,13 +450,46 @@ TEST_F(RingTest, HostileEntriesGetErrorsNamingTheField) {
     EXPECT_EQ(raw->Cqe(i).status, static_cast<int>(absl::StatusCode::kInvalidArgument)) << i;
   }
   raw->header()->cq_head.value.store(4);
+  // Acquire and Release: ids not whole, a handle of 0, a handle unknown.
+  e = {};
+  e.user_data = 10;
+  e.opcode = ring::kOpAcquire;
+  e.arg_len = 24;
+  e.meta_len = 24;
+  raw->Submit(e, std::string(24, '\x01'));
+  e = {};
+  e.user_data = 11;
+  e.opcode = ring::kOpRelease;
+  raw->Submit(e);
+  e = {};
+  e.user_data = 12;
+  e.opcode = ring::kOpRelease;
+  e.id[0] = 77;
+  raw->Submit(e);
+  e = {};
+  e.user_data = 13;
+  e.opcode = ring::kOpAcquire;
+  e.arg_len = 16;
+  e.meta_len = 16;
+  raw->Submit(e, std::string(16, '\x02'));  // Not stored: nothing held, handle 0.
+  ASSERT_TRUE(raw->WaitCqTail(8));
+  EXPECT_EQ(raw->Cqe(4).status, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(raw->Message(4), HasSubstr("sqe.meta_len"));
+  EXPECT_EQ(raw->Cqe(5).status, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(raw->Message(5), HasSubstr("handle"));
+  EXPECT_EQ(raw->Cqe(6).status, static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(raw->Message(6), HasSubstr("handle"));
+  EXPECT_EQ(raw->Cqe(7).status, 0);
+  EXPECT_EQ(raw->Cqe(7).checksum, 0u);       // The handle.
+  EXPECT_EQ(raw->Cqe(7).payload_bytes, 0u);  // Held.
+  raw->header()->cq_head.value.store(8);
   // A NOP still completes: the ring serves on.
   e = {};
   e.user_data = 5;
   raw->Submit(e);
-  ASSERT_TRUE(raw->WaitCqTail(5));
-  EXPECT_EQ(raw->Cqe(4).user_data, 5u);
-  EXPECT_EQ(raw->Cqe(4).status, 0);
+  ASSERT_TRUE(raw->WaitCqTail(9));
+  EXPECT_EQ(raw->Cqe(8).user_data, 5u);
+  EXPECT_EQ(raw->Cqe(8).status, 0);
 }
 
 TEST_F(RingTest, ACorruptIndexBreaksOnlyThatRing) {

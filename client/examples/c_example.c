@@ -143,11 +143,23 @@ int main(int argc, char** argv) {
   CHECK(evoke_prefix_lookup(client, &layout, tokens, 64, 32, &n_prefix) == EVOKE_OK &&
             n_prefix == 2,
         "evoke_prefix_lookup");
+  {
+    /* Held: the two blocks stay loadable until released. */
+    uint64_t handle = 0;
+    uint32_t n_released = 0;
+    CHECK(evoke_prefix_acquire(client, &layout, tokens, 64, 32, &handle, &n_prefix) ==
+                  EVOKE_OK &&
+              n_prefix == 2 && handle != 0,
+          "evoke_prefix_acquire");
+    CHECK(evoke_release(client, handle, &n_released) == EVOKE_OK && n_released == 2,
+          "evoke_release");
+    CHECK(evoke_release(client, handle, NULL) == EVOKE_NOT_FOUND, "evoke_release twice");
+  }
   tokens[40] = 7; /* Another second block: only the first is shared. */
   CHECK(evoke_prefix_lookup(client, &layout, tokens, 64, 32, &n_prefix) == EVOKE_OK &&
             n_prefix == 1,
         "evoke_prefix_lookup after divergence");
-  printf("prefix lookup: 2 blocks shared, 1 after the tokens diverge\n");
+  printf("prefix lookup: 2 blocks shared (held and released), 1 after the tokens diverge\n");
 
   /* 6. Errors an engine handles. */
   st = evoke_block_load(client, &layout, "session-1", 99, EVOKE_KEEP_POSITIONS, back,

@@ -143,6 +143,9 @@ struct RingCompletion {
   // Load with want_meta: the block's metadata (new positions when
   // re-anchored; summaries cleared).
   std::optional<v1::BlockMeta> meta;
+  // Acquire: the tier of each held block (the handle is in `checksum`, the
+  // count in `payload_bytes`).
+  std::vector<v1::Tier> tiers;
 };
 
 // Client is thread-safe: one Client may serve every thread of an engine.
@@ -278,6 +281,22 @@ class Client {
   // one): its pins go when the lease ends.
   absl::Status Pin(absl::Span<const BlockId> ids);
   absl::Status Unpin(absl::Span<const BlockId> ids);
+  // Acquire looks up `ids` and holds what it finds loadable in one step
+  // (see AcquireRequest in kvtier.proto): the longest run of leading ids
+  // whose bytes the daemon holds (ACQUIRE_MODE_PREFIX), or every id
+  // (ACQUIRE_MODE_ALL: NOT_FOUND and nothing held otherwise). Blocks held
+  // stay loadable, whatever evicts around them, until Release(handle) or
+  // the end of this client's lease (FAILED_PRECONDITION without one).
+  // Through the command ring when the client has one, else an RPC.
+  struct Acquired {
+    uint64_t handle = 0;  // 0 when nothing is held.
+    std::vector<v1::Tier> tiers;  // One per held block, in order.
+  };
+  absl::StatusOr<Acquired> Acquire(absl::Span<const BlockId> ids,
+                                   v1::AcquireMode mode = v1::ACQUIRE_MODE_PREFIX);
+  // Release returns how many holds the handle had (blocks deleted meanwhile
+  // not counted). NOT_FOUND for a handle this lease does not have.
+  absl::StatusOr<uint32_t> Release(uint64_t handle);
   absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request);
   absl::StatusOr<v1::StatResponse> Stat();

@@ -167,6 +167,18 @@ evoke_status evoke_prefix_lookup(evoke_client* client, const evoke_layout* layou
                                  const int32_t* tokens, size_t n_tokens,
                                  uint32_t block_tokens, size_t* n_blocks);
 
+/* evoke_prefix_lookup that also holds what it finds: the *n_blocks leading
+ * blocks stay loadable (whatever the daemon evicts around them) until
+ * evoke_release(*handle) or evoke_close. *handle is 0 when nothing is held
+ * (then there is nothing to release). Opens the client's lease if needed. */
+evoke_status evoke_prefix_acquire(evoke_client* client, const evoke_layout* layout,
+                                  const int32_t* tokens, size_t n_tokens,
+                                  uint32_t block_tokens, uint64_t* handle, size_t* n_blocks);
+
+/* Ends a handle of evoke_prefix_acquire; *n_released (may be NULL) gets how
+ * many blocks it held. EVOKE_NOT_FOUND for an unknown handle. */
+evoke_status evoke_release(evoke_client* client, uint64_t handle, uint32_t* n_released);
+
 /* Loads prefix block `block_index` of `tokens` into dst (as evoke_block_load). */
 evoke_status evoke_prefix_load(evoke_client* client, const evoke_layout* layout,
                                const int32_t* tokens, size_t n_tokens, uint32_t block_tokens,

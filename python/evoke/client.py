@@ -94,6 +94,8 @@ _METHODS = {
     "DropSession": ("DropSessionRequest", "DropSessionResponse"),
     "Pin": ("PinRequest", "PinResponse"),
     "Unpin": ("PinRequest", "PinResponse"),
+    "Acquire": ("AcquireRequest", "AcquireResponse"),
+    "Release": ("ReleaseRequest", "ReleaseResponse"),
     "List": ("ListRequest", "ListResponse"),
     "Describe": ("DescribeRequest", "BlockInfo"),
     "Stat": ("StatRequest", "StatResponse"),
@@ -556,6 +558,23 @@ class Client:
 
     def unpin(self, ids):
         self._call("Unpin", pb.PinRequest(ids=_ids_list(ids), lease_id=self._ensure_lease().id))
+
+    def acquire(self, ids, mode=None):
+        """Looks up `ids` and holds what it finds loadable, in one step: the
+        longest run of leading ids whose bytes are held (mode
+        pb.ACQUIRE_MODE_PREFIX, the default) or every id
+        (pb.ACQUIRE_MODE_ALL: NOT_FOUND otherwise). Returns (handle, tiers):
+        handle 0 when nothing is held; the holds last until release(handle)
+        or the end of this client's lease."""
+        response = self._call("Acquire", pb.AcquireRequest(
+            ids=_ids_list(ids), lease_id=self._ensure_lease().id,
+            mode=pb.ACQUIRE_MODE_PREFIX if mode is None else mode))
+        return response.handle, list(response.tiers)
+
+    def release(self, handle):
+        """Ends a handle from acquire(); returns how many holds it had."""
+        return self._call("Release", pb.ReleaseRequest(
+            lease_id=self._ensure_lease().id, handle=handle)).n_released
 
     def verify(self, ids=()):
         return self._call("Verify", pb.VerifyRequest(ids=_ids_list(ids)))

@@ -253,6 +253,25 @@ class ClientTest(unittest.TestCase):
         self.client.save(grouped[0], random_block(self.client, self.rng, fp=team))
         self.assertEqual(self.client.longest_prefix([m.id for m in grouped]), 1)
 
+    def test_acquire_holds_the_run_until_release(self):
+        blk = random_block(self.client, self.rng)
+        metas = [evoke.session_meta(FP, "held", i, 32) for i in range(3)]
+        self.client.save_many([(m, blk) for m in metas])
+        absent = evoke.session_meta(FP, "held-absent", 0, 32)
+        handle, tiers = self.client.acquire([metas[0].id, metas[1].id, absent.id, metas[2].id])
+        self.assertNotEqual(handle, 0)
+        self.assertEqual(tiers, [pb.TIER_PINNED_HOST] * 2)
+        self.assertEqual(self.client.describe(metas[0].id).pin_count, 1)
+        with self.assertRaises(evoke.NotFound) as e:
+            self.client.acquire([metas[0].id, absent.id], mode=pb.ACQUIRE_MODE_ALL)
+        self.assertIn("ids[1]", e.exception.message)
+        self.assertEqual(self.client.acquire([absent.id]), (0, []))
+        self.assertEqual(self.client.release(handle), 2)
+        self.assertEqual(self.client.describe(metas[0].id).pin_count, 0)
+        with self.assertRaises(evoke.NotFound) as e:
+            self.client.release(handle)
+        self.assertIn("handle", e.exception.message)
+
     def test_errors_carry_code_and_message(self):
         out = self.client.block_array(FP, 32)
         with self.assertRaises(evoke.NotFound) as e:
