@@ -143,6 +143,19 @@ absl::StatusOr<uint32_t> Client::Release(uint64_t handle) {
   return response.n_released();
 }
 
+absl::StatusOr<uint32_t> Client::KeepSession(absl::string_view ns, absl::string_view session_id,
+                                             uint32_t seconds) {
+  v1::KeepSessionRequest request;
+  request.set_namespace_(std::string(ns));
+  request.set_session_id(std::string(session_id));
+  request.set_seconds(seconds);
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::KeepSessionResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->KeepSession(&context, request, &response)));
+  return response.n_blocks();
+}
+
 absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) { return impl_->Describe(id); }
 
 absl::StatusOr<v1::ListResponse> Client::List(const v1::ListRequest& request) {

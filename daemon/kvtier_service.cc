@@ -15,35 +15,19 @@
 #include "common/fingerprint.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "daemon/kvtier_calls.h"
 #include "daemon/ring_service.h"
 #include "daemon/storage_mapping.h"
 
 namespace evoke {
 namespace {
 
-// ToGrpc translates an absl::Status for the wire; the codes share numbering.
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  if (s.code() == absl::StatusCode::kDataLoss ||
-      s.code() == absl::StatusCode::kInternal ||
-      s.code() == absl::StatusCode::kUnavailable) {
-    // Per request: at most one line a second (the rest counted).
-    EVOKE_LOG_WARNING_EVERY_N_SEC(1, s.ToString());
-  } else {
-    EVOKE_LOG_DEBUG(s.ToString());
-  }
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
-}
-
-absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
-  const auto deadline = context->deadline();
-  if (deadline >= std::chrono::system_clock::time_point::max() -
-                      std::chrono::hours(24 * 365)) {
-    return absl::InfiniteFuture();
-  }
-  return absl::FromChrono(deadline);
-}
+using kvtier_calls::DeadlineOf;
+using kvtier_calls::FinishInline;
+using kvtier_calls::FinishOnExecutor;
+using kvtier_calls::Lane;
+using kvtier_calls::SubmitOrRefuse;
+using kvtier_calls::ToGrpc;
 
 // Parses a request as gRPC's generated handler does.
 template <typename Message>
@@ -56,55 +40,6 @@ bool ParseWithProtobuf(const grpc::ByteBuffer& bytes, Message* message) {
 grpc::Status UnparsableRequest() {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
 }
-
-// Finishes on the calling (reactor) thread: for memory-only work.
-template <typename Fn>
-grpc::ServerUnaryReactor* FinishInline(grpc::CallbackServerContext* context,
-                                       Fn&& fn) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpc(fn()));
-  return reactor;
-}
-
-using Lane = KvTierService::CallLane;
-
-// RESOURCE_EXHAUSTED for a call past its uid's cap on calls in flight.
-absl::Status TooManyCalls(const Lane& lane) {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("uid ", lane.uid, " has ", lane.limit,
-                   " calls queued or running, the limit per uid (--max-calls-per-uid); "
-                   "retry when one finishes"));
-}
-
-// Runs `task` on the executor in `lane`'s turn, or finishes `reactor` with
-// TooManyCalls.
-void SubmitOrRefuse(Executor* executor, const Lane& lane, grpc::ServerUnaryReactor* reactor,
-                    Executor::Task task) {
-  if (!executor->TrySubmit(lane.uid, lane.limit, std::move(task))) {
-    reactor->Finish(ToGrpc(TooManyCalls(lane)));
-  }
-}
-
-// Runs `fn` on the executor and finishes the reactor from there.
-template <typename Fn>
-grpc::ServerUnaryReactor* FinishOnExecutor(Executor* executor, const Lane& lane,
-                                           grpc::CallbackServerContext* context,
-                                           Fn fn) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  SubmitOrRefuse(executor, lane, reactor, [reactor, fn = std::move(fn)]() mutable {
-    reactor->Finish(ToGrpc(fn()));
-  });
-  return reactor;
-}
-
-// Identifies the caller of `context` into `caller` (a shared_ptr<const
-// Caller>), or finishes the call with the reason it may not call.
-#define EVOKE_CALLER_OR_FINISH(caller, context)                                  \
-  absl::StatusOr<std::shared_ptr<const Caller>> caller##_or = Identify(*context); \
-  if (!caller##_or.ok()) {                                                      \
-    return FinishInline(context, [&] { return caller##_or.status(); });         \
-  }                                                                             \
-  std::shared_ptr<const Caller> caller = *std::move(caller##_or)
 
 }  // namespace
 
@@ -588,47 +523,6 @@ grpc::ServerUnaryReactor* KvTierService::Unpin(grpc::CallbackServerContext* cont
         ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
     EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
     return WithFieldPath(tiers_->Unpin(ids, lease.owner, caller.get()), ItemsField::kIds);
-  });
-}
-
-// Acquire and Release touch memory only (a lookup and pins under the
-// engine's lock): they finish on the reactor, as Lookup and Unpin do.
-grpc::ServerUnaryReactor* KvTierService::Acquire(grpc::CallbackServerContext* context,
-                                                 const v1::AcquireRequest* request,
-                                                 v1::AcquireResponse* response) {
-  EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishInline(context, [&]() -> absl::Status {
-    if (request->mode() != v1::ACQUIRE_MODE_UNSPECIFIED &&
-        request->mode() != v1::ACQUIRE_MODE_PREFIX && request->mode() != v1::ACQUIRE_MODE_ALL) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mode: unknown value ", static_cast<int>(request->mode())));
-    }
-    const bool all = request->mode() == v1::ACQUIRE_MODE_ALL;
-    EVOKE_ASSIGN_OR_RETURN(
-        std::vector<BlockId> ids,
-        ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, all));
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
-    EVOKE_ASSIGN_OR_RETURN(BlockService::Acquired acquired,
-                           blocks_.Acquire(*caller, lease, ids, all));
-    response->set_handle(acquired.handle);
-    response->set_n_held(acquired.held.size());
-    for (BlockLocation where : acquired.held) response->add_tiers(ToProto(where));
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* KvTierService::Release(grpc::CallbackServerContext* context,
-                                                 const v1::ReleaseRequest* request,
-                                                 v1::ReleaseResponse* response) {
-  EVOKE_CALLER_OR_FINISH(caller, context);
-  return FinishInline(context, [&]() -> absl::Status {
-    if (request->handle() == 0) {
-      return absl::InvalidArgumentError("handle: is required (0 is no handle)");
-    }
-    EVOKE_ASSIGN_OR_RETURN(Lease lease, blocks_.FindLease(*caller, request->lease_id()));
-    EVOKE_ASSIGN_OR_RETURN(uint64_t released, blocks_.Release(lease, request->handle()));
-    response->set_n_released(static_cast<uint32_t>(released));
-    return absl::OkStatus();
   });
 }
 

@@ -92,6 +92,8 @@ void AddTiers(const v1::StatResponse& s, Families* f) {
            static_cast<double>(s.breadcrumb_blocks()));
   f->Gauge("evoke_pinned_blocks", "Blocks with at least one pin.",
            static_cast<double>(s.pinned_blocks()));
+  f->Gauge("evoke_kept_sessions", "Sessions under a KeepSession.",
+           static_cast<double>(s.kept_sessions()));
   f->Gauge("evoke_tier1_largest_free_bytes", "Largest contiguous free extent in tier 1.",
            static_cast<double>(s.pinned_largest_free_bytes()));
   f->Gauge("evoke_tier1_memory_locked", "1 when tier 1 is locked in RAM (mlock).",
@@ -140,6 +142,9 @@ void AddCounters(const v1::Counters& c, Families* f) {
   f->Gauge("evoke_invalid_records",
            "Records on disk that failed validation at start (kept out of the index).",
            n(c.invalid_records()));
+  f->Counter("evoke_keep_overrides_total",
+             "Blocks of kept sessions (KeepSession) evicted because nothing else could go.",
+             n(c.keep_overrides()));
 }
 
 void AddLeases(const v1::LeaseStat& l, Families* f) {

@@ -29,6 +29,8 @@ struct RequestLimits {
   // Slices in one block's gather list (SaveBlock.gather) or scatter list
   // (LoadRequest.scatter).
   uint32_t max_slices = 4096;
+  // Longest KeepSession.
+  uint32_t max_keep_seconds = 86400;
 };
 
 // ParseIds parses a list of 16-byte ids named `field` ("ids"). Checks the

@@ -87,6 +87,8 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   o->set_deletes(c.deletes);
   o->set_spill_errors(c.spill_errors);
   o->set_invalid_records(c.invalid_records);
+  o->set_keep_overrides(c.keep_overrides);
+  out->set_kept_sessions(in.kept_sessions);
   out->set_pinned_memory_locked(in.host_locked);
   out->set_pinned_memory_lock_error(in.host_lock_error);
   out->set_pinned_prefaulted_bytes(in.host_prefaulted_bytes);

@@ -130,7 +130,12 @@ void BlockIndex::IndexSecondary(IndexEntry& e) {
   absl::btree_set<BlockId>& in_ns = by_namespace_[ns];
   in_ns.insert(in_ns.end(), e.id);
   if (!e.meta.session_id().empty()) {
-    absl::btree_set<BlockId>& in_session = by_session_[SessionKey(ns, e.meta.session_id())];
+    std::string key = SessionKey(ns, e.meta.session_id());
+    if (!session_keeps_.empty()) {
+      auto keep = session_keeps_.find(key);
+      e.keep_until_ms = keep == session_keeps_.end() ? 0 : keep->second;
+    }
+    absl::btree_set<BlockId>& in_session = by_session_[std::move(key)];
     in_session.insert(in_session.end(), e.id);
     ++session_namespaces_[e.meta.session_id()][ns];
   }
@@ -397,6 +402,39 @@ BlockInfo BlockIndex::Info(const IndexEntry& e) {
   info.pin_count = e.pins;
   info.last_access_unix_ms = e.last_access_ms;
   return info;
+}
+
+void BlockIndex::ForgetEndedKeeps(int64_t now_ms) {
+  for (auto it = session_keeps_.begin(); it != session_keeps_.end();) {
+    if (it->second <= now_ms) {
+      session_keeps_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+size_t BlockIndex::KeepSession(absl::string_view ns, absl::string_view session,
+                               int64_t until_ms, int64_t now_ms) {
+  ForgetEndedKeeps(now_ms);
+  std::string key = SessionKey(ns, session);
+  if (until_ms > now_ms) {
+    session_keeps_[key] = until_ms;
+  } else {
+    session_keeps_.erase(key);
+    until_ms = 0;
+  }
+  auto it = by_session_.find(key);
+  if (it == by_session_.end()) return 0;
+  for (const BlockId& id : it->second) {
+    if (IndexEntry* e = Find(id); e != nullptr) e->keep_until_ms = until_ms;
+  }
+  return it->second.size();
+}
+
+bool BlockIndex::IsKept(absl::string_view ns, absl::string_view session, int64_t now_ms) const {
+  auto it = session_keeps_.find(SessionKey(ns, session));
+  return it != session_keeps_.end() && it->second > now_ms;
 }
 
 std::vector<BlockId> BlockIndex::SessionIds(absl::string_view ns,

@@ -61,17 +61,24 @@ struct IndexEntry {
   ArenaReservation ram;          // Tier-1 bytes, in kDirty and kClean.
   bool record_on_disk = false;   // A record (payload or breadcrumb) in tier 2.
   bool ram_quarantined = false;  // Tier-1 copy failed; dropped at 0 readers.
+  // Its tier-2 payload is being dropped by the spill budget (between
+  // EngineCore::PickBudgetVictims and FinishBudgetDrop): not to be held.
+  bool dropping = false;
   uint32_t readers = 0;          // In-flight users of the tier-1 bytes.
   uint32_t pins = 0;             // Sum over pin_owners.
   absl::flat_hash_map<PinOwner, uint32_t> pin_owners;
   int64_t last_access_ms = 0;
   uint64_t access_tick = 0;  // Orders accesses; finer than last_access_ms.
+  // Until when its session is kept (KeepSession): evicted from either tier
+  // only when nothing else can go. 0: not kept.
+  int64_t keep_until_ms = 0;
 
   bool in_ram() const { return state == BlockState::kDirty || state == BlockState::kClean; }
   bool on_disk() const {
     return state == BlockState::kClean || state == BlockState::kSpilled;
   }
   bool bytes_available() const { return in_ram() || on_disk(); }
+  bool kept(int64_t now_ms) const { return keep_until_ms > now_ms; }
   // Readable tier-1 bytes: held and not quarantined.
   bool ram_readable() const { return in_ram() && !ram_quarantined; }
   BlockLocation location() const;
@@ -157,6 +164,16 @@ class BlockIndex {
   uint64_t ReleaseOwner(PinOwner owner);
   void Touch(IndexEntry* e, int64_t now_ms);
 
+  // --- session keeps ---
+  // KeepSession keeps (ns, session)'s session blocks, those indexed now and
+  // those saved later, until `until_ms` (0 or past: no longer kept), and
+  // returns how many it has now. Keeps that ended are forgotten here.
+  size_t KeepSession(absl::string_view ns, absl::string_view session, int64_t until_ms,
+                     int64_t now_ms);
+  size_t kept_sessions() const { return session_keeps_.size(); }
+  bool IsKept(absl::string_view ns, absl::string_view session, int64_t now_ms) const;
+  void ForgetEndedKeeps(int64_t now_ms);
+
   // --- walks ---
   // Coldest unpinned tier-1 entries, coldest first (the spiller).
   const std::list<IndexEntry*>& ram_lru() const { return ram_lru_; }
@@ -212,6 +229,8 @@ class BlockIndex {
   // namespace -> ids; (namespace, session) -> ids of its session blocks.
   absl::flat_hash_map<std::string, absl::btree_set<BlockId>> by_namespace_;
   absl::flat_hash_map<std::string, absl::btree_set<BlockId>> by_session_;
+  // Kept sessions (SessionKey) and until when.
+  absl::flat_hash_map<std::string, int64_t> session_keeps_;
   // session id -> namespaces that have it (List by session alone).
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, uint64_t>>
       session_namespaces_;

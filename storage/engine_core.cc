@@ -253,25 +253,57 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
     return used <= target && (wanted_range == 0 || host_.largest_free_bytes() >= wanted_range);
   };
   // Walk from the cold end. Clean blocks leave at once (their bytes are on
-  // disk); dirty ones are collected into one write batch.
-  const std::list<IndexEntry*>& lru = index_.ram_lru();
-  auto it = lru.end();
-  while (it != lru.begin() && !done()) {
-    auto cur = std::prev(it);
-    IndexEntry* e = *cur;
-    if (e->readers > 0) {
+  // disk); dirty ones are collected into one write batch. Blocks of kept
+  // sessions (KeepSession) are passed over, and taken in a second walk only
+  // when the first could not free enough.
+  // Once the victims chosen so far are written and evicted: they free an
+  // extent as large as their largest.
+  uint64_t largest_pending = 0;
+  auto enough_once_written = [&] {
+    return host_.used_bytes() - pending_free <= target &&
+           (wanted_range == 0 || host_.largest_free_bytes() >= wanted_range ||
+            largest_pending >= wanted_range);
+  };
+  const int64_t now_ms = NowMs();
+  bool skipped_kept = false;
+  bool skipped_busy = false;  // Blocks in use now (being written out, read): soon evictable.
+  // Returns false when the batch filled up before the walk's end.
+  auto walk = [&](bool take_kept) {
+    const std::list<IndexEntry*>& lru = index_.ram_lru();
+    auto it = lru.end();
+    while (it != lru.begin() && !done()) {
+      auto cur = std::prev(it);
+      IndexEntry* e = *cur;
+      const bool kept = e->kept(now_ms);
+      // The second walk takes only what the first passed over for its keep.
+      if (e->readers > 0 || kept != take_kept) {
+        skipped_kept |= kept && !take_kept;
+        skipped_busy |= e->readers > 0 && !kept;
+        it = cur;
+        continue;
+      }
+      if (e->state == BlockState::kClean) {
+        counters_.keep_overrides += kept;
+        freed += Evict(e);  // Erases `cur`; `it` stays valid.
+        continue;
+      }
+      if (!victims->empty() && batch + e->payload_bytes > options_.spill_batch_bytes) {
+        return false;
+      }
+      counters_.keep_overrides += kept;
+      victims->push_back(e);
+      batch += e->payload_bytes;
+      pending_free += e->ram.length();
+      largest_pending = std::max<uint64_t>(largest_pending, e->ram.length());
       it = cur;
-      continue;
     }
-    if (e->state == BlockState::kClean) {
-      freed += Evict(e);  // Erases `cur`; `it` stays valid.
-      continue;
-    }
-    if (!victims->empty() && batch + e->payload_bytes > options_.spill_batch_bytes) break;
-    victims->push_back(e);
-    batch += e->payload_bytes;
-    pending_free += e->ram.length();
-    it = cur;
+    return true;
+  };
+  // Kept blocks only once everything else was taken and it is not enough
+  // (not when the first walk only filled its batch, or passed over blocks
+  // in use: those go next).
+  if (walk(/*take_kept=*/false) && skipped_kept && !skipped_busy && !enough_once_written()) {
+    walk(/*take_kept=*/true);
   }
   return freed;
 }
@@ -349,17 +381,35 @@ bool EngineCore::PickBudgetVictims(DiskVictims* out) {
   uint64_t freed = 0;
   size_t visits = 0;
   const std::list<IndexEntry*>& lru = index_.disk_lru();
-  for (auto it = lru.rbegin(); it != lru.rend() && freed < excess &&
-                               out->entries.size() < 4096 && visits++ < (1u << 20);
-       ++it) {
-    if (only_ns && (*it)->meta.fingerprint().namespace_() != *only_ns) continue;
-    out->entries.push_back(*it);
-    freed += (*it)->payload_bytes;
+  // Kept sessions' payloads go last: a second walk, when the first (which
+  // passes over them) could not free enough. A namespace's own quota is
+  // not bent for its keeps.
+  const int64_t now_ms = NowMs();
+  for (int pass = 0; pass < 2 && freed < excess; ++pass) {
+    const bool take_kept = pass == 1 || only_ns.has_value();
+    bool skipped_kept = false;
+    for (auto it = lru.rbegin(); it != lru.rend() && freed < excess &&
+                                 out->entries.size() < 4096 && visits++ < (1u << 20);
+         ++it) {
+      IndexEntry* e = *it;
+      if (only_ns && e->meta.fingerprint().namespace_() != *only_ns) continue;
+      const bool kept = e->kept(now_ms);
+      if (kept && !take_kept) {
+        skipped_kept = true;
+        continue;
+      }
+      if (pass == 1 && !kept) continue;  // Taken, or passed over for good reason, in pass 0.
+      counters_.keep_overrides += kept && !only_ns;
+      out->entries.push_back(e);
+      freed += e->payload_bytes;
+    }
+    if (!skipped_kept) break;
   }
   if (out->entries.empty()) return false;
   out->records.reserve(out->entries.size());  // `drop` points into it.
   for (IndexEntry* e : out->entries) {
     out->breadcrumb.push_back(!e->in_ram());
+    e->dropping = !e->in_ram();
     if (e->in_ram()) {
       out->forget.push_back(e->id);
     } else {
@@ -372,6 +422,7 @@ bool EngineCore::PickBudgetVictims(DiskVictims* out) {
 
 void EngineCore::FinishBudgetDrop(const DiskVictims& victims, const absl::Status& dropped) {
   absl::MutexLock lock(&mu_);
+  for (IndexEntry* e : victims.entries) e->dropping = false;
   if (!dropped.ok()) {
     ++counters_.spill_errors;
     return;
@@ -381,6 +432,20 @@ void EngineCore::FinishBudgetDrop(const DiskVictims& victims, const absl::Status
     index_.MarkOffDisk(e, /*record_kept=*/victims.breadcrumb[i]);
     if (e->state == BlockState::kBreadcrumb) ++counters_.breadcrumbs;
   }
+}
+
+absl::StatusOr<size_t> EngineCore::KeepSession(absl::string_view ns, absl::string_view session,
+                                               int64_t until_ms, size_t max_sessions) {
+  const int64_t now_ms = NowMs();
+  if (until_ms > now_ms && index_.kept_sessions() >= max_sessions) {
+    // Ended keeps are forgotten first; a session already kept may renew.
+    index_.ForgetEndedKeeps(now_ms);
+    if (index_.kept_sessions() >= max_sessions && !index_.IsKept(ns, session, now_ms)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          max_sessions, " sessions are kept already; end a keep (seconds 0) or wait"));
+    }
+  }
+  return index_.KeepSession(ns, session, until_ms, now_ms);
 }
 
 // ------------------------------------------------------------ verification
@@ -424,6 +489,7 @@ TierStats EngineCore::Stats() {
   out.breadcrumb_blocks = index_.count(BlockState::kBreadcrumb);
   out.pinned_blocks = index_.pinned_blocks();
   out.pins = index_.pin_count();
+  out.kept_sessions = index_.kept_sessions();
   out.counters = counters_;
   out.host_locked = arena.locked;
   out.host_lock_error = arena.lock_error;

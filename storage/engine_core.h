@@ -282,6 +282,11 @@ class EngineCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return index_.SessionIds(ns, session);
   }
+  // KeepSession: BlockIndex::KeepSession; at most max_sessions kept at once
+  // (RESOURCE_EXHAUSTED for one more).
+  absl::StatusOr<size_t> KeepSession(absl::string_view ns, absl::string_view session,
+                                     int64_t until_ms, size_t max_sessions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NamespaceUsage Usage(absl::string_view ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return index_.Usage(ns);
   }

@@ -651,6 +651,22 @@ uint64_t TierManagerImpl::ReleaseOwner(PinOwner owner) {
   return released;
 }
 
+absl::StatusOr<size_t> TierManagerImpl::KeepSession(absl::string_view ns,
+                                                    absl::string_view session_id,
+                                                    absl::Duration keep) {
+  EVOKE_RETURN_IF_ERROR(CheckOpen());
+  absl::StatusOr<size_t> n;
+  {
+    absl::MutexLock lock(core_.mu());
+    const int64_t until_ms =
+        keep > absl::ZeroDuration() ? core_.NowMs() + absl::ToInt64Milliseconds(keep) : 0;
+    n = core_.KeepSession(ns, session_id, until_ms, core_.options().max_kept_sessions);
+  }
+  // A keep that ended may leave either tier over its mark: look again.
+  if (keep <= absl::ZeroDuration()) spiller_.Wake();
+  return n;
+}
+
 absl::StatusOr<std::vector<BlockLocation>> TierManagerImpl::Acquire(
     absl::Span<const BlockId> ids, PinOwner owner, bool all, const NamespaceScope* scope) {
   EVOKE_RETURN_IF_ERROR(CheckOpen());
@@ -660,7 +676,8 @@ absl::StatusOr<std::vector<BlockLocation>> TierManagerImpl::Acquire(
   found.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     IndexEntry* e = FindFor(ids[i], scope);
-    if (e == nullptr || !e->bytes_available()) {
+    // A payload the spill budget is dropping now is as good as gone.
+    if (e == nullptr || !e->bytes_available() || (e->dropping && !e->in_ram())) {
       if (!all) break;
       return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
                        absl::StrCat(BlockName(ids[i]), e == nullptr ? " not found"

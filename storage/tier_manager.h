@@ -96,6 +96,8 @@ struct TierManagerOptions {
   uint64_t metadata_bytes = 0;
   // Each namespace's quotas (NamespaceQuota); unset: none.
   std::function<NamespaceQuota(absl::string_view ns)> quota;
+  // Sessions KeepSession may keep at once.
+  size_t max_kept_sessions = 65536;
   // Where timestamps come from (last access, uptime). Null: the wall clock.
   const Clock* clock = nullptr;
   // Tier 3 (may be null): an object store that several hosts share. New
@@ -339,6 +341,15 @@ class TierManager {
   virtual absl::StatusOr<std::vector<BlockLocation>> Acquire(
       absl::Span<const BlockId> ids, PinOwner owner, bool all,
       const NamespaceScope* scope = nullptr) = 0;
+
+  // KeepSession keeps the session blocks of (ns, session_id), those stored
+  // now and those saved while it lasts, for `keep` (zero or less: no longer
+  // kept): neither tier evicts them while anything else can go (then they
+  // go too, counted in keep_overrides). A namespace's own quotas are not
+  // bent. Returns how many blocks the session has now.
+  // Errors: RESOURCE_EXHAUSTED (max_kept_sessions kept already), UNAVAILABLE.
+  virtual absl::StatusOr<size_t> KeepSession(absl::string_view ns, absl::string_view session_id,
+                                             absl::Duration keep) = 0;
 
   // Describe returns one block's metadata and state. Errors: NOT_FOUND.
   virtual absl::StatusOr<BlockInfo> Describe(const BlockId& id,

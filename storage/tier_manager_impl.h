@@ -74,6 +74,8 @@ class TierManagerImpl final : public TierManager {
   absl::Status Unpin(absl::Span<const BlockId> ids, PinOwner owner,
                      const NamespaceScope* scope) override;
   uint64_t ReleaseOwner(PinOwner owner) override;
+  absl::StatusOr<size_t> KeepSession(absl::string_view ns, absl::string_view session_id,
+                                     absl::Duration keep) override;
   absl::StatusOr<std::vector<BlockLocation>> Acquire(absl::Span<const BlockId> ids,
                                                      PinOwner owner, bool all,
                                                      const NamespaceScope* scope) override;

@@ -161,7 +161,8 @@ struct StorageCounters {
   uint64_t saves = 0, dedups = 0, loads = 0, hits_tier1 = 0, hits_tier2 = 0,
            misses = 0, spills = 0, spilled_bytes = 0, evictions = 0,
            promotions = 0, breadcrumbs = 0, checksum_failures = 0, deletes = 0,
-           spill_errors = 0, invalid_records = 0;
+           spill_errors = 0, invalid_records = 0,
+           keep_overrides = 0;  // Kept sessions' blocks evicted: nothing else could go.
 };
 
 // What Stat shows of the remote tier. The write-behind queue's fields are
@@ -206,6 +207,7 @@ struct TierStats {
   uint64_t breadcrumb_blocks = 0;
   uint64_t pinned_blocks = 0;
   uint64_t pins = 0;  // Sum of pin counts over every owner.
+  uint64_t kept_sessions = 0;  // KeepSession hints in force (or ended, not yet forgotten).
   StorageCounters counters;
   bool host_locked = false;  // mlock of tier 1 succeeded.
   std::string host_lock_error;

@@ -297,6 +297,12 @@ class Client {
   // Release returns how many holds the handle had (blocks deleted meanwhile
   // not counted). NOT_FOUND for a handle this lease does not have.
   absl::StatusOr<uint32_t> Release(uint64_t handle);
+  // KeepSession keeps a session's blocks where they are for `seconds` (an
+  // agent's tool call): neither tier evicts them while anything else can go.
+  // 0 ends the keep. Returns the session's blocks now (see
+  // KeepSessionRequest in kvtier.proto).
+  absl::StatusOr<uint32_t> KeepSession(absl::string_view ns, absl::string_view session_id,
+                                       uint32_t seconds);
   absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request);
   absl::StatusOr<v1::StatResponse> Stat();

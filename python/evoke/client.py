@@ -96,6 +96,7 @@ _METHODS = {
     "Unpin": ("PinRequest", "PinResponse"),
     "Acquire": ("AcquireRequest", "AcquireResponse"),
     "Release": ("ReleaseRequest", "ReleaseResponse"),
+    "KeepSession": ("KeepSessionRequest", "KeepSessionResponse"),
     "List": ("ListRequest", "ListResponse"),
     "Describe": ("DescribeRequest", "BlockInfo"),
     "Stat": ("StatRequest", "StatResponse"),
@@ -575,6 +576,13 @@ class Client:
         """Ends a handle from acquire(); returns how many holds it had."""
         return self._call("Release", pb.ReleaseRequest(
             lease_id=self._ensure_lease().id, handle=handle)).n_released
+
+    def keep_session(self, namespace, session_id, seconds):
+        """Keeps a session's blocks where they are for `seconds` (an agent's
+        tool call): neither tier evicts them while anything else can go.
+        0 ends the keep. Returns how many blocks the session has."""
+        return self._call("KeepSession", pb.KeepSessionRequest(
+            namespace=namespace, session_id=session_id, seconds=seconds)).n_blocks
 
     def verify(self, ids=()):
         return self._call("Verify", pb.VerifyRequest(ids=_ids_list(ids)))

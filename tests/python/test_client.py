@@ -272,6 +272,17 @@ class ClientTest(unittest.TestCase):
             self.client.release(handle)
         self.assertIn("handle", e.exception.message)
 
+    def test_keep_session(self):
+        blk = random_block(self.client, self.rng)
+        metas = [evoke.session_meta(FP, "paused", i, 32) for i in range(2)]
+        self.client.save_many([(m, blk) for m in metas])
+        self.assertEqual(self.client.keep_session("py", "paused", 30), 2)
+        self.assertGreaterEqual(self.client.stat().kept_sessions, 1)
+        self.assertEqual(self.client.keep_session("py", "paused", 0), 2)
+        with self.assertRaises(evoke.InvalidArgument) as e:
+            self.client.keep_session("py", "paused", 10**6)
+        self.assertIn("seconds", e.exception.message)
+
     def test_errors_carry_code_and_message(self):
         out = self.client.block_array(FP, 32)
         with self.assertRaises(evoke.NotFound) as e:

@@ -1,6 +1,8 @@
-// Acquire and Release against a real evoked: what a handle holds stays
-// loadable while other clients evict both tiers around it, until it is
-// released or its lease ends; bad handles are refused, naming the field.
+// Holds against a real evoked. Acquire and Release: what a handle holds
+// stays loadable while other clients evict both tiers around it, until it
+// is released or its lease ends; bad handles are refused, naming the field.
+// KeepSession: a kept session outlives the pressure of other clients for
+// its seconds; bad requests are refused, naming the field.
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -205,6 +207,60 @@ TEST_F(AcquireTest, AClientWithARingAcquiresThroughIt) {
   EXPECT_EQ(ring_acquires, 2u);
   EXPECT_EQ(ring_releases, 2u);
   EXPECT_EQ(rpc_acquires, 0u);
+}
+
+// An agent's session, kept through a "tool call" while 8 other clients save
+// four times tier 1 and the spill budget together, loads from tier 1 after
+// it; the same session not kept does not.
+TEST_F(AcquireTest, AKeptSessionOutlivesOtherClientsPressure) {
+  for (bool keep : {true, false}) {
+    const std::string session = keep ? "kept" : "unkept";
+    std::vector<TestBlock> blocks;
+    for (int i = 0; i < 4; ++i) blocks.push_back(SessionBlock(session, i, kTokens));
+    ASSERT_OK(SaveBlocks(*client_, blocks));
+    if (keep) {
+      ASSERT_OK_AND_ASSIGN(uint32_t n, client_->KeepSession("test", session, 60));
+      EXPECT_EQ(n, 4u);
+    }
+    std::vector<std::thread> others;
+    for (int w = 0; w < 8; ++w) {
+      others.emplace_back([&, w] {
+        std::unique_ptr<Client> c = daemon_->Connect();
+        for (int i = 0; i < 16; ++i) {
+          EXPECT_OK(SaveBlocks(*c, {SessionBlock(session + "-other" + std::to_string(w), i,
+                                                 kTokens)}));
+        }
+      });
+    }
+    for (std::thread& t : others) t.join();
+    int in_tier1 = 0;
+    for (const TestBlock& b : blocks) {
+      absl::StatusOr<std::vector<LoadedBlock>> got = client_->Load({b.id()}, SmallFingerprint());
+      if (keep) {
+        ASSERT_OK(got);
+        EXPECT_TRUE((*got)[0].payload == b.payload);
+      }
+      in_tier1 += got.ok() && (*got)[0].served_from == v1::TIER_PINNED_HOST;
+    }
+    EXPECT_EQ(in_tier1, keep ? 4 : 0) << session;
+  }
+  const v1::StatResponse st = Stat();
+  EXPECT_EQ(st.kept_sessions(), 1u);
+  EXPECT_EQ(st.counters().keep_overrides(), 0u);
+  ASSERT_OK(client_->KeepSession("test", "kept", 0));
+  EXPECT_EQ(Stat().kept_sessions(), 0u);
+}
+
+TEST_F(AcquireTest, KeepSessionRefusesBadRequestsNamingTheField) {
+  EXPECT_THAT(client_->KeepSession("", "s", 10),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("namespace")));
+  EXPECT_THAT(client_->KeepSession("test", "", 10),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("session_id")));
+  EXPECT_THAT(client_->KeepSession("test", "s", 86401),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("seconds")));
+  // An unknown session may be kept: its blocks may be about to come.
+  ASSERT_OK_AND_ASSIGN(uint32_t n, client_->KeepSession("test", "not-yet", 10));
+  EXPECT_EQ(n, 0u);
 }
 
 }  // namespace
