@@ -47,6 +47,7 @@ struct RunOptions {
   double tier2_us = 30;        // Modeled: one block read from tier 2.
   double recompute_ms = 1.5;   // Modeled: one block's tokens prefilled again.
   double keep_margin_s = 2;    // Added to the tool call's pause.
+  double kept_fraction = TierManagerOptions().kept_tier1_fraction;
 };
 
 v1::BlockMeta MetaOf(const std::string& session, uint64_t seq) {
@@ -68,6 +69,7 @@ absl::StatusOr<Result> Run(const sim::AgentTrace& trace, const Config& config,
   const absl::Time epoch = clock.Now();
   TierManagerOptions options;
   options.spill_bytes = o.spill_mib << 20;
+  options.kept_tier1_fraction = o.kept_fraction;
   options.clock = &clock;
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<TierManager> tm,
                          evoke::testing::OpenEngine(dir.Join("db"), config.tier1_mib << 20,
@@ -144,11 +146,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--recompute-ms", o.recompute_ms, "Modeled stall of re-prefill, per block")
       ->capture_default_str();
+  app.add_option("--kept-fraction", o.kept_fraction,
+                 "The share of tier 1 keeps may protect (TierManagerOptions)")
+      ->capture_default_str();
   app.add_option("--json", json, "Also write the results here");
   CLI11_PARSE(app, argc, argv);
 
   const sim::AgentTrace trace = sim::GenerateAgentTrace(trace_options);
   std::printf("trace: %s\n", sim::DescribeAgentTrace(trace).c_str());
+  std::printf("keeps protect at most %.2f of tier 1\n", o.kept_fraction);
   std::printf("block %llu B, spill budget %llu MiB; stall model: %.0f us per tier-2 block, "
               "%.2f ms per recomputed block\n\n",
               static_cast<unsigned long long>(o.block_bytes),

@@ -12,20 +12,31 @@
 namespace evoke {
 namespace {
 
+std::string RandomBytes(size_t size, std::mt19937_64& rng) {
+  std::string out(size, '\0');
+  for (size_t i = 0; i < size; i += 8) out[i] = static_cast<char>(rng());
+  return out;
+}
+
+// Both copies of `src` through `pool` give its bytes and PayloadChecksum.
+void ExpectCopiesAsTheDefinition(CopyPool& pool, const std::string& src) {
+  const size_t size = src.size();
+  const uint64_t expected = PayloadChecksum(src.data(), size);
+  std::string a(size, 'a'), b(size, 'b');
+  EXPECT_EQ(pool.CopyHashingDestination(a.data(), src.data(), size), expected) << size;
+  EXPECT_EQ(pool.CopyHashingSource(b.data(), src.data(), size), expected) << size;
+  EXPECT_TRUE(a == src) << size;
+  EXPECT_TRUE(b == src) << size;
+}
+
 TEST(CopyPoolTest, ParallelResultsEqualTheSerialDefinition) {
   CopyPool pool(3);
   std::mt19937_64 rng(9);
   for (size_t size : {1ul, 4096ul, (1ul << 20), (2ul << 20) + 1, (5ul << 20) + 12345,
                       16ul << 20}) {
-    std::string src(size, '\0');
-    for (size_t i = 0; i < size; i += 8) src[i] = static_cast<char>(rng());
-    const uint64_t expected = PayloadChecksum(src.data(), size);
-    std::string a(size, 'a'), b(size, 'b');
-    EXPECT_EQ(pool.CopyHashingDestination(a.data(), src.data(), size), expected) << size;
-    EXPECT_EQ(pool.CopyHashingSource(b.data(), src.data(), size), expected) << size;
-    EXPECT_EQ(pool.Checksum(src.data(), size), expected) << size;
-    EXPECT_EQ(a, src);
-    EXPECT_EQ(b, src);
+    const std::string src = RandomBytes(size, rng);
+    ExpectCopiesAsTheDefinition(pool, src);
+    EXPECT_EQ(pool.Checksum(src.data(), size), PayloadChecksum(src.data(), size)) << size;
   }
 }
 
@@ -40,14 +51,7 @@ TEST(CopyPoolTest, SplitCopiesEqualTheSerialDefinition) {
     CopyPool pool(workers);
     for (size_t size : {split - 1, split, split + 1, (1ul << 20) - 1, 1ul << 20,
                         (1ul << 20) + 1, (1ul << 20) + 65536, (2ul << 20) - 7, 2ul << 20}) {
-      std::string src(size, '\0');
-      for (size_t i = 0; i < size; i += 8) src[i] = static_cast<char>(rng());
-      const uint64_t expected = PayloadChecksum(src.data(), size);
-      std::string a(size, 'a'), b(size, 'b');
-      EXPECT_EQ(pool.CopyHashingDestination(a.data(), src.data(), size), expected) << size;
-      EXPECT_EQ(pool.CopyHashingSource(b.data(), src.data(), size), expected) << size;
-      EXPECT_TRUE(a == src) << size;
-      EXPECT_TRUE(b == src) << size;
+      ExpectCopiesAsTheDefinition(pool, RandomBytes(size, rng));
     }
   }
   CopyPool pool(1);
@@ -73,8 +77,7 @@ TEST(CopyPoolTest, PiecesCopyInParallelAsTheSerialDefinition) {
   CopyPool pool(3);
   std::mt19937_64 rng(10);
   for (size_t size : {1ul, (2ul << 20) + 1, (5ul << 20) + 12345, 16ul << 20}) {
-    std::string src(size, '\0');
-    for (size_t i = 0; i < size; i += 8) src[i] = static_cast<char>(rng());
+    const std::string src = RandomBytes(size, rng);
     std::vector<absl::string_view> pieces;
     for (size_t at = 0; at < size; at += 16384 + 3) {
       pieces.emplace_back(src.data() + at, std::min<size_t>(16384 + 3, size - at));

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/log.h"
@@ -267,6 +268,12 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
   const int64_t now_ms = NowMs();
   bool skipped_kept = false;
   bool skipped_busy = false;  // Blocks in use now (being written out, read): soon evictable.
+  // Keeps protect at most this much of tier 1 (the coldest kept blocks
+  // first); kept blocks past it are taken as any other.
+  const uint64_t kept_cap =
+      static_cast<uint64_t>(options_.kept_tier1_fraction * static_cast<double>(capacity));
+  uint64_t protected_bytes = 0;
+  absl::flat_hash_set<const IndexEntry*> passed_over;  // By the first walk, for their keep.
   // Returns false when the batch filled up before the walk's end.
   auto walk = [&](bool take_kept) {
     const std::list<IndexEntry*>& lru = index_.ram_lru();
@@ -274,23 +281,33 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
     while (it != lru.begin() && !done()) {
       auto cur = std::prev(it);
       IndexEntry* e = *cur;
-      const bool kept = e->kept(now_ms);
+      bool kept = e->kept(now_ms);
+      bool over_cap = false;
+      if (!take_kept && kept && e->readers == 0) {
+        if (protected_bytes + e->ram.length() <= kept_cap) {
+          protected_bytes += e->ram.length();
+          passed_over.insert(e);
+        } else {
+          kept = false;  // Past the cap: no protection (counted if taken).
+          over_cap = true;
+        }
+      }
       // The second walk takes only what the first passed over for its keep.
-      if (e->readers > 0 || kept != take_kept) {
+      if (e->readers > 0 || (take_kept ? !passed_over.contains(e) : kept)) {
         skipped_kept |= kept && !take_kept;
         skipped_busy |= e->readers > 0 && !kept;
         it = cur;
         continue;
       }
       if (e->state == BlockState::kClean) {
-        counters_.keep_overrides += kept;
+        counters_.keep_overrides += take_kept || over_cap;
         freed += Evict(e);  // Erases `cur`; `it` stays valid.
         continue;
       }
       if (!victims->empty() && batch + e->payload_bytes > options_.spill_batch_bytes) {
         return false;
       }
-      counters_.keep_overrides += kept;
+      counters_.keep_overrides += take_kept || over_cap;
       victims->push_back(e);
       batch += e->payload_bytes;
       pending_free += e->ram.length();

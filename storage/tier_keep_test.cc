@@ -1,6 +1,7 @@
 // KeepSession: a session kept for N seconds (an agent's tool call) rides out
 // the pressure that evicts everything around it from both tiers, then
-// competes as any other; when nothing else can go, it goes too.
+// competes as any other; keeps protect at most a share of tier 1, and when
+// nothing else can go, kept blocks go too.
 #include <string>
 #include <vector>
 
@@ -117,6 +118,21 @@ TEST_F(TierKeepTest, WhenNothingElseCanGoKeptBlocksGoAndAreCounted) {
   // The newest are still there.
   ASSERT_OK(tm_->Describe(ids.back()));
   EXPECT_EQ(Where(ids.back()), BlockLocation::kHost);
+}
+
+// Keeps protect at most kept_tier1_fraction of tier 1 (a quarter of 1 MiB:
+// 4 blocks); the rest of a kept session competes as any other block.
+TEST_F(TierKeepTest, KeepsProtectAtMostTheirShareOfTier1) {
+  Open();
+  std::vector<v1::BlockMeta> metas;
+  std::vector<BlockId> ids;
+  ASSERT_OK(SaveBlocks(*tm_, "wide", 8, 0, false, &metas, &ids));
+  ASSERT_OK(tm_->KeepSession("ns", "wide", absl::Seconds(30)).status());
+  SaveOthers(48);
+  int in_tier1 = 0;
+  for (const BlockId& id : ids) in_tier1 += Where(id) == BlockLocation::kHost;
+  EXPECT_EQ(in_tier1, 4);
+  EXPECT_GE(tm_->Stats().counters.keep_overrides, 4u);
 }
 
 TEST_F(TierKeepTest, KeepsAreCappedRenewableAndEndable) {

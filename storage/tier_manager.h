@@ -98,6 +98,9 @@ struct TierManagerOptions {
   std::function<NamespaceQuota(absl::string_view ns)> quota;
   // Sessions KeepSession may keep at once.
   size_t max_kept_sessions = 65536;
+  // The share of tier 1 keeps may protect from the spiller; kept blocks past
+  // it (the warmest) are evicted as any other (counted as keep_overrides).
+  double kept_tier1_fraction = 0.25;
   // Where timestamps come from (last access, uptime). Null: the wall clock.
   const Clock* clock = nullptr;
   // Tier 3 (may be null): an object store that several hosts share. New
@@ -345,7 +348,8 @@ class TierManager {
   // KeepSession keeps the session blocks of (ns, session_id), those stored
   // now and those saved while it lasts, for `keep` (zero or less: no longer
   // kept): neither tier evicts them while anything else can go (then they
-  // go too, counted in keep_overrides). A namespace's own quotas are not
+  // go too, counted in keep_overrides), tier 1 up to kept_tier1_fraction
+  // of its size. A namespace's own quotas are not
   // bent. Returns how many blocks the session has now.
   // Errors: RESOURCE_EXHAUSTED (max_kept_sessions kept already), UNAVAILABLE.
   virtual absl::StatusOr<size_t> KeepSession(absl::string_view ns, absl::string_view session_id,
