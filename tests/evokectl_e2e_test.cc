@@ -233,6 +233,31 @@ TEST_F(EvokectlTest, FlushVerifyDropSession) {
   EXPECT_THAT(r.out, Not(HasSubstr(blocks_[0].id().ToHex())));
 }
 
+TEST_F(EvokectlTest, LookupAndKeep) {
+  // The first two of "sess", then an absent id: a run of two.
+  CommandResult r = Ctl({"lookup", blocks_[0].id().ToHex(), blocks_[1].id().ToHex(),
+                         SessionBlock("absent", 0, 64).id().ToHex(), blocks_[2].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("2 of 4 leading blocks held"));
+  EXPECT_THAT(r.out, HasSubstr(blocks_[1].id().ToHex()));
+  r = Ctl({"lookup", "--json", blocks_[0].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"n_present\":1"));
+  r = Ctl({"keep", "test", "sess", "30"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("kept for 30 s (6 blocks now)"));
+  absl::StatusOr<v1::StatResponse> stat = client_->Stat();
+  ASSERT_OK(stat.status());
+  EXPECT_EQ(stat->kept_sessions(), 1u);
+  r = Ctl({"keep", "--json", "test", "sess", "0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"n_blocks\":6"));
+  // Past the daemon's limit: refused, naming the field (exit 1).
+  r = Ctl({"keep", "test", "sess", "999999"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("seconds"));
+}
+
 // The metadata lost while the daemon was down (every MANIFEST garbled) and
 // one payload damaged: the restart rebuilds the records from the segment
 // files, serves every intact block, and `verify` says what was lost.

@@ -340,6 +340,17 @@ int Run(int argc, char** argv) {
   std::string drop_ns, drop_session;
   drop->add_option("NAMESPACE", drop_ns)->required();
   drop->add_option("SESSION", drop_session)->required();
+  CLI::App* lookup = app.add_subcommand(
+      "lookup", "Where the longest run of leading ids (a prefix chain) is held");
+  std::vector<std::string> lookup_ids;
+  lookup->add_option("ID", lookup_ids, "Block ids, in chain order")->required();
+  CLI::App* keep = app.add_subcommand(
+      "keep", "Keep a session's blocks where they are for SECONDS (0 ends the keep)");
+  std::string keep_ns, keep_session;
+  uint32_t keep_seconds = 0;
+  keep->add_option("NAMESPACE", keep_ns)->required();
+  keep->add_option("SESSION", keep_session)->required();
+  keep->add_option("SECONDS", keep_seconds)->required()->check(CLI::NonNegativeNumber);
   CLI::App* verify = app.add_subcommand(
       "verify", "Re-read blocks from every tier and check their checksums");
   std::vector<std::string> verify_ids;
@@ -506,6 +517,32 @@ int Run(int argc, char** argv) {
         std::cout << "{\"deleted\":" << n << "}\n";
       } else {
         std::cout << "deleted " << n << " block(s) of session " << drop_session << "\n";
+      }
+    } else if (*lookup) {
+      std::vector<BlockId> ids;
+      for (const std::string& h : lookup_ids) ids.push_back(ParseId(h));
+      const std::vector<v1::Tier> tiers = Check(client->Lookup(ids));
+      if (json) {
+        std::cout << "{\"n_present\":" << tiers.size() << ",\"tiers\":[";
+        for (size_t i = 0; i < tiers.size(); ++i) {
+          std::cout << (i > 0 ? "," : "") << "\"" << TierName(tiers[i]) << "\"";
+        }
+        std::cout << "]}\n";
+      } else {
+        std::cout << tiers.size() << " of " << ids.size() << " leading blocks held\n";
+        for (size_t i = 0; i < tiers.size(); ++i) {
+          std::cout << "  " << ids[i].ToHex() << " " << TierName(tiers[i]) << "\n";
+        }
+      }
+    } else if (*keep) {
+      const uint32_t n = Check(client->KeepSession(keep_ns, keep_session, keep_seconds));
+      if (json) {
+        std::cout << "{\"n_blocks\":" << n << ",\"seconds\":" << keep_seconds << "}\n";
+      } else if (keep_seconds == 0) {
+        std::cout << "session " << keep_session << " no longer kept (" << n << " blocks)\n";
+      } else {
+        std::cout << "session " << keep_session << " kept for " << keep_seconds << " s (" << n
+                  << " blocks now)\n";
       }
     } else if (*verify) {
       // A progress bar needs batches. Records that failed validation at
