@@ -149,16 +149,9 @@ uint64_t CopyHashingSource(void* dst, const void* src, size_t size) {
 }
 
 uint64_t PiecesChecksum(absl::Span<const absl::string_view> pieces) {
-  const size_t total = PiecesSize(pieces);
-  std::vector<uint64_t> chunks;
-  for (size_t off = 0; off < total; off += kChecksumChunkBytes) {
-    XXH3_state_t state;
-    XXH3_64bits_reset(&state);
-    ForEachFragment(pieces, off, std::min(kChecksumChunkBytes, total - off),
-                    [&](const uint8_t* p, size_t n) { XXH3_64bits_update(&state, p, n); });
-    chunks.push_back(XXH3_64bits_digest(&state));
-  }
-  return CombineChunkChecksums(chunks, total);
+  PayloadHasher hasher;
+  for (absl::string_view piece : pieces) hasher.Update(piece.data(), piece.size());
+  return hasher.Finish();
 }
 
 uint64_t CopyPiecesHashingDestinationChunk(void* dst, absl::Span<const absl::string_view> pieces,
@@ -184,34 +177,25 @@ uint64_t CopyPiecesHashingDestinationChunk(void* dst, absl::Span<const absl::str
 
 uint64_t CopyPiecesHashingDestination(void* dst, absl::Span<const absl::string_view> pieces) {
   // One pass over the pieces (a gather list may hold thousands), hashing
-  // the copy in steps of at most kPiece, still in cache, chunk by chunk.
+  // the copy in steps of kPiece, still in cache (PayloadHasher keeps the
+  // chunk boundaries).
   auto* d = static_cast<uint8_t*>(dst);
-  const size_t total = PiecesSize(pieces);
-  std::vector<uint64_t> chunks;
-  chunks.reserve((total + kChecksumChunkBytes - 1) / kChecksumChunkBytes);
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
+  PayloadHasher hasher;
   size_t filled = 0, hashed = 0;
-  size_t chunk_end = std::min(kChecksumChunkBytes, total);
   for (absl::string_view piece : pieces) {
     for (size_t done = 0; done < piece.size();) {
-      const size_t take = std::min({piece.size() - done, chunk_end - filled,
-                                    kPiece - (filled - hashed)});
+      const size_t take = std::min(piece.size() - done, kPiece - (filled - hashed));
       std::memcpy(d + filled, piece.data() + done, take);
       done += take;
       filled += take;
-      if (filled - hashed == kPiece || filled == chunk_end) {
-        XXH3_64bits_update(&state, d + hashed, filled - hashed);
+      if (filled - hashed == kPiece) {
+        hasher.Update(d + hashed, kPiece);
         hashed = filled;
-      }
-      if (filled == chunk_end) {
-        chunks.push_back(XXH3_64bits_digest(&state));
-        XXH3_64bits_reset(&state);
-        chunk_end = std::min(chunk_end + kChecksumChunkBytes, total);
       }
     }
   }
-  return CombineChunkChecksums(chunks, total);
+  hasher.Update(d + hashed, filled - hashed);
+  return hasher.Finish();
 }
 
 uint64_t CopyHashingDestinationChunk(void* dst, const void* src, size_t size) {

@@ -416,7 +416,6 @@ void BlockIndex::ForgetEndedKeeps(int64_t now_ms) {
 
 size_t BlockIndex::KeepSession(absl::string_view ns, absl::string_view session,
                                int64_t until_ms, int64_t now_ms) {
-  ForgetEndedKeeps(now_ms);
   std::string key = SessionKey(ns, session);
   if (until_ms > now_ms) {
     session_keeps_[key] = until_ms;

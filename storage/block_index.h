@@ -167,7 +167,8 @@ class BlockIndex {
   // --- session keeps ---
   // KeepSession keeps (ns, session)'s session blocks, those indexed now and
   // those saved later, until `until_ms` (0 or past: no longer kept), and
-  // returns how many it has now. Keeps that ended are forgotten here.
+  // returns how many it has now. Keeps that ran out stay in the table (and
+  // in kept_sessions) until ForgetEndedKeeps (a full table, Stats).
   size_t KeepSession(absl::string_view ns, absl::string_view session, int64_t until_ms,
                      int64_t now_ms);
   size_t kept_sessions() const { return session_keeps_.size(); }

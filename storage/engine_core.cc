@@ -266,7 +266,6 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
             largest_pending >= wanted_range);
   };
   const int64_t now_ms = NowMs();
-  bool skipped_kept = false;
   bool skipped_busy = false;  // Blocks in use now (being written out, read): soon evictable.
   // Keeps protect at most this much of tier 1 (the coldest kept blocks
   // first); kept blocks past it are taken as any other.
@@ -294,7 +293,6 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
       }
       // The second walk takes only what the first passed over for its keep.
       if (e->readers > 0 || (take_kept ? !passed_over.contains(e) : kept)) {
-        skipped_kept |= kept && !take_kept;
         skipped_busy |= e->readers > 0 && !kept;
         it = cur;
         continue;
@@ -319,7 +317,8 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
   // Kept blocks only once everything else was taken and it is not enough
   // (not when the first walk only filled its batch, or passed over blocks
   // in use: those go next).
-  if (walk(/*take_kept=*/false) && skipped_kept && !skipped_busy && !enough_once_written()) {
+  if (walk(/*take_kept=*/false) && !passed_over.empty() && !skipped_busy &&
+      !enough_once_written()) {
     walk(/*take_kept=*/true);
   }
   return freed;
@@ -506,6 +505,7 @@ TierStats EngineCore::Stats() {
   out.breadcrumb_blocks = index_.count(BlockState::kBreadcrumb);
   out.pinned_blocks = index_.pinned_blocks();
   out.pins = index_.pin_count();
+  index_.ForgetEndedKeeps(NowMs());  // So that the count is of keeps in force.
   out.kept_sessions = index_.kept_sessions();
   out.counters = counters_;
   out.host_locked = arena.locked;

@@ -207,7 +207,7 @@ struct TierStats {
   uint64_t breadcrumb_blocks = 0;
   uint64_t pinned_blocks = 0;
   uint64_t pins = 0;  // Sum of pin counts over every owner.
-  uint64_t kept_sessions = 0;  // KeepSession hints in force (or ended, not yet forgotten).
+  uint64_t kept_sessions = 0;  // KeepSession hints in force.
   StorageCounters counters;
   bool host_locked = false;  // mlock of tier 1 succeeded.
   std::string host_lock_error;
