@@ -156,6 +156,20 @@ absl::StatusOr<uint32_t> Client::KeepSession(absl::string_view ns, absl::string_
   return response.n_blocks();
 }
 
+absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(absl::Span<const BlockId> ids,
+                                                      const PrefetchOptions& options) {
+  v1::PrefetchRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  if (options.fingerprint != nullptr) *request.mutable_fingerprint() = *options.fingerprint;
+  request.set_wait(options.wait);
+  request.set_room_wait_ms(options.room_wait_ms);
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::PrefetchResponse response;
+  EVOKE_RETURN_IF_ERROR(FromGrpc(impl_->stub->Prefetch(&context, request, &response)));
+  return response;
+}
+
 absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) { return impl_->Describe(id); }
 
 absl::StatusOr<v1::ListResponse> Client::List(const v1::ListRequest& request) {

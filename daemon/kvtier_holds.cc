@@ -1,12 +1,17 @@
-// KvTierService's calls that hold blocks where they are: Acquire and
+// KvTierService's calls that say where blocks should be: Acquire and
 // Release (holds on blocks, between a lookup and a load) and KeepSession
-// (a session kept through a pause). Memory only: they finish on the
-// reactor.
+// (a session kept through a pause), memory only, finished on the reactor;
+// Prefetch (blocks brought into tier 1 ahead of their Loads), which reads
+// disk on the executor.
+#include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/block_validation.h"
 #include "common/status_macros.h"
 #include "daemon/kvtier_calls.h"
 #include "daemon/kvtier_service.h"
@@ -15,6 +20,83 @@
 namespace evoke {
 
 using kvtier_calls::FinishInline;
+using kvtier_calls::ToGrpc;
+using kvtier_calls::TooManyCalls;
+
+namespace {
+
+void SetCounts(const PrefetchResult& r, v1::PrefetchResponse* out) {
+  out->set_in_tier1(r.in_tier1);
+  out->set_promoted(r.promoted);
+  out->set_fetched(r.fetched);
+  out->set_missing(r.missing);
+  out->set_no_room(r.no_room);
+  out->set_failed(r.failed);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KvTierService::Prefetch(grpc::CallbackServerContext* context,
+                                                  const v1::PrefetchRequest* request,
+                                                  v1::PrefetchResponse* response) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
+  struct Work {
+    std::vector<BlockId> ids;
+    std::optional<v1::LayoutFingerprint> fingerprint;
+    absl::Time deadline;
+  };
+  auto work = std::make_shared<Work>();
+  const absl::Status valid = [&]() -> absl::Status {
+    EVOKE_ASSIGN_OR_RETURN(work->ids,
+                           ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
+    if (request->has_fingerprint()) {
+      const v1::LayoutFingerprint& fp = request->fingerprint();
+      EVOKE_RETURN_IF_ERROR(ValidateFingerprint(fp, options_.limits.block, "fingerprint"));
+      EVOKE_RETURN_IF_ERROR(NeedsNamespace(*caller, "fingerprint.namespace", fp.namespace_()));
+      EVOKE_RETURN_IF_ERROR(NeedsTrustGroup(*caller, "fingerprint", fp));
+      work->fingerprint = fp;
+    }
+    constexpr uint32_t kMaxRoomWaitMs = 60'000;
+    if (request->room_wait_ms() > kMaxRoomWaitMs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "room_wait_ms: ", request->room_wait_ms(), " is past the limit of ", kMaxRoomWaitMs));
+    }
+    const uint32_t wait_ms = request->room_wait_ms() == 0 ? 1000 : request->room_wait_ms();
+    work->deadline = std::min(kvtier_calls::DeadlineOf(context),
+                              absl::Now() + absl::Milliseconds(wait_ms));
+    return absl::OkStatus();
+  }();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!valid.ok()) {
+    reactor->Finish(ToGrpc(valid));
+    return reactor;
+  }
+  TierManager* tiers = tiers_;
+  const CallLane lane = LaneOf(*caller);
+  const bool wait = request->wait();
+  // Runs in the caller's lane of the executor, so that a uid's prefetches
+  // count against its calls in flight.
+  auto run = [tiers, caller, work]() {
+    return tiers->Prefetch(work->ids, work->fingerprint ? &*work->fingerprint : nullptr,
+                           work->deadline, caller.get());
+  };
+  if (wait) {
+    if (!executor_->TrySubmit(lane.uid, lane.limit, [reactor, response, run]() {
+          absl::StatusOr<PrefetchResult> r = run();
+          if (r.ok()) {
+            response->set_done(true);
+            SetCounts(*r, response);
+          }
+          reactor->Finish(ToGrpc(r.status()));
+        })) {
+      reactor->Finish(ToGrpc(TooManyCalls(lane)));
+    }
+    return reactor;
+  }
+  const bool queued = executor_->TrySubmit(lane.uid, lane.limit, [run]() { (void)run(); });
+  reactor->Finish(ToGrpc(queued ? absl::OkStatus() : TooManyCalls(lane)));
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* KvTierService::Acquire(grpc::CallbackServerContext* context,
                                                  const v1::AcquireRequest* request,

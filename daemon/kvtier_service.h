@@ -128,6 +128,9 @@ class KvTierService final : public v1::KvTier::CallbackService {
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const v1::ReleaseRequest* request,
                                     v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* context,
+                                     const v1::PrefetchRequest* request,
+                                     v1::PrefetchResponse* response) override;
   grpc::ServerUnaryReactor* KeepSession(grpc::CallbackServerContext* context,
                                         const v1::KeepSessionRequest* request,
                                         v1::KeepSessionResponse* response) override;

@@ -145,6 +145,14 @@ void AddCounters(const v1::Counters& c, Families* f) {
   f->Counter("evoke_keep_overrides_total",
              "Blocks of kept sessions (KeepSession) evicted because nothing else could go.",
              n(c.keep_overrides()));
+  f->Counter("evoke_prefetched_total", "Blocks Prefetch brought into tier 1.",
+             n(c.prefetched()));
+  f->Counter("evoke_prefetch_hits_total",
+             "Prefetched blocks a Load then read from tier 1 (the first Load of each).",
+             n(c.prefetch_hits()));
+  f->Counter("evoke_prefetch_unused_total",
+             "Prefetched blocks that left tier 1 before any Load read them.",
+             n(c.prefetch_unused()));
 }
 
 void AddLeases(const v1::LeaseStat& l, Families* f) {

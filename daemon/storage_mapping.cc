@@ -88,6 +88,9 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   o->set_spill_errors(c.spill_errors);
   o->set_invalid_records(c.invalid_records);
   o->set_keep_overrides(c.keep_overrides);
+  o->set_prefetched(c.prefetched);
+  o->set_prefetch_hits(c.prefetch_hits);
+  o->set_prefetch_unused(c.prefetch_unused);
   out->set_kept_sessions(in.kept_sessions);
   out->set_pinned_memory_locked(in.host_locked);
   out->set_pinned_memory_lock_error(in.host_lock_error);

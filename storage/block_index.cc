@@ -267,6 +267,10 @@ void BlockIndex::AttachRam(IndexEntry* e, ArenaReservation ram) {
 
 ArenaReservation BlockIndex::DetachRam(IndexEntry* e) {
   assert(e->in_ram());
+  if (e->prefetched) {
+    e->prefetched = false;
+    ++prefetch_unused_;
+  }
   SetState(e, e->state == BlockState::kClean ? BlockState::kSpilled
                                              : BlockState::kBreadcrumb);
   e->ram_quarantined = false;

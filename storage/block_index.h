@@ -72,6 +72,11 @@ struct IndexEntry {
   // Until when its session is kept (KeepSession): evicted from either tier
   // only when nothing else can go. 0: not kept.
   int64_t keep_until_ms = 0;
+  // Its tier-1 copy came from a Prefetch and no Load has read it yet.
+  bool prefetched = false;
+  // A Prefetch asked for it and no Load has read it since: until then the
+  // spiller passes it over as it does kept blocks (0: not).
+  int64_t prefetch_until_ms = 0;
 
   bool in_ram() const { return state == BlockState::kDirty || state == BlockState::kClean; }
   bool on_disk() const {
@@ -79,6 +84,8 @@ struct IndexEntry {
   }
   bool bytes_available() const { return in_ram() || on_disk(); }
   bool kept(int64_t now_ms) const { return keep_until_ms > now_ms; }
+  // Kept, or prefetched and not read yet: tier 1's spiller takes it last.
+  bool held_warm(int64_t now_ms) const { return kept(now_ms) || prefetch_until_ms > now_ms; }
   // Readable tier-1 bytes: held and not quarantined.
   bool ram_readable() const { return in_ram() && !ram_quarantined; }
   BlockLocation location() const;
@@ -208,6 +215,8 @@ class BlockIndex {
   }
   // Reserved tier-1 bytes the spiller could free (extents in the ram LRU).
   uint64_t evictable_bytes() const { return evictable_bytes_; }
+  // Prefetched tier-1 copies that left tier 1 before any Load read them.
+  uint64_t prefetch_unused() const { return prefetch_unused_; }
   uint64_t pinned_blocks() const { return pinned_blocks_; }
   // Accounted metadata bytes of every visible block (MetadataBytes).
   uint64_t metadata_bytes() const { return metadata_bytes_; }
@@ -241,6 +250,7 @@ class BlockIndex {
   std::array<uint64_t, kBlockStates> count_{};
   std::array<uint64_t, kBlockStates> bytes_{};
   uint64_t evictable_bytes_ = 0;
+  uint64_t prefetch_unused_ = 0;
   // Per namespace, over indexed (visible) entries; kept by IndexSecondary,
   // UnindexSecondary and SetState.
   absl::flat_hash_map<std::string, NamespaceUsage> usage_;

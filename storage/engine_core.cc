@@ -127,6 +127,17 @@ IndexEntry* EngineCore::CommitPromotion(const BlockId& id, uint64_t gen, ArenaRe
   return e;
 }
 
+bool EngineCore::CommitPrefetch(const BlockId& id, uint64_t gen, ArenaReservation ram) {
+  absl::MutexLock lock(&mu_);
+  IndexEntry* e = index_.FindGen(id, gen);
+  if (e == nullptr || e->state != BlockState::kSpilled) return false;  // Frees `ram`.
+  index_.AttachRam(e, std::move(ram));
+  HoldPrefetched(e, /*brought=*/true);
+  ++counters_.promotions;
+  ++counters_.prefetched;
+  return true;
+}
+
 // ------------------------------------------------------------ room
 
 absl::Status EngineCore::CanMakeRoom(uint64_t total) const {
@@ -280,7 +291,11 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
     while (it != lru.begin() && !done()) {
       auto cur = std::prev(it);
       IndexEntry* e = *cur;
-      bool kept = e->kept(now_ms);
+      // Kept sessions and blocks prefetched but not read yet are protected
+      // alike; only keeps count as overrides (an unread prefetch that goes
+      // is counted as prefetch_unused).
+      bool kept = e->held_warm(now_ms);
+      const bool session_kept = e->kept(now_ms);
       bool over_cap = false;
       if (!take_kept && kept && e->readers == 0) {
         if (protected_bytes + e->ram.length() <= kept_cap) {
@@ -298,14 +313,14 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
         continue;
       }
       if (e->state == BlockState::kClean) {
-        counters_.keep_overrides += take_kept || over_cap;
+        counters_.keep_overrides += (take_kept || over_cap) && session_kept;
         freed += Evict(e);  // Erases `cur`; `it` stays valid.
         continue;
       }
       if (!victims->empty() && batch + e->payload_bytes > options_.spill_batch_bytes) {
         return false;
       }
-      counters_.keep_overrides += take_kept || over_cap;
+      counters_.keep_overrides += (take_kept || over_cap) && session_kept;
       victims->push_back(e);
       batch += e->payload_bytes;
       pending_free += e->ram.length();
@@ -508,6 +523,7 @@ TierStats EngineCore::Stats() {
   index_.ForgetEndedKeeps(NowMs());  // So that the count is of keeps in force.
   out.kept_sessions = index_.kept_sessions();
   out.counters = counters_;
+  out.counters.prefetch_unused = index_.prefetch_unused();
   out.host_locked = arena.locked;
   out.host_lock_error = arena.lock_error;
   out.host_prefaulted_bytes = arena.prefaulted_bytes;

@@ -167,6 +167,34 @@ class EngineCore {
   IndexEntry* CommitPromotion(const BlockId& id, uint64_t gen, ArenaReservation ram,
                               bool hold) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // CommitPrefetch is CommitPromotion for a Prefetch: the block becomes the
+  // most recently used, marked prefetched. False when it changed meanwhile
+  // (`ram` is freed).
+  bool CommitPrefetch(const BlockId& id, uint64_t gen, ArenaReservation ram)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // NoteLoaded: a Load read `e` (from tier 1 when `tier1`); the first Load
+  // of a prefetched copy counts as a prefetch hit.
+  void NoteLoaded(IndexEntry* e, bool tier1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    e->prefetch_until_ms = 0;
+    if (!e->prefetched) return;
+    e->prefetched = false;
+    if (tier1) ++counters_.prefetch_hits;
+  }
+  // HoldPrefetched protects `e`, in tier 1, from the spiller until a Load
+  // reads it or options().prefetch_hold passes (as a keep would, within
+  // kept_tier1_fraction); `brought` marks its copy as the Prefetch's own.
+  void HoldPrefetched(IndexEntry* e, bool brought) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t now_ms = NowMs();
+    index_.Touch(e, now_ms);
+    e->prefetch_until_ms = now_ms + absl::ToInt64Milliseconds(options_.prefetch_hold);
+    e->prefetched |= brought;
+  }
+  // CountPrefetched counts blocks a Prefetch fetched from tier 3.
+  void CountPrefetched(uint64_t n) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    counters_.prefetched += n;
+  }
+
   // --- counters ---
   void CountChecksumFailure() ABSL_LOCKS_EXCLUDED(mu_);
   void CountMiss() ABSL_LOCKS_EXCLUDED(mu_);

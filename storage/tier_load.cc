@@ -71,6 +71,7 @@ absl::Status TierManagerImpl::LoadLocal(absl::Span<const BlockId> ids,
       IndexEntry* e = core_.FindVisible(ids[i]);
       plan[i] = core_.HoldForRead(e);
       if (plan[i].ram != nullptr) held.push_back(e);
+      core_.NoteLoaded(e, plan[i].ram != nullptr);
       core_.Touch(e, now_ms);
       (*metas)[i] = e->meta;
       if (scope != nullptr && !scope->SeesTokensOf(e->meta)) (*metas)[i].clear_tokens();

@@ -101,6 +101,10 @@ struct TierManagerOptions {
   // The share of tier 1 keeps may protect from the spiller; kept blocks past
   // it (the warmest) are evicted as any other (counted as keep_overrides).
   double kept_tier1_fraction = 0.25;
+  // How long a block a Prefetch asked for is passed over by tier 1's
+  // spiller (as kept blocks are, within kept_tier1_fraction) while no Load
+  // has read it. Default: 2 s.
+  absl::Duration prefetch_hold = absl::Seconds(2);
   // Where timestamps come from (last access, uptime). Null: the wall clock.
   const Clock* clock = nullptr;
   // Tier 3 (may be null): an object store that several hosts share. New
@@ -354,6 +358,20 @@ class TierManager {
   // Errors: RESOURCE_EXHAUSTED (max_kept_sessions kept already), UNAVAILABLE.
   virtual absl::StatusOr<size_t> KeepSession(absl::string_view ns, absl::string_view session_id,
                                              absl::Duration keep) = 0;
+
+  // Prefetch brings `ids` (unique) into tier 1 ahead of the Loads that will
+  // want them: blocks only in tier 2 are read (verified) into tier 1, and
+  // with `fingerprint` and a tier 3, blocks this host does not hold are
+  // fetched from tier 3 in its namespace; all of them, and those in tier 1
+  // already, become the most recently used. Best effort, never all-or-
+  // nothing: it waits for room until `deadline`, brings at most
+  // low_watermark of tier 1 per call, and reports what it did with each
+  // block. A Load that then finds a prefetched block in tier 1 counts as a
+  // prefetch hit. Errors: UNAVAILABLE (shut down).
+  virtual absl::StatusOr<PrefetchResult> Prefetch(absl::Span<const BlockId> ids,
+                                                  const v1::LayoutFingerprint* fingerprint,
+                                                  absl::Time deadline,
+                                                  const NamespaceScope* scope = nullptr) = 0;
 
   // Describe returns one block's metadata and state. Errors: NOT_FOUND.
   virtual absl::StatusOr<BlockInfo> Describe(const BlockId& id,

@@ -79,6 +79,10 @@ class TierManagerImpl final : public TierManager {
   absl::StatusOr<std::vector<BlockLocation>> Acquire(absl::Span<const BlockId> ids,
                                                      PinOwner owner, bool all,
                                                      const NamespaceScope* scope) override;
+  absl::StatusOr<PrefetchResult> Prefetch(absl::Span<const BlockId> ids,
+                                          const v1::LayoutFingerprint* fingerprint,
+                                          absl::Time deadline,
+                                          const NamespaceScope* scope) override;
   absl::StatusOr<BlockInfo> Describe(const BlockId& id, const NamespaceScope* scope) override;
   std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after, size_t limit,
                               bool* more) override;
@@ -186,6 +190,19 @@ class TierManagerImpl final : public TierManager {
   IndexEntry* FindFor(const BlockId& id, const NamespaceScope* scope) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu());
   absl::Status PromoteForPin(const BlockId& id, PinOwner owner, absl::Time deadline);
+  // Prefetch's steps (storage/tier_prefetch.cc). PrefetchRemote fetches
+  // `absent` of `ids` from tier 3 (when it may hold them) and marks them
+  // prefetched. PromoteSpilled reads spilled blocks into tier 1, a few at a
+  // time, waiting for room until `deadline`.
+  struct PrefetchWant {
+    BlockId id;
+    uint64_t gen = 0, checksum = 0, bytes = 0;
+  };
+  void PrefetchRemote(absl::Span<const BlockId> ids, absl::Span<const size_t> absent,
+                      const v1::LayoutFingerprint* fingerprint, const NamespaceScope* scope,
+                      PrefetchResult* result);
+  void PromoteSpilled(absl::Span<const PrefetchWant> wants, absl::Time deadline,
+                      PrefetchResult* result);
   // Unpinned wakes saves and the spiller when `e` became evictable.
   // (An unpinned block only in tier 2 may put the spill budget over.)
   void Unpinned(const IndexEntry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu()) {

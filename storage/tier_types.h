@@ -163,6 +163,20 @@ struct StorageCounters {
            promotions = 0, breadcrumbs = 0, checksum_failures = 0, deletes = 0,
            spill_errors = 0, invalid_records = 0,
            keep_overrides = 0;  // Kept sessions' blocks evicted: nothing else could go.
+  // Prefetch: blocks it brought into tier 1 (from tier 2 or 3), those a Load
+  // then found there (the first Load of each), and those that left tier 1
+  // before any Load.
+  uint64_t prefetched = 0, prefetch_hits = 0, prefetch_unused = 0;
+};
+
+// What one Prefetch did with the blocks it was given.
+struct PrefetchResult {
+  uint32_t in_tier1 = 0;  // There already (now the most recently used).
+  uint32_t promoted = 0;  // Read from tier 2 into tier 1.
+  uint32_t fetched = 0;   // Fetched from tier 3 into tier 1.
+  uint32_t missing = 0;   // Held by no tier (or only as a breadcrumb).
+  uint32_t no_room = 0;   // Not brought: tier 1 had no room for it.
+  uint32_t failed = 0;    // A read failed (checksum, disk, tier 3); nothing served.
 };
 
 // What Stat shows of the remote tier. The write-behind queue's fields are

@@ -303,6 +303,22 @@ class Client {
   // KeepSessionRequest in kvtier.proto).
   absl::StatusOr<uint32_t> KeepSession(absl::string_view ns, absl::string_view session_id,
                                        uint32_t seconds);
+  // Prefetch brings `ids` (the likeliest first) into tier 1 ahead of the
+  // Loads that will want them (see PrefetchRequest in kvtier.proto). By
+  // default it returns once the daemon queued the work (done = false; poll
+  // with Lookup); with `options.wait`, when it is done, with what it did.
+  // With a fingerprint and a remote tier, blocks this host lacks are
+  // fetched from it.
+  struct PrefetchOptions {
+    bool wait = false;
+    const v1::LayoutFingerprint* fingerprint = nullptr;
+    uint32_t room_wait_ms = 0;  // 0: the daemon's default (1 s).
+  };
+  absl::StatusOr<v1::PrefetchResponse> Prefetch(absl::Span<const BlockId> ids,
+                                                const PrefetchOptions& options);
+  absl::StatusOr<v1::PrefetchResponse> Prefetch(absl::Span<const BlockId> ids) {
+    return Prefetch(ids, PrefetchOptions());
+  }
   absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request);
   absl::StatusOr<v1::StatResponse> Stat();

@@ -97,6 +97,7 @@ _METHODS = {
     "Acquire": ("AcquireRequest", "AcquireResponse"),
     "Release": ("ReleaseRequest", "ReleaseResponse"),
     "KeepSession": ("KeepSessionRequest", "KeepSessionResponse"),
+    "Prefetch": ("PrefetchRequest", "PrefetchResponse"),
     "List": ("ListRequest", "ListResponse"),
     "Describe": ("DescribeRequest", "BlockInfo"),
     "Stat": ("StatRequest", "StatResponse"),
@@ -583,6 +584,18 @@ class Client:
         0 ends the keep. Returns how many blocks the session has."""
         return self._call("KeepSession", pb.KeepSessionRequest(
             namespace=namespace, session_id=session_id, seconds=seconds)).n_blocks
+
+    def prefetch(self, ids, wait=False, fingerprint=None, room_wait_ms=0):
+        """Brings `ids` (the likeliest first) into tier 1 ahead of the loads
+        that will want them. Returns at once (done False; poll with lookup)
+        or, with `wait`, when done, with what it did (PrefetchResponse:
+        in_tier1, promoted, fetched, missing, no_room, failed). With a
+        fingerprint and a remote tier, blocks this host lacks come from it."""
+        request = pb.PrefetchRequest(ids=_ids_list(ids), wait=wait,
+                                     room_wait_ms=room_wait_ms)
+        if fingerprint is not None:
+            request.fingerprint.CopyFrom(fingerprint)
+        return self._call("Prefetch", request)
 
     def verify(self, ids=()):
         return self._call("Verify", pb.VerifyRequest(ids=_ids_list(ids)))

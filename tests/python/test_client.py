@@ -283,6 +283,22 @@ class ClientTest(unittest.TestCase):
             self.client.keep_session("py", "paused", 10**6)
         self.assertIn("seconds", e.exception.message)
 
+    def test_prefetch_brings_spilled_blocks_to_tier1(self):
+        blk = random_block(self.client, self.rng)
+        metas = [evoke.session_meta(FP, "warm", i, 32) for i in range(3)]
+        self.client.save_many([(m, blk) for m in metas])
+        self.client.flush(evict=True)
+        ids = [m.id for m in metas]
+        self.assertEqual(self.client.lookup(ids), [pb.TIER_SPILL] * 3)
+        r = self.client.prefetch(ids, wait=True)
+        self.assertTrue(r.done)
+        self.assertEqual(r.promoted, 3)
+        self.assertEqual(self.client.lookup(ids), [pb.TIER_PINNED_HOST] * 3)
+        self.assertFalse(self.client.prefetch(ids).done)
+        with self.assertRaises(evoke.InvalidArgument) as e:
+            self.client.prefetch([ids[0], ids[0]])
+        self.assertIn("ids[1]", e.exception.message)
+
     def test_errors_carry_code_and_message(self):
         out = self.client.block_array(FP, 32)
         with self.assertRaises(evoke.NotFound) as e:
