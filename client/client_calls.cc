@@ -170,6 +170,46 @@ absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(absl::Span<const BlockId> 
   return response;
 }
 
+namespace {
+
+class GrpcBlockWatch final : public BlockWatch {
+ public:
+  GrpcBlockWatch(std::unique_ptr<grpc::ClientContext> context,
+                 std::unique_ptr<grpc::ClientReader<v1::BlockEvents>> reader)
+      : context_(std::move(context)), reader_(std::move(reader)) {}
+  ~GrpcBlockWatch() override {
+    if (!finished_) {
+      context_->TryCancel();
+      v1::BlockEvents drain;
+      while (reader_->Read(&drain)) {
+      }
+      (void)reader_->Finish();
+    }
+  }
+  bool Next(v1::BlockEvents* events) override { return reader_->Read(events); }
+  void Cancel() override { context_->TryCancel(); }
+  absl::Status Finish() override {
+    finished_ = true;
+    return client_internal::FromGrpc(reader_->Finish());
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReader<v1::BlockEvents>> reader_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BlockWatch>> Client::WatchBlocks(
+    const v1::WatchBlocksRequest& request) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  std::unique_ptr<grpc::ClientReader<v1::BlockEvents>> reader =
+      impl_->stub->WatchBlocks(context.get(), request);
+  return std::unique_ptr<BlockWatch>(
+      std::make_unique<GrpcBlockWatch>(std::move(context), std::move(reader)));
+}
+
 absl::StatusOr<v1::BlockInfo> Client::Describe(const BlockId& id) { return impl_->Describe(id); }
 
 absl::StatusOr<v1::ListResponse> Client::List(const v1::ListRequest& request) {

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -24,6 +25,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "daemon/access_policy.h"
+#include "daemon/block_watch.h"
 #include "daemon/daemon_parts.h"
 #include "daemon/executor.h"
 #include "daemon/fd_channel.h"
@@ -194,6 +196,10 @@ class Daemon::Impl {
   std::unique_ptr<CopyPool> scan_pool;      // Outlives the RecoveryIndex.
   std::unique_ptr<RecoveryIndex> recovery;  // Outlives the TierManager.
   std::unique_ptr<RecoveryFeed> recovery_feed;
+  // WatchBlocks: what happens to blocks (fed by the TierManager, which it
+  // outlives) and the streams that read it.
+  std::unique_ptr<BlockEventLog> events;
+  std::unique_ptr<WatchHub> watch;
   std::unique_ptr<RemoteTier> remote;  // Tier 3; outlives the TierManager.
   std::unique_ptr<TierManager> tiers;
   std::unique_ptr<HostRegistration> registration;  // Of tier 1, with CUDA.
@@ -247,7 +253,16 @@ void Daemon::Impl::OpenRecovery(const DaemonOptions::Tiers& tiers_options) {
 // recovery feed, the policy's quotas and tier 3.
 TierManagerOptions Daemon::Impl::TierOptions(const DaemonOptions& options) {
   TierManagerOptions tier_options = ToTierManagerOptions(options);
+  // Each run's events are numbered afresh: a random epoch tells runs apart
+  // in resume tokens.
+  events = std::make_unique<BlockEventLog>(options.server.watch_backlog_events,
+                                           std::random_device()() * (1ull << 32) +
+                                               std::random_device()());
+  watch = std::make_unique<WatchHub>(
+      events.get(), WatchHubOptions{options.server.max_watchers,
+                                    options.server.watch_backlog_events, 256});
   tier_options.observer = recovery_feed.get();
+  tier_options.events = events.get();
   if (!policy->proto().namespaces().empty()) {
     const AccessPolicy* quotas = policy.get();
     tier_options.quota = [quotas](absl::string_view ns) { return quotas->QuotaOf(ns); };
@@ -315,6 +330,7 @@ KvTierServiceOptions Daemon::Impl::ServiceOptions(const DaemonOptions& options) 
     }
   };
   service_options.rpc_metrics = &rpc_metrics;
+  service_options.watch = watch.get();
   if (metrics != nullptr) service_options.metrics_address = metrics->address();
   return service_options;
 }

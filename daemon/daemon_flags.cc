@@ -310,6 +310,13 @@ absl::Status ParseDaemonFlags(int argc, const char* const* argv,
                  "(0 = 4 x --worker-threads)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--watch-backlog-events", o->server.watch_backlog_events,
+                 "WatchBlocks events kept for watchers to catch up from")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 24));
+  app.add_option("--max-watchers", o->server.max_watchers, "WatchBlocks streams open at once")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 65536u));
   app.add_option("--max-regions-per-lease", o->leases.max_regions_per_lease,
                  "Regions one lease may register")
       ->capture_default_str()
@@ -484,6 +491,8 @@ std::string OptionsToConfig(const DaemonOptions& o) {
       "max-leases = ", o.leases.max_leases, "\n",
       "max-leases-per-uid = ", o.leases.max_leases_per_uid, "\n",
       "max-calls-per-uid = ", o.server.max_calls_per_uid, "\n",
+      "watch-backlog-events = ", o.server.watch_backlog_events, "\n",
+      "max-watchers = ", o.server.max_watchers, "\n",
       "max-regions-per-lease = ", o.leases.max_regions_per_lease, "\n",
       "max-region-bytes = ", size(o.leases.max_region_bytes), "\n",
       "cuda-register-chunk-bytes = ", size(o.tier1.cuda_register_chunk_bytes), "\n",

@@ -51,6 +51,12 @@ struct DaemonOptions {
     // Default: 0.
     uint32_t max_calls_per_uid = 0;
 
+    // WatchBlocks: events kept for watchers to catch up from (a resume
+    // token older than these reports the loss), and streams open at once.
+    // Defaults: 65536, 256.
+    uint32_t watch_backlog_events = 65536;
+    uint32_t max_watchers = 256;
+
     // How long SIGTERM waits for in-flight RPCs before cancelling them.
     // Default: 5000 ms.
     uint32_t shutdown_grace_ms = 5000;

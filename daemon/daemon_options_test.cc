@@ -323,7 +323,8 @@ TEST(DaemonFlagsTest, PrintConfigPrintsEveryOption) {
                           "ring-poll-max-us", "spill-sync",
                           "spill-batch-bytes", "save-wait-ms", "shutdown-grace-ms",
                           "fd-socket", "max-leases", "max-leases-per-uid",
-                          "max-calls-per-uid", "max-regions-per-lease",
+                          "max-calls-per-uid", "watch-backlog-events", "max-watchers",
+                          "max-regions-per-lease",
                           "max-region-bytes", "cuda-register-chunk-bytes", "summary-layer",
                           "log-level", "policy", "tcp-listen", "metrics-address",
                           "metrics-namespaces", "tls-cert", "tls-key",
@@ -364,6 +365,8 @@ void ExpectSameOptions(const DaemonOptions& a, const DaemonOptions& b) {
   EXPECT_EQ(a.leases.max_leases, b.leases.max_leases);
   EXPECT_EQ(a.leases.max_leases_per_uid, b.leases.max_leases_per_uid);
   EXPECT_EQ(a.server.max_calls_per_uid, b.server.max_calls_per_uid);
+  EXPECT_EQ(a.server.watch_backlog_events, b.server.watch_backlog_events);
+  EXPECT_EQ(a.server.max_watchers, b.server.max_watchers);
   EXPECT_EQ(a.leases.max_regions_per_lease, b.leases.max_regions_per_lease);
   EXPECT_EQ(a.leases.max_region_bytes, b.leases.max_region_bytes);
   EXPECT_EQ(a.tier1.cuda_register_chunk_bytes, b.tier1.cuda_register_chunk_bytes);

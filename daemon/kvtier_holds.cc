@@ -2,7 +2,7 @@
 // Release (holds on blocks, between a lookup and a load) and KeepSession
 // (a session kept through a pause), memory only, finished on the reactor;
 // Prefetch (blocks brought into tier 1 ahead of their Loads), which reads
-// disk on the executor.
+// disk on the executor; WatchBlocks (where blocks go, as a stream).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -35,6 +35,20 @@ void SetCounts(const PrefetchResult& r, v1::PrefetchResponse* out) {
 }
 
 }  // namespace
+
+grpc::ServerWriteReactor<v1::BlockEvents>* KvTierService::WatchBlocks(
+    grpc::CallbackServerContext* context, const v1::WatchBlocksRequest* request) {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Identify(*context);
+  if (!caller.ok()) return RefusedWatch(caller.status());
+  if (options_.watch == nullptr) {
+    return RefusedWatch(absl::UnavailableError("this evoked does not serve WatchBlocks"));
+  }
+  if (!request->namespace_().empty()) {
+    absl::Status s = NeedsNamespace(**caller, "namespace", request->namespace_());
+    if (!s.ok()) return RefusedWatch(s);
+  }
+  return options_.watch->Watch(context, *std::move(caller), *request);
+}
 
 grpc::ServerUnaryReactor* KvTierService::Prefetch(grpc::CallbackServerContext* context,
                                                   const v1::PrefetchRequest* request,

@@ -245,6 +245,7 @@ grpc::ServerUnaryReactor* KvTierService::Recover(grpc::CallbackServerContext* co
 KvTierService::~KvTierService() = default;
 
 void KvTierService::CloseLeases() {
+  if (options_.watch != nullptr) options_.watch->CloseAll();
   std::vector<std::shared_ptr<LeaseReactor>> open;
   {
     absl::MutexLock lock(&reactors_mu_);

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/access_policy.h"
 #include "daemon/block_service.h"
+#include "daemon/block_watch.h"
 #include "daemon/executor.h"
 #include "daemon/inline_wire.h"
 #include "daemon/lease_manager.h"
@@ -56,6 +57,9 @@ struct KvTierServiceOptions {
   // (RpcMetrics::NewInterceptorFactory). Null: not recorded. Must outlive
   // the service.
   RpcMetrics* rpc_metrics = nullptr;
+  // The WatchBlocks streams (null: WatchBlocks is UNAVAILABLE). Must
+  // outlive the service.
+  WatchHub* watch = nullptr;
   // Where /metrics is served (Stat's `metrics_address`); empty: off.
   std::string metrics_address;
   // Calls of one uid queued or running on the executor at once (TCP
@@ -152,6 +156,8 @@ class KvTierService final : public v1::KvTier::CallbackService {
   grpc::ServerUnaryReactor* Recover(grpc::CallbackServerContext* context,
                                     const v1::RecoverRequest* request,
                                     v1::RecoverResponse* response) override;
+  grpc::ServerWriteReactor<v1::BlockEvents>* WatchBlocks(
+      grpc::CallbackServerContext* context, const v1::WatchBlocksRequest* request) override;
   grpc::ServerWriteReactor<v1::LeaseEvent>* OpenLease(
       grpc::CallbackServerContext* context,
       const v1::OpenLeaseRequest* request) override;

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   uint32_t context = 4096, block = 64;
   int32_t summary_layer = -1;
   int jobs = 2, threads = 1;
+  uint32_t prefetch = 0;
   bool quick = false;
   app.add_option("--model", model_path, "GGUF model (Llama architecture, evoke's vocabulary)")
       ->required();
@@ -94,6 +95,9 @@ int main(int argc, char** argv) {
   app.add_option("--pinned-bytes", pinned_bytes, "tier 1 of the evoked started here (default 2MiB)");
   app.add_option("--jobs", jobs, "sessions run at once (default 2)");
   app.add_option("--threads", threads, "llama.cpp threads per session (default 1)");
+  app.add_option("--prefetch", prefetch,
+                 "preloading: after each recovery ranking, prefetch the next N ranked blocks "
+                 "into evoked's tier 1 (default 0: none)");
   app.add_flag("--quick", quick, "one short cell: context 1024 and the first 4 seeds");
   CLI11_PARSE(app, argc, argv);
 
@@ -217,6 +221,7 @@ int main(int argc, char** argv) {
       ro.budget_tokens = cell.budget;
       ro.summary_layer = static_cast<uint32_t>(summary_layer);
       ro.threads = threads;
+      ro.prefetch = prefetch;
       ro.session_id = absl::StrFormat("%s-%s-%u-%u-%d-%d", cell.task, cell.policy, cell.budget,
                                       job.seed, getpid(), id);
       absl::StatusOr<evoke::eval::SessionResult> r =

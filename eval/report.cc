@@ -54,6 +54,10 @@ void Cell::Add(const SessionResult& r) {
   recovery_points += r.recovery_points;
   steps += r.steps;
   seconds += r.seconds;
+  bring_seconds += r.bring_seconds;
+  brought_tier1 += r.brought_tier1;
+  brought_tier2 += r.brought_tier2;
+  prefetched += r.prefetched;
   for (const ProbeResult& p : r.probes) {
     if (policy != kFullPolicy) ++fact_rank[RankKey(p.fact_rank)];
   }
@@ -91,11 +95,13 @@ std::string CellsToJson(absl::Span<const Cell> cells, const std::string& header_
         "\"wilson_sessions\":[%.6f,%.6f],\"wilson_probes\":[%.6f,%.6f],"
         "\"blocks_saved\":%u,\"blocks_recovered\":%u,\"recovery_failures\":%u,"
         "\"recovery_points\":%u,\"ms_per_step\":%.4f,\"seconds\":%.3f,\"errors\":%u,"
-        "\"first_error\":%s,\"fact_rank\":{%s}}",
+        "\"stall_us_per_step\":%.3f,\"brought_tier1\":%u,\"brought_tier2\":%u,"
+        "\"prefetched\":%u,\"first_error\":%s,\"fact_rank\":{%s}}",
         Quote(c.task), Quote(c.policy), c.budget, c.context, c.passes, c.n, c.sessions, c.rate(),
         c.session_mean(), ws.first, ws.second, wp.first, wp.second, c.blocks_saved,
         c.blocks_recovered, c.recovery_failures, c.recovery_points, c.ms_per_step(), c.seconds,
-        c.errors, Quote(c.first_error), absl::StrJoin(ranks, ",")));
+        c.errors, c.stall_us_per_step(), c.brought_tier1, c.brought_tier2, c.prefetched,
+        Quote(c.first_error), absl::StrJoin(ranks, ",")));
   }
   return absl::StrCat("{", header_members, header_members.empty() ? "" : ",", "\"cells\":[\n",
                       absl::StrJoin(rows, ",\n"), "\n]}\n");

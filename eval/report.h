@@ -31,6 +31,9 @@ struct Cell {
   uint64_t blocks_saved = 0, blocks_recovered = 0, recovery_failures = 0, recovery_points = 0;
   uint64_t steps = 0;
   double seconds = 0;
+  // Recovery's stall (SessionResult): seconds bringing blocks, their tiers.
+  double bring_seconds = 0;
+  uint64_t brought_tier1 = 0, brought_tier2 = 0, prefetched = 0;
   uint32_t errors = 0;      // Sessions that failed (their probes count as not passed).
   std::string first_error;
   // Recovering policies: where the needed block stood at each prompt's end:
@@ -47,6 +50,7 @@ struct Cell {
   std::pair<double, double> wilson_sessions() const;
   std::pair<double, double> wilson_probes() const { return Wilson95(passes, n); }
   double ms_per_step() const { return steps ? 1000.0 * seconds / steps : 0; }
+  double stall_us_per_step() const { return steps ? 1e6 * bring_seconds / steps : 0; }
 };
 
 std::string CellsToJson(absl::Span<const Cell> cells, const std::string& header_members);

@@ -148,6 +148,7 @@ absl::StatusOr<SessionResult> RunSession(llama_model* model, Client* client,
   so.params = o.params;
   so.budget_tokens = o.budget_tokens;
   so.summary_layer = o.summary_layer;
+  so.prefetch = o.prefetch;
   EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<llama::LlamaPolicySession> session,
                          llama::LlamaPolicySession::Create(ctx.get(), &capture, adapter.get(),
                                                            client, o.ns, o.session_id, so));
@@ -230,6 +231,11 @@ absl::StatusOr<SessionResult> RunSession(llama_model* model, Client* client,
   r.recovery_failures = d.recovery_failures;
   r.recovery_points = d.recovery_points;
   r.max_cells = session->max_cells_used();
+  const llama::EngineStats& e = session->engine_stats();
+  r.bring_seconds = absl::ToDoubleSeconds(e.bring_time);
+  r.brought_tier1 = e.brought_tier1;
+  r.brought_tier2 = e.brought_tier2;
+  r.prefetched = session->prefetched();
   r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   (void)client->DropSession(o.ns, o.session_id);
   return r;

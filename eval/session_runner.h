@@ -46,6 +46,7 @@ struct RunOptions {
   int threads = 1;                   // llama.cpp threads.
   std::string ns = "eval";           // evoke namespace of the blocks.
   std::string session_id;            // Required unless "full": unique per run.
+  uint32_t prefetch = 0;             // SessionOptions::prefetch (preloading).
 };
 
 // Where the block holding an answer's fact stood when the prompt ended, for
@@ -70,6 +71,10 @@ struct SessionResult {
   uint64_t max_cells = 0;
   uint64_t steps = 0;  // Tokens decoded (session tokens and generated ones).
   double seconds = 0;
+  // Recovery's stall: time spent bringing blocks back, and where evoked
+  // served them from; blocks sent to Prefetch (preloading).
+  double bring_seconds = 0;
+  uint64_t brought_tier1 = 0, brought_tier2 = 0, prefetched = 0;
 };
 
 // RunSession runs `session` on `model`. `client` (connected to an evoked

@@ -64,7 +64,8 @@ absl::StatusOr<std::vector<Candidate>> EvokedRecoverySource::Rank(const Recovery
   request.set_layer(options_.layer);
   request.mutable_queries()->Add(query.queries.begin(), query.queries.end());
   request.set_n_query_heads(query.n_query_heads);
-  request.set_k(std::min(k, kMaxK));
+  const uint32_t want = std::min(k + options_.prefetch, kMaxK);
+  request.set_k(want);
   if (min_score.has_value()) request.set_min_score(*min_score);
   request.set_aggregation(v1::AGGREGATION_MEAN);
   request.set_require_bytes(options_.require_bytes);
@@ -79,7 +80,7 @@ absl::StatusOr<std::vector<Candidate>> EvokedRecoverySource::Rank(const Recovery
       const Entry& entry = blocks_.at(h->second);
       if (entry.resident) continue;
       out.push_back(Candidate{h->second, block.score(), entry.n_tokens});
-      if (out.size() == k) break;
+      if (out.size() == want) break;
     }
   };
   collect(response);
@@ -91,6 +92,16 @@ absl::StatusOr<std::vector<Candidate>> EvokedRecoverySource::Rank(const Recovery
     request.set_k(kMaxK);
     EVOKE_ASSIGN_OR_RETURN(response, client_->Recover(request));
     collect(response);
+  }
+  if (out.size() > k) {
+    std::vector<BlockId> next;
+    for (size_t i = k; i < out.size(); ++i) next.push_back(blocks_.at(out[i].handle).id);
+    out.resize(k);
+    if (client_->Prefetch(next).ok()) {
+      prefetched_ += next.size();
+    } else {
+      ++prefetch_failures_;
+    }
   }
   return out;
 }

@@ -42,6 +42,11 @@ struct EvokedSourceOptions {
   // Skip breadcrumbs (blocks whose bytes evoked dropped): they cannot be
   // brought back. Default: true.
   bool require_bytes = true;
+  // Preloading (EVOKE's warm tier): after each Rank, the `prefetch` stored
+  // blocks ranked next after the k returned are sent to evoked's Prefetch
+  // without waiting, so that a later step that brings them finds them in
+  // tier 1 rather than on disk. 0: none (default).
+  uint32_t prefetch = 0;
 };
 
 class EvokedRecoverySource final : public RecoverySource {
@@ -63,13 +68,19 @@ class EvokedRecoverySource final : public RecoverySource {
 
   std::optional<BlockId> IdOf(BlockHandle handle) const;
   size_t registered() const { return blocks_.size(); }
+  // Blocks sent to Prefetch, and Prefetch calls that failed (decoding went
+  // on: a prefetch is only a hint).
+  uint64_t prefetched() const { return prefetched_; }
+  uint64_t prefetch_failures() const { return prefetch_failures_; }
 
   // Rank (see RecoverySource) sends a Recover: session scope, options'
   // kind and layer, aggregation MEAN, `k` (capped at evoked's 1024), the
   // resident registered blocks as exclude_ids. Returned blocks that are not
   // registered here (or are resident) are skipped; when that leaves fewer
   // than `k` of a full answer, it asks once more for 1024, so fewer than `k`
-  // come back only when evoked has no more (or past 1024 unregistered ones). With no registered block that is not resident, or k = 0,
+  // come back only when evoked has no more (or past 1024 unregistered ones).
+  // With options.prefetch, asks for k + prefetch and prefetches those past
+  // the first k. With no registered block that is not resident, or k = 0,
   // returns an empty list without asking evoked. Errors of the client come
   // back unchanged: UNAVAILABLE (daemon down), NOT_FOUND (evoked holds no
   // summary of this kind and layer for the session), INVALID_ARGUMENT (query
@@ -87,6 +98,8 @@ class EvokedRecoverySource final : public RecoverySource {
   EvokedSourceOptions options_;
   absl::flat_hash_map<BlockHandle, Entry> blocks_;
   absl::flat_hash_map<BlockId, BlockHandle> handles_;
+  uint64_t prefetched_ = 0;
+  uint64_t prefetch_failures_ = 0;
 };
 
 }  // namespace evoke::policy

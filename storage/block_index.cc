@@ -82,6 +82,7 @@ NamespaceUsage BlockIndex::Usage(absl::string_view ns) const {
 }
 
 void BlockIndex::SetState(IndexEntry* e, BlockState to) {
+  if (events_ != nullptr) NoteEvent(*e, e->state, to);
   if (e->indexed) Charge(*e, -1);
   const int from = static_cast<int>(e->state);
   --count_[from];
@@ -91,6 +92,53 @@ void BlockIndex::SetState(IndexEntry* e, BlockState to) {
   if (HasBytesTracked(to)) bytes_[static_cast<int>(to)] += e->payload_bytes;
   if (e->indexed) Charge(*e, +1);
   Relink(e);
+}
+
+namespace {
+
+BlockLocation LocationIn(BlockState s) {
+  switch (s) {
+    case BlockState::kDirty:
+    case BlockState::kClean:
+      return BlockLocation::kHost;
+    case BlockState::kSpilled:
+      return BlockLocation::kDisk;
+    default:
+      return BlockLocation::kBreadcrumb;
+  }
+}
+
+}  // namespace
+
+void BlockIndex::NoteEvent(const IndexEntry& e, BlockState from, BlockState to) {
+  using S = BlockState;
+  using K = BlockEventKind;
+  if (from == to || (from == S::kWriting && to == S::kRemoved)) return;  // A save undone.
+  K kind;
+  BlockLocation tier = LocationIn(to);
+  if (to == S::kRemoved) {
+    kind = K::kRemoved;
+    tier = LocationIn(from);
+  } else if (from == S::kWriting || from == S::kBreadcrumb) {
+    kind = K::kStored;
+  } else if (from == S::kDirty && to == S::kClean) {
+    kind = K::kSpilled;
+    tier = BlockLocation::kDisk;
+  } else if (from == S::kClean && to == S::kSpilled) {
+    kind = K::kDemoted;
+    tier = BlockLocation::kHost;
+  } else if (from == S::kSpilled && to == S::kClean) {
+    kind = K::kPromoted;
+  } else if (from == S::kClean && to == S::kDirty) {
+    kind = K::kEvicted;  // Its tier-2 copy went; tier 1 still holds it.
+    tier = BlockLocation::kDisk;
+  } else if (to == S::kBreadcrumb) {
+    kind = K::kEvicted;
+    tier = LocationIn(from);
+  } else {
+    return;
+  }
+  events_->Record(kind, e.id, e.meta, tier, LocationIn(to));
 }
 
 void BlockIndex::Relink(IndexEntry* e) {

@@ -19,6 +19,7 @@
 #include "common/fingerprint.h"
 #include "common/hash128.h"
 #include "evoke/v1/block.pb.h"
+#include "storage/block_events.h"
 #include "storage/host_tier.h"
 #include "storage/tier_types.h"
 
@@ -215,6 +216,9 @@ class BlockIndex {
   }
   // Reserved tier-1 bytes the spiller could free (extents in the ram LRU).
   uint64_t evictable_bytes() const { return evictable_bytes_; }
+  // set_events: from now on every change of a block's tiers is recorded in
+  // `events` (may be null: none). Set once the index is loaded.
+  void set_events(BlockEventLog* events) { events_ = events; }
   // Prefetched tier-1 copies that left tier 1 before any Load read them.
   uint64_t prefetch_unused() const { return prefetch_unused_; }
   uint64_t pinned_blocks() const { return pinned_blocks_; }
@@ -251,6 +255,8 @@ class BlockIndex {
   std::array<uint64_t, kBlockStates> bytes_{};
   uint64_t evictable_bytes_ = 0;
   uint64_t prefetch_unused_ = 0;
+  BlockEventLog* events_ = nullptr;
+  void NoteEvent(const IndexEntry& e, BlockState from, BlockState to);
   // Per namespace, over indexed (visible) entries; kept by IndexSecondary,
   // UnindexSecondary and SetState.
   absl::flat_hash_map<std::string, NamespaceUsage> usage_;

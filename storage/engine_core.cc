@@ -572,6 +572,7 @@ absl::Status EngineCore::Rebuild(
       },
       &skipped));
   index_.FinishLoading();
+  index_.set_events(options_.events);
   counters_.checksum_failures += skipped.size();
   if (!invalid_records_.empty()) {
     EVOKE_LOG_ERROR(invalid_records_.size(),

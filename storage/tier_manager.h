@@ -21,6 +21,7 @@
 #include "common/block_validation.h"
 #include "common/clock.h"
 #include "evoke/v1/block.pb.h"
+#include "storage/block_events.h"
 #include "storage/pinned_arena.h"
 #include "storage/remote/remote_tier.h"
 #include "storage/tier.h"
@@ -65,6 +66,10 @@ struct TierManagerOptions {
   // and leaves it (on delete); breadcrumbs stay. The daemon feeds its
   // RecoveryIndex from it. May be null. Must outlive the TierManager.
   BlockObserver* observer = nullptr;
+  // Where every change of a block's tiers is recorded once the index is
+  // loaded (stored, spilled, demoted, promoted, evicted, removed), for
+  // WatchBlocks. May be null. Must outlive the TierManager.
+  BlockEventLog* events = nullptr;
   // Called for every newly stored block with its verified tier-1 bytes; may
   // return a summary to store with it (the daemon computes MEAN_KEYS for
   // canonical blocks saved without one). Runs outside the index lock.

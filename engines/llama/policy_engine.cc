@@ -94,9 +94,16 @@ absl::StatusOr<uint64_t> LlamaBlockEngine::Bring(policy::BlockHandle handle, uin
   if (it == ids_.end()) {
     return absl::NotFoundError(absl::StrCat("block ", handle, " was never saved by this engine"));
   }
+  const absl::Time start = absl::Now();
   absl::StatusOr<SplicedBlock> spliced =
       adapter_->Splice(it->second, static_cast<llama_pos>(first_position));
+  stats_.bring_time += absl::Now() - start;
   if (!spliced.ok()) return spliced.status();
+  switch (spliced->served_from) {
+    case v1::TIER_PINNED_HOST: ++stats_.brought_tier1; break;
+    case v1::TIER_SPILL: ++stats_.brought_tier2; break;
+    default: ++stats_.brought_remote; break;
+  }
   ++changes_;
   if (spliced->positions.size() != n_tokens) {
     return absl::InternalError(absl::StrCat("block ", handle, " came back with ",
@@ -215,6 +222,7 @@ absl::StatusOr<std::unique_ptr<LlamaPolicySession>> LlamaPolicySession::Create(
     so.ns = ns;
     so.session_id = session_id;
     so.layer = o.summary_layer;
+    so.prefetch = o.prefetch;
     if (repr_keys) so.kind = v1::SUMMARY_REPR_KEYS;
     s->source_ = std::make_unique<policy::EvokedRecoverySource>(client, so);
   }

@@ -46,6 +46,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engines/llama/attention_capture.h"
 #include "engines/llama/kv_adapter.h"
 #include "policy/attention_stats.h"
@@ -61,6 +62,10 @@ struct EngineStats {
   uint64_t blocks_lost = 0;      // Removed unsaved while evoked was down.
   uint64_t brought = 0;          // Splices that succeeded.
   uint64_t repr_summaries = 0;   // Blocks saved with a REPR_KEYS summary.
+  // Where evoked served the brought blocks from, and the time the engine
+  // spent bringing them (the decode loop's stall for recovery).
+  uint64_t brought_tier1 = 0, brought_tier2 = 0, brought_remote = 0;
+  absl::Duration bring_time;
 };
 
 struct EngineOptions {
@@ -148,6 +153,10 @@ struct SessionOptions {
   // recovery point waits for the next block boundary (no pending tokens), so
   // that every block stays contiguous in positions. 0: block_tokens.
   uint32_t recovery_every_tokens = 0;
+  // Preloading: after each recovery ranking, prefetch into evoked's tier 1
+  // the next this many stored blocks of the ranking
+  // (EvokedSourceOptions::prefetch). 0: none.
+  uint32_t prefetch = 0;
   EngineOptions engine;
 };
 
@@ -194,6 +203,8 @@ class LlamaPolicySession {
   LlamaBlockEngine& engine() { return *engine_; }
   const policy::PolicyInfo& policy_info() const { return policy_->info(); }
   uint64_t max_cells_used() const { return max_cells_; }
+  // Blocks sent to evoked's Prefetch (SessionOptions::prefetch).
+  uint64_t prefetched() const { return source_ ? source_->prefetched() : 0; }
 
  private:
   LlamaPolicySession() = default;

@@ -149,6 +149,21 @@ struct RingCompletion {
 };
 
 // Client is thread-safe: one Client may serve every thread of an engine.
+// BlockWatch: one WatchBlocks stream (Client::WatchBlocks). Not
+// thread-safe, except Cancel, which may be called from any thread.
+class BlockWatch {
+ public:
+  virtual ~BlockWatch() = default;
+  // Next blocks until the next message and returns true, or returns false
+  // when the stream ended (then Finish says why).
+  virtual bool Next(v1::BlockEvents* events) = 0;
+  // Cancel ends the stream from the client's side (Next then returns false).
+  virtual void Cancel() = 0;
+  // Finish, after Next returned false: the stream's status (CANCELLED after
+  // Cancel, or when the daemon dropped a watcher that fell behind).
+  virtual absl::Status Finish() = 0;
+};
+
 class Client {
  public:
   // Connect opens a channel and waits until the daemon answers (or
@@ -319,6 +334,10 @@ class Client {
   absl::StatusOr<v1::PrefetchResponse> Prefetch(absl::Span<const BlockId> ids) {
     return Prefetch(ids, PrefetchOptions());
   }
+  // WatchBlocks opens a stream of block events (see WatchBlocks in
+  // kvtier.proto): the first message comes at once, with a resume token.
+  // No call deadline applies to it.
+  absl::StatusOr<std::unique_ptr<BlockWatch>> WatchBlocks(const v1::WatchBlocksRequest& request);
   absl::StatusOr<v1::BlockInfo> Describe(const BlockId& id);
   absl::StatusOr<v1::ListResponse> List(const v1::ListRequest& request);
   absl::StatusOr<v1::StatResponse> Stat();

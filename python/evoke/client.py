@@ -174,6 +174,10 @@ class Client:
             _SERVICE + "OpenLease",
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=pb.LeaseEvent.FromString)
+        self._watch_blocks = self._channel.unary_stream(
+            _SERVICE + "WatchBlocks",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.BlockEvents.FromString)
         self._lease_lock = threading.Lock()
         self._lease = None
         self._region = None   # The arena's region (kept across leases).
@@ -596,6 +600,14 @@ class Client:
         if fingerprint is not None:
             request.fingerprint.CopyFrom(fingerprint)
         return self._call("Prefetch", request)
+
+    def watch_blocks(self, namespace="", resume_token=b"", kinds=()):
+        """A stream of block events (an iterator of pb.BlockEvents; cancel()
+        ends it): the first message at once, with a resume_token to pass
+        back after a reconnect; then batches as blocks are stored, spilled,
+        demoted, promoted, evicted or removed."""
+        return self._watch_blocks(pb.WatchBlocksRequest(
+            namespace=namespace, resume_token=resume_token, kinds=list(kinds)))
 
     def verify(self, ids=()):
         return self._call("Verify", pb.VerifyRequest(ids=_ids_list(ids)))
