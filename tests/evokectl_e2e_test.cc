@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "absl/strings/escaping.h"
 #include "gmock/gmock.h"
 #include "tests/e2e_fixture.h"
 
@@ -256,6 +257,41 @@ TEST_F(EvokectlTest, LookupAndKeep) {
   r = Ctl({"keep", "test", "sess", "999999"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("seconds"));
+}
+
+TEST_F(EvokectlTest, PrefetchAndWatch) {
+  ASSERT_EQ(Ctl({"flush", "--evict"}).exit_code, 0);
+  CommandResult r = Ctl({"prefetch", blocks_[0].id().ToHex(), blocks_[1].id().ToHex(),
+                         SessionBlock("absent", 0, 64).id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("2 promoted"));
+  EXPECT_THAT(r.out, HasSubstr("1 missing"));
+  r = Ctl({"prefetch", "--json", blocks_[0].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"in_tier1\":1"));
+
+  // A token from now; then a block's save and removal, which `watch`
+  // prints from that token on.
+  absl::StatusOr<std::unique_ptr<BlockWatch>> w = client_->WatchBlocks(v1::WatchBlocksRequest());
+  ASSERT_OK(w.status());
+  v1::BlockEvents first;
+  ASSERT_TRUE((*w)->Next(&first));
+  const TestBlock b = SessionBlock("watched", 0, 64);
+  ASSERT_OK(SaveBlocks(*client_, {b}));
+  ASSERT_OK(client_->Delete({b.id()}));
+  const std::string token = absl::BytesToHexString(first.resume_token());
+  r = Ctl({"watch", "--resume", token, "--count", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("stored " + b.id().ToHex()));
+  EXPECT_THAT(r.out, HasSubstr("removed " + b.id().ToHex()));
+  EXPECT_THAT(r.err, HasSubstr("resume: "));
+  r = Ctl({"watch", "--json", "--kind", "removed", "--resume", token, "--count", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("BLOCK_EVENT_REMOVED"));
+  EXPECT_THAT(r.out, Not(HasSubstr("BLOCK_EVENT_STORED")));
+  r = Ctl({"watch", "--resume", "xyz"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--resume"));
 }
 
 // The metadata lost while the daemon was down (every MANIFEST garbled) and

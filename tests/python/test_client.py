@@ -299,6 +299,22 @@ class ClientTest(unittest.TestCase):
             self.client.prefetch([ids[0], ids[0]])
         self.assertIn("ids[1]", e.exception.message)
 
+    def test_watch_blocks_streams_a_blocks_life(self):
+        stream = self.client.watch_blocks(namespace="py")
+        first = next(stream)
+        self.assertEqual(len(first.resume_token), 16)
+        blk = random_block(self.client, self.rng)
+        m = evoke.session_meta(FP, "watched", 0, 32)
+        self.client.save(m, blk)
+        self.client.delete([m.id])
+        kinds = []
+        for batch in stream:
+            kinds += [e.kind for e in batch.events if e.id == m.id]
+            if len(kinds) >= 2:
+                break
+        stream.cancel()
+        self.assertEqual(kinds, [pb.BLOCK_EVENT_STORED, pb.BLOCK_EVENT_REMOVED])
+
     def test_errors_carry_code_and_message(self):
         out = self.client.block_array(FP, 32)
         with self.assertRaises(evoke.NotFound) as e:

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <iostream>
@@ -21,6 +22,7 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -69,6 +71,58 @@ T Check(absl::StatusOr<T> v) {
 }
 void Check(const absl::Status& s) {
   if (!s.ok()) throw CommandError{s};
+}
+
+// WatchEvents prints block events, one line each (JSON lines with --json),
+// until `count` of them or the stream ends; at exit, the resume token on
+// stderr ("resume: HEX").
+void WatchEvents(Client& client, const std::string& ns, const std::vector<std::string>& kinds,
+                 const std::string& resume_hex, uint64_t count, bool json) {
+  v1::WatchBlocksRequest request;
+  request.set_namespace_(ns);
+  for (const std::string& k : kinds) {
+    v1::BlockEventKind kind = v1::BLOCK_EVENT_KIND_UNSPECIFIED;
+    v1::BlockEventKind_Parse(absl::StrCat("BLOCK_EVENT_", absl::AsciiStrToUpper(k)), &kind);
+    request.add_kinds(kind);
+  }
+  if (!resume_hex.empty()) {
+    const bool hex = resume_hex.size() % 2 == 0 &&
+                     std::all_of(resume_hex.begin(), resume_hex.end(),
+                                 [](char c) { return absl::ascii_isxdigit(c); });
+    if (!hex) throw UsageError{absl::StrCat("--resume '", resume_hex, "': not hex")};
+    request.set_resume_token(absl::HexStringToBytes(resume_hex));
+  }
+  std::unique_ptr<BlockWatch> w = Check(client.WatchBlocks(request));
+  v1::BlockEvents batch;
+  std::string token;
+  uint64_t seen = 0;
+  bool ended = false;
+  while (count == 0 || seen < count) {
+    if (!w->Next(&batch)) {
+      ended = true;
+      break;
+    }
+    token = batch.resume_token();
+    if (batch.lost_unknown()) std::cerr << "lost: an unknown number of events (a new run)\n";
+    if (batch.lost_events() > 0) std::cerr << "lost: " << batch.lost_events() << " events\n";
+    for (const v1::BlockEvent& e : batch.events()) {
+      if (json) {
+        PrintJson(e);
+      } else {
+        std::string kind = v1::BlockEventKind_Name(e.kind()).substr(12);  // "BLOCK_EVENT_"
+        std::cout << e.seq() << " " << absl::AsciiStrToLower(kind) << " "
+                  << absl::BytesToHexString(e.id()) << " " << e.namespace_() << " "
+                  << TierName(e.tier()) << " -> " << TierName(e.location()) << "\n";
+      }
+      std::cout.flush();
+      // Resume right after the last event printed (the batch may go on).
+      uint64_t next = e.seq() + 1;
+      token.replace(8, 8, reinterpret_cast<const char*>(&next), 8);
+      if (++seen == count) break;
+    }
+  }
+  if (ended) Check(w->Finish());
+  std::cerr << "resume: " << absl::BytesToHexString(token) << "\n";
 }
 
 BlockId ParseId(const std::string& hex) {
@@ -351,6 +405,21 @@ int Run(int argc, char** argv) {
   keep->add_option("NAMESPACE", keep_ns)->required();
   keep->add_option("SESSION", keep_session)->required();
   keep->add_option("SECONDS", keep_seconds)->required()->check(CLI::NonNegativeNumber);
+  CLI::App* prefetch = app.add_subcommand(
+      "prefetch", "Bring blocks into tier 1 ahead of their loads (waits for it)");
+  std::vector<std::string> prefetch_ids;
+  prefetch->add_option("ID", prefetch_ids, "Block ids, the likeliest first")->required();
+  CLI::App* watch = app.add_subcommand(
+      "watch", "Stream block events (stored, spilled, demoted, promoted, evicted, removed)");
+  std::string watch_ns, watch_resume;
+  std::vector<std::string> watch_kinds;
+  uint64_t watch_count = 0;
+  watch->add_option("--namespace", watch_ns, "Only this namespace");
+  watch->add_option("--kind", watch_kinds, "Only these kinds (repeatable)")
+      ->check(CLI::IsMember({"stored", "spilled", "demoted", "promoted", "evicted", "removed"}));
+  watch->add_option("--resume", watch_resume,
+                    "Continue after this token (hex, as printed at exit)");
+  watch->add_option("--count", watch_count, "Exit after this many events (0 = never)");
   CLI::App* verify = app.add_subcommand(
       "verify", "Re-read blocks from every tier and check their checksums");
   std::vector<std::string> verify_ids;
@@ -544,6 +613,21 @@ int Run(int argc, char** argv) {
         std::cout << "session " << keep_session << " kept for " << keep_seconds << " s (" << n
                   << " blocks now)\n";
       }
+    } else if (*prefetch) {
+      std::vector<BlockId> ids;
+      for (const std::string& h : prefetch_ids) ids.push_back(ParseId(h));
+      Client::PrefetchOptions options;
+      options.wait = true;
+      const v1::PrefetchResponse r = Check(client->Prefetch(ids, options));
+      if (json) {
+        PrintJson(r);
+      } else {
+        std::cout << r.promoted() << " promoted, " << r.fetched() << " fetched, " << r.in_tier1()
+                  << " in tier 1 already, " << r.missing() << " missing, " << r.no_room()
+                  << " without room, " << r.failed() << " failed\n";
+      }
+    } else if (*watch) {
+      WatchEvents(*client, watch_ns, watch_kinds, watch_resume, watch_count, json);
     } else if (*verify) {
       // A progress bar needs batches. Records that failed validation at
       // start are found only by a whole-store Verify, which is then used.
