@@ -156,6 +156,18 @@ absl::StatusOr<uint32_t> Client::KeepSession(absl::string_view ns, absl::string_
   return response.n_blocks();
 }
 
+absl::Status Client::SetRetention(absl::Span<const BlockId> ids, v1::RetentionClass retention,
+                                  uint32_t ttl_seconds) {
+  v1::SetRetentionRequest request;
+  for (const BlockId& id : ids) request.add_ids(id.ToBytes());
+  request.set_retention(retention);
+  request.set_ttl_seconds(ttl_seconds);
+  grpc::ClientContext context;
+  impl_->Prepare(&context);
+  v1::SetRetentionResponse response;
+  return FromGrpc(impl_->stub->SetRetention(&context, request, &response));
+}
+
 absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(absl::Span<const BlockId> ids,
                                                       const PrefetchOptions& options) {
   v1::PrefetchRequest request;

@@ -151,6 +151,57 @@ grpc::ServerUnaryReactor* KvTierService::Release(grpc::CallbackServerContext* co
   });
 }
 
+// PERMISSION_DENIED when the policy caps namespace `ns`'s retention class
+// below `wanted` (v1::RetentionClass); `field` names what asked for it.
+absl::Status KvTierService::CheckRetentionCap(absl::string_view field, absl::string_view ns,
+                                              int wanted) const {
+  const v1::NamespacePolicy* p =
+      options_.policy != nullptr ? options_.policy->Namespace(ns) : nullptr;
+  if (p == nullptr || p->max_retention() == 0 ||
+      wanted <= static_cast<int>(p->max_retention())) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ": namespace ", ns, " allows retention classes up to ",
+      v1::RetentionClass_Name(static_cast<v1::RetentionClass>(p->max_retention())),
+      " (its policy's max_retention)"));
+}
+
+grpc::ServerUnaryReactor* KvTierService::SetRetention(grpc::CallbackServerContext* context,
+                                                      const v1::SetRetentionRequest* request,
+                                                      v1::SetRetentionResponse*) {
+  EVOKE_CALLER_OR_FINISH(caller, context);
+  return FinishInline(context, [&]() -> absl::Status {
+    EVOKE_ASSIGN_OR_RETURN(std::vector<BlockId> ids,
+                           ParseIds(request->ids(), "ids", 1, options_.limits.max_ids, true));
+    const v1::RetentionClass c = request->retention();
+    if (c != v1::RETENTION_LOW && c != v1::RETENTION_NORMAL && c != v1::RETENTION_HIGH) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("retention: ", static_cast<int>(c), " is not LOW, NORMAL or HIGH"));
+    }
+    if (request->ttl_seconds() > options_.limits.max_keep_seconds) {
+      return absl::InvalidArgumentError(absl::StrCat("ttl_seconds: ", request->ttl_seconds(),
+                                                     " is past the limit of ",
+                                                     options_.limits.max_keep_seconds));
+    }
+    // The policy's cap, for the blocks the caller may see (the others are
+    // NOT_FOUND below, as absent ones).
+    absl::Status capped;
+    tiers_->VisitMetas(ids, [&](size_t i, const v1::BlockMeta& meta) {
+      if (!capped.ok() || !caller->SeesBlock(meta.fingerprint())) return;
+      capped = CheckRetentionCap(absl::StrCat("ids[", i, "]"), meta.fingerprint().namespace_(),
+                                 c);
+    });
+    EVOKE_RETURN_IF_ERROR(capped);
+    const RetentionClass cls = c == v1::RETENTION_LOW    ? RetentionClass::kLow
+                               : c == v1::RETENTION_HIGH ? RetentionClass::kHigh
+                                                         : RetentionClass::kNormal;
+    return WithFieldPath(tiers_->SetRetention(ids, cls, absl::Seconds(request->ttl_seconds()),
+                                              caller.get()),
+                         ItemsField::kIds);
+  });
+}
+
 grpc::ServerUnaryReactor* KvTierService::KeepSession(grpc::CallbackServerContext* context,
                                                      const v1::KeepSessionRequest* request,
                                                      v1::KeepSessionResponse* response) {
@@ -160,6 +211,11 @@ grpc::ServerUnaryReactor* KvTierService::KeepSession(grpc::CallbackServerContext
       return absl::InvalidArgumentError("namespace: is required");
     }
     EVOKE_RETURN_IF_ERROR(NeedsNamespace(*caller, "namespace", request->namespace_()));
+    if (request->seconds() > 0) {
+      // A keep is class high.
+      EVOKE_RETURN_IF_ERROR(
+          CheckRetentionCap("namespace", request->namespace_(), v1::RETENTION_HIGH));
+    }
     if (request->session_id().empty()) {
       return absl::InvalidArgumentError("session_id: is required");
     }

@@ -650,6 +650,10 @@ void KvTierService::AdminStat(v1::StatResponse* response) const {
   response->set_version(options_.version);
   response->set_data_dir(options_.data_dir);
   response->set_pid(static_cast<uint32_t>(getpid()));
+  if (options_.watch != nullptr) {
+    response->set_watchers(static_cast<uint32_t>(options_.watch->watchers()));
+    response->set_watchers_dropped(options_.watch->dropped());
+  }
   const uint64_t lease_pins = response->leases().lease_pins();
   *response->mutable_leases() = leases_->Stats();
   const RingSet::Counters rings = rings_->counters();

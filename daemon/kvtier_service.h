@@ -135,6 +135,9 @@ class KvTierService final : public v1::KvTier::CallbackService {
   grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* context,
                                      const v1::PrefetchRequest* request,
                                      v1::PrefetchResponse* response) override;
+  grpc::ServerUnaryReactor* SetRetention(grpc::CallbackServerContext* context,
+                                         const v1::SetRetentionRequest* request,
+                                         v1::SetRetentionResponse* response) override;
   grpc::ServerUnaryReactor* KeepSession(grpc::CallbackServerContext* context,
                                         const v1::KeepSessionRequest* request,
                                         v1::KeepSessionResponse* response) override;
@@ -187,6 +190,7 @@ class KvTierService final : public v1::KvTier::CallbackService {
   // The caller's turn on the executor (its uid) and its cap on calls.
   CallLane LaneOf(const Caller& caller) const;
   void Forget(LeaseReactor* reactor);
+  absl::Status CheckRetentionCap(absl::string_view field, absl::string_view ns, int wanted) const;
   absl::StatusOr<std::shared_ptr<const Caller>> Identify(
       const grpc::CallbackServerContext& context) const;
   // Payload bytes a Load may return inline: room is left for metadata in

@@ -94,6 +94,14 @@ void AddTiers(const v1::StatResponse& s, Families* f) {
            static_cast<double>(s.pinned_blocks()));
   f->Gauge("evoke_kept_sessions", "Sessions under a KeepSession.",
            static_cast<double>(s.kept_sessions()));
+  f->Gauge("evoke_watchers", "WatchBlocks streams open.", static_cast<double>(s.watchers()));
+  f->Gauge("evoke_retained_blocks", "Blocks whose retention class is in force, by class.",
+           static_cast<double>(s.low_blocks()), {{"class", "low"}});
+  f->Gauge("evoke_retained_blocks", "Blocks whose retention class is in force, by class.",
+           static_cast<double>(s.high_blocks()), {{"class", "high"}});
+  f->Counter("evoke_watchers_dropped_total",
+             "WatchBlocks streams dropped for falling behind the event backlog.",
+             static_cast<double>(s.watchers_dropped()));
   f->Gauge("evoke_tier1_largest_free_bytes", "Largest contiguous free extent in tier 1.",
            static_cast<double>(s.pinned_largest_free_bytes()));
   f->Gauge("evoke_tier1_memory_locked", "1 when tier 1 is locked in RAM (mlock).",

@@ -92,6 +92,8 @@ void ToProto(const TierStats& in, v1::StatResponse* out) {
   o->set_prefetch_hits(c.prefetch_hits);
   o->set_prefetch_unused(c.prefetch_unused);
   out->set_kept_sessions(in.kept_sessions);
+  out->set_low_blocks(in.low_blocks);
+  out->set_high_blocks(in.high_blocks);
   out->set_pinned_memory_locked(in.host_locked);
   out->set_pinned_memory_lock_error(in.host_lock_error);
   out->set_pinned_prefaulted_bytes(in.host_prefaulted_bytes);

@@ -243,6 +243,24 @@ int main(int argc, char** argv) {
   std::vector<std::thread> pool;
   for (int j = 0; j < jobs; ++j) pool.emplace_back(worker, j);
   for (std::thread& t : pool) t.join();
+  // evoked's own view of the run (its tiers' hits, and what preloading's
+  // prefetches came to), when it answers.
+  std::string evoked_counters = "null";
+  {
+    evoke::ClientOptions co;
+    co.target = evoked_socket;
+    co.connect_timeout = absl::Seconds(5);
+    if (auto c = evoke::Client::Connect(co); c.ok()) {
+      if (absl::StatusOr<evoke::v1::StatResponse> s = (*c)->Stat(); s.ok()) {
+        const evoke::v1::Counters& k = s->counters();
+        evoked_counters = absl::StrFormat(
+            "{\"hits_tier1\":%u,\"hits_tier2\":%u,\"prefetched\":%u,\"prefetch_hits\":%u,"
+            "\"prefetch_unused\":%u}",
+            k.hits_tier1(), k.hits_tier2(), k.prefetched(), k.prefetch_hits(),
+            k.prefetch_unused());
+      }
+    }
+  }
 
   const std::string note = absl::StrFormat(
       "%s; context %u tokens, blocks of %u, recovery layer %d, evaluation seeds %u-%u",
@@ -259,8 +277,9 @@ int main(int argc, char** argv) {
     }
     const std::string header = absl::StrFormat(
         "\"command\":\"%s\",\"model\":\"%s\",\"context\":%u,\"block\":%u,\"summary_layer\":%d,"
-        "\"seeds\":[%u,%u]",
-        escaped, model_path, context, block, summary_layer, first_seed, last_seed);
+        "\"seeds\":[%u,%u],\"evoked_counters\":%s",
+        escaped, model_path, context, block, summary_layer, first_seed, last_seed,
+        evoked_counters);
     std::ofstream f(json_path + ".tmp");
     f << evoke::eval::CellsToJson(cells, header);
     f.close();

@@ -364,6 +364,7 @@ void BlockIndex::Remove(IndexEntry* e) {
     if (owned->second.empty()) owner_pins_.erase(owned);
   }
   e->pin_owners.clear();
+  SetRetention(e, RetentionClass::kNormal, 0);
   SetState(e, BlockState::kRemoved);
   auto node = entries_.extract(e->id);
   if (e->readers > 0) {
@@ -454,6 +455,28 @@ BlockInfo BlockIndex::Info(const IndexEntry& e) {
   info.pin_count = e.pins;
   info.last_access_unix_ms = e.last_access_ms;
   return info;
+}
+
+void BlockIndex::SetRetention(IndexEntry* e, RetentionClass c, int64_t until_ms) {
+  if (e->retention != RetentionClass::kNormal) {
+    retained_[e->retention == RetentionClass::kLow ? 0 : 1].erase({e->retention_until_ms, e});
+  }
+  e->retention = c;
+  e->retention_until_ms = c == RetentionClass::kNormal ? 0 : until_ms;
+  if (c != RetentionClass::kNormal) {
+    retained_[c == RetentionClass::kLow ? 0 : 1].insert({e->retention_until_ms, e});
+  }
+}
+
+void BlockIndex::ForgetEndedRetention(int64_t now_ms) {
+  for (auto& set : retained_) {
+    while (!set.empty() && set.begin()->first <= now_ms) {
+      IndexEntry* e = set.begin()->second;
+      set.erase(set.begin());
+      e->retention = RetentionClass::kNormal;
+      e->retention_until_ms = 0;
+    }
+  }
 }
 
 void BlockIndex::ForgetEndedKeeps(int64_t now_ms) {

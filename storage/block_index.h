@@ -73,6 +73,10 @@ struct IndexEntry {
   // Until when its session is kept (KeepSession): evicted from either tier
   // only when nothing else can go. 0: not kept.
   int64_t keep_until_ms = 0;
+  // Its own retention class (SetRetention) and until when (INT64_MAX: no
+  // end); kNormal: none.
+  RetentionClass retention = RetentionClass::kNormal;
+  int64_t retention_until_ms = 0;
   // Its tier-1 copy came from a Prefetch and no Load has read it yet.
   bool prefetched = false;
   // A Prefetch asked for it and no Load has read it since: until then the
@@ -84,7 +88,17 @@ struct IndexEntry {
     return state == BlockState::kClean || state == BlockState::kSpilled;
   }
   bool bytes_available() const { return in_ram() || on_disk(); }
-  bool kept(int64_t now_ms) const { return keep_until_ms > now_ms; }
+  // Kept: its session is kept, or its own class is kHigh, now.
+  bool kept(int64_t now_ms) const {
+    return keep_until_ms > now_ms ||
+           (retention == RetentionClass::kHigh && retention_until_ms > now_ms);
+  }
+  // Low: its own class is kLow now (evicted before any other).
+  // (A kept session's blocks are kept whatever their own class.)
+  bool low(int64_t now_ms) const {
+    return retention == RetentionClass::kLow && retention_until_ms > now_ms &&
+           keep_until_ms <= now_ms;
+  }
   // Kept, or prefetched and not read yet: tier 1's spiller takes it last.
   bool held_warm(int64_t now_ms) const { return kept(now_ms) || prefetch_until_ms > now_ms; }
   // Readable tier-1 bytes: held and not quarantined.
@@ -183,6 +197,15 @@ class BlockIndex {
   bool IsKept(absl::string_view ns, absl::string_view session, int64_t now_ms) const;
   void ForgetEndedKeeps(int64_t now_ms);
 
+  // SetRetention gives `e` class `c` until `until_ms` (kNormal: none).
+  void SetRetention(IndexEntry* e, RetentionClass c, int64_t until_ms);
+  // ForgetEndedRetention drops the classes whose time is over; then
+  // retained(c) counts the blocks of class c in force.
+  void ForgetEndedRetention(int64_t now_ms);
+  size_t retained(RetentionClass c) const {
+    return retained_[c == RetentionClass::kLow ? 0 : 1].size();
+  }
+
   // --- walks ---
   // Coldest unpinned tier-1 entries, coldest first (the spiller).
   const std::list<IndexEntry*>& ram_lru() const { return ram_lru_; }
@@ -245,6 +268,8 @@ class BlockIndex {
   absl::flat_hash_map<std::string, absl::btree_set<BlockId>> by_session_;
   // Kept sessions (SessionKey) and until when.
   absl::flat_hash_map<std::string, int64_t> session_keeps_;
+  // Blocks of class kLow [0] and kHigh [1], by the end of their class.
+  absl::btree_set<std::pair<int64_t, IndexEntry*>> retained_[2];
   // session id -> namespaces that have it (List by session alone).
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, uint64_t>>
       session_namespaces_;

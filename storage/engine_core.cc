@@ -284,13 +284,19 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
       static_cast<uint64_t>(options_.kept_tier1_fraction * static_cast<double>(capacity));
   uint64_t protected_bytes = 0;
   absl::flat_hash_set<const IndexEntry*> passed_over;  // By the first walk, for their keep.
-  // Returns false when the batch filled up before the walk's end.
-  auto walk = [&](bool take_kept) {
+  // Returns false when the batch filled up before the walk's end. With
+  // `low_only`, takes only blocks of class kLow (a first walk, when any
+  // block has that class).
+  auto walk = [&](bool take_kept, bool low_only = false) {
     const std::list<IndexEntry*>& lru = index_.ram_lru();
     auto it = lru.end();
     while (it != lru.begin() && !done()) {
       auto cur = std::prev(it);
       IndexEntry* e = *cur;
+      if (low_only && (e->readers > 0 || !e->low(now_ms))) {
+        it = cur;
+        continue;
+      }
       // Kept sessions and blocks prefetched but not read yet are protected
       // alike; only keeps count as overrides (an unread prefetch that goes
       // is counted as prefetch_unused).
@@ -329,9 +335,14 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
     }
     return true;
   };
-  // Kept blocks only once everything else was taken and it is not enough
-  // (not when the first walk only filled its batch, or passed over blocks
-  // in use: those go next).
+  // Blocks of class kLow first; kept blocks only once everything else was
+  // taken and it is not enough (not when the first walk only filled its
+  // batch, or passed over blocks in use: those go next).
+  index_.ForgetEndedRetention(now_ms);
+  if (index_.retained(RetentionClass::kLow) > 0 &&
+      !walk(/*take_kept=*/false, /*low_only=*/true)) {
+    return freed;  // The batch is full.
+  }
   if (walk(/*take_kept=*/false) && !passed_over.empty() && !skipped_busy &&
       !enough_once_written()) {
     walk(/*take_kept=*/true);
@@ -416,6 +427,19 @@ bool EngineCore::PickBudgetVictims(DiskVictims* out) {
   // passes over them) could not free enough. A namespace's own quota is
   // not bent for its keeps.
   const int64_t now_ms = NowMs();
+  // Payloads of class kLow go first of all.
+  index_.ForgetEndedRetention(now_ms);
+  if (index_.retained(RetentionClass::kLow) > 0) {
+    for (auto it = lru.rbegin(); it != lru.rend() && freed < excess &&
+                                 out->entries.size() < 4096 && visits++ < (1u << 20);
+         ++it) {
+      IndexEntry* e = *it;
+      if (!e->low(now_ms)) continue;
+      if (only_ns && e->meta.fingerprint().namespace_() != *only_ns) continue;
+      out->entries.push_back(e);
+      freed += e->payload_bytes;
+    }
+  }
   for (int pass = 0; pass < 2 && freed < excess; ++pass) {
     const bool take_kept = pass == 1 || only_ns.has_value();
     bool skipped_kept = false;
@@ -430,6 +454,7 @@ bool EngineCore::PickBudgetVictims(DiskVictims* out) {
         continue;
       }
       if (pass == 1 && !kept) continue;  // Taken, or passed over for good reason, in pass 0.
+      if (e->low(now_ms)) continue;      // Taken first.
       counters_.keep_overrides += kept && !only_ns;
       out->entries.push_back(e);
       freed += e->payload_bytes;
@@ -522,6 +547,9 @@ TierStats EngineCore::Stats() {
   out.pins = index_.pin_count();
   index_.ForgetEndedKeeps(NowMs());  // So that the count is of keeps in force.
   out.kept_sessions = index_.kept_sessions();
+  index_.ForgetEndedRetention(NowMs());
+  out.low_blocks = index_.retained(RetentionClass::kLow);
+  out.high_blocks = index_.retained(RetentionClass::kHigh);
   out.counters = counters_;
   out.counters.prefetch_unused = index_.prefetch_unused();
   out.host_locked = arena.locked;

@@ -189,6 +189,10 @@ class EngineCore {
     e->prefetch_until_ms = now_ms + absl::ToInt64Milliseconds(options_.prefetch_hold);
     e->prefetched |= brought;
   }
+  void SetRetention(IndexEntry* e, RetentionClass c, int64_t until_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.SetRetention(e, c, until_ms);
+  }
   // CountPrefetched counts blocks a Prefetch fetched from tier 3.
   void CountPrefetched(uint64_t n) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);

@@ -1,7 +1,8 @@
-// KeepSession: a session kept for N seconds (an agent's tool call) rides out
-// the pressure that evicts everything around it from both tiers, then
-// competes as any other; keeps protect at most a share of tier 1, and when
-// nothing else can go, kept blocks go too.
+// KeepSession and retention classes. A session kept for N seconds (an
+// agent's tool call) rides out the pressure that evicts everything around
+// it from both tiers, then competes as any other; keeps protect at most a
+// share of tier 1, and when nothing else can go, kept blocks go too. Blocks
+// of class low go first, of class high last, each until its ttl.
 #include <string>
 #include <vector>
 
@@ -151,6 +152,55 @@ TEST_F(TierKeepTest, KeepsAreCappedRenewableAndEndable) {
   clock_.Advance(absl::Seconds(31));
   ASSERT_OK(tm_->KeepSession("other-ns", "a", absl::Seconds(30)).status());
   EXPECT_EQ(tm_->Stats().kept_sessions, 2u);  // ns/a (60 s) and other-ns/a.
+}
+
+// Retention classes (SetRetention): kLow blocks go before older ones, kHigh
+// blocks after everything else, each until its ttl.
+class TierRetentionTest : public TierKeepTest {};
+
+TEST_F(TierRetentionTest, LowGoesFirstHighLastThenTheyCompete) {
+  Open();
+  std::vector<v1::BlockMeta> metas;
+  std::vector<BlockId> ids;
+  ASSERT_OK(SaveBlocks(*tm_, "s", 12, 0, false, &metas, &ids));
+  // The oldest two kept high for 5 s; the newest two low until changed.
+  ASSERT_OK(tm_->SetRetention({ids[0], ids[1]}, RetentionClass::kHigh, absl::Seconds(5)));
+  ASSERT_OK(tm_->SetRetention({ids[10], ids[11]}, RetentionClass::kLow, absl::ZeroDuration()));
+  TierStats st = tm_->Stats();
+  EXPECT_EQ(st.high_blocks, 2u);
+  EXPECT_EQ(st.low_blocks, 2u);
+  SaveOthers(6);
+  EXPECT_EQ(Where(ids[10]), BlockLocation::kDisk);
+  EXPECT_EQ(Where(ids[11]), BlockLocation::kDisk);
+  EXPECT_EQ(Where(ids[0]), BlockLocation::kHost);
+  EXPECT_EQ(Where(ids[1]), BlockLocation::kHost);
+  EXPECT_EQ(Where(ids[2]), BlockLocation::kDisk);  // Then the least recently used.
+  EXPECT_EQ(Where(ids[9]), BlockLocation::kHost);
+  EXPECT_EQ(tm_->Stats().counters.keep_overrides, 0u);
+  // The high class ends with its ttl: the two compete again, oldest first.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(tm_->Stats().high_blocks, 0u);
+  SaveOthers(4);
+  EXPECT_EQ(Where(ids[0]), BlockLocation::kDisk);
+  EXPECT_EQ(Where(ids[1]), BlockLocation::kDisk);
+  // kNormal ends the low class.
+  ASSERT_OK(tm_->SetRetention({ids[10]}, RetentionClass::kNormal, absl::ZeroDuration()));
+  EXPECT_EQ(tm_->Stats().low_blocks, 1u);
+  // Deleted: no class left behind.
+  ASSERT_OK(tm_->Delete({&ids[11], 1}));
+  EXPECT_EQ(tm_->Stats().low_blocks, 0u);
+}
+
+TEST_F(TierRetentionTest, AnUnknownIdChangesNothing) {
+  Open();
+  std::vector<v1::BlockMeta> metas;
+  std::vector<BlockId> ids;
+  ASSERT_OK(SaveBlocks(*tm_, "s", 1, 0, false, &metas, &ids));
+  const BlockId absent = evoke::testing::IdOf(evoke::testing::SessionMeta(
+      evoke::testing::OpaqueFingerprint(), "absent", 0, 16, 0, 1, 0));
+  EXPECT_THAT(tm_->SetRetention({ids[0], absent}, RetentionClass::kHigh, absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found")));
+  EXPECT_EQ(tm_->Stats().high_blocks, 0u);
 }
 
 }  // namespace

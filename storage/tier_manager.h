@@ -378,6 +378,17 @@ class TierManager {
                                                   absl::Time deadline,
                                                   const NamespaceScope* scope = nullptr) = 0;
 
+  // SetRetention gives `ids` (unique) retention class `c` for `ttl` (zero or
+  // less: until changed; kNormal ends a class): the spiller and the spill
+  // budget take kLow blocks before any other, and kHigh blocks last, as
+  // kept sessions' (within kept_tier1_fraction of tier 1; counted in
+  // keep_overrides when taken). Eviction order is class, then recency. A
+  // class ends with its ttl, with another SetRetention, or with the block.
+  // All-or-nothing. Errors: NOT_FOUND (naming the item), UNAVAILABLE.
+  virtual absl::Status SetRetention(absl::Span<const BlockId> ids, RetentionClass c,
+                                    absl::Duration ttl,
+                                    const NamespaceScope* scope = nullptr) = 0;
+
   // Describe returns one block's metadata and state. Errors: NOT_FOUND.
   virtual absl::StatusOr<BlockInfo> Describe(const BlockId& id,
                                              const NamespaceScope* scope = nullptr) = 0;

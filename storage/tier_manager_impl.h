@@ -83,6 +83,8 @@ class TierManagerImpl final : public TierManager {
                                           const v1::LayoutFingerprint* fingerprint,
                                           absl::Time deadline,
                                           const NamespaceScope* scope) override;
+  absl::Status SetRetention(absl::Span<const BlockId> ids, RetentionClass c, absl::Duration ttl,
+                            const NamespaceScope* scope) override;
   absl::StatusOr<BlockInfo> Describe(const BlockId& id, const NamespaceScope* scope) override;
   std::vector<BlockInfo> List(const ListFilter& filter, const BlockId* after, size_t limit,
                               bool* more) override;

@@ -1,13 +1,16 @@
-// TierManagerImpl::Prefetch: brings blocks into tier 1 ahead of their Loads,
-// from tier 2 (read and verified into tier 1, a few reads in flight) and
-// from tier 3 (fetched as a Load would). Best effort: it reports what it did
-// with each block and never fails a block it could not bring.
+// Where blocks should be: TierManagerImpl::Prefetch brings blocks into tier
+// 1 ahead of their Loads, from tier 2 (read and verified into tier 1, a few
+// reads in flight) and from tier 3 (fetched as a Load would); best effort,
+// it reports what it did with each block and never fails a block it could
+// not bring. SetRetention sets the class that orders their eviction.
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "storage/tier_manager_impl.h"
 
@@ -179,6 +182,26 @@ void TierManagerImpl::PrefetchRemote(absl::Span<const BlockId> ids,
   result->missing += static_cast<uint32_t>(absent.size()) - std::min<uint32_t>(
                          static_cast<uint32_t>(absent.size()), n + set_aside);
   core_.CountPrefetched(n);
+}
+
+absl::Status TierManagerImpl::SetRetention(absl::Span<const BlockId> ids, RetentionClass c,
+                                           absl::Duration ttl, const NamespaceScope* scope) {
+  EVOKE_RETURN_IF_ERROR(CheckOpen());
+  {
+    absl::MutexLock lock(core_.mu());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (FindFor(ids[i], scope) == nullptr) {
+        return ItemError(absl::StatusCode::kNotFound, i, ItemPart::kId,
+                         absl::StrCat(BlockName(ids[i]), " not found"));
+      }
+    }
+    const int64_t until_ms = ttl > absl::ZeroDuration()
+                                 ? core_.NowMs() + absl::ToInt64Milliseconds(ttl)
+                                 : std::numeric_limits<int64_t>::max();
+    for (const BlockId& id : ids) core_.SetRetention(core_.FindVisible(id), c, until_ms);
+  }
+  spiller_.Wake();  // A block now kLow may be what the spiller waits for.
+  return absl::OkStatus();
 }
 
 }  // namespace evoke

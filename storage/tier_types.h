@@ -169,6 +169,11 @@ struct StorageCounters {
   uint64_t prefetched = 0, prefetch_hits = 0, prefetch_unused = 0;
 };
 
+// A block's retention class (SetRetention): the spiller and the spill
+// budget take kLow blocks first and kHigh blocks last (as kept sessions',
+// within kept_tier1_fraction of tier 1), each until its class ends.
+enum class RetentionClass : uint8_t { kLow = 0, kNormal = 1, kHigh = 2 };
+
 // What one Prefetch did with the blocks it was given.
 struct PrefetchResult {
   uint32_t in_tier1 = 0;  // There already (now the most recently used).
@@ -222,6 +227,8 @@ struct TierStats {
   uint64_t pinned_blocks = 0;
   uint64_t pins = 0;  // Sum of pin counts over every owner.
   uint64_t kept_sessions = 0;  // KeepSession hints in force.
+  // Blocks whose retention class (SetRetention) is in force now.
+  uint64_t low_blocks = 0, high_blocks = 0;
   StorageCounters counters;
   bool host_locked = false;  // mlock of tier 1 succeeded.
   std::string host_lock_error;

@@ -259,6 +259,23 @@ TEST_F(EvokectlTest, LookupAndKeep) {
   EXPECT_THAT(r.err, HasSubstr("seconds"));
 }
 
+TEST_F(EvokectlTest, Ttl) {
+  CommandResult r = Ctl({"ttl", "high", "30", blocks_[0].id().ToHex(), blocks_[1].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("2 block(s) high for 30 s"));
+  absl::StatusOr<v1::StatResponse> stat = client_->Stat();
+  ASSERT_OK(stat.status());
+  EXPECT_EQ(stat->high_blocks(), 2u);
+  r = Ctl({"ttl", "--json", "normal", "0", blocks_[0].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"class\":\"normal\""));
+  r = Ctl({"ttl", "higher", "30", blocks_[0].id().ToHex()});
+  EXPECT_EQ(r.exit_code, 2);
+  r = Ctl({"ttl", "low", "0", SessionBlock("absent", 0, 64).id().ToHex()});
+  EXPECT_EQ(r.exit_code, 3) << r.err;  // NOT_FOUND.
+  EXPECT_THAT(r.err, HasSubstr("ids[0]"));
+}
+
 TEST_F(EvokectlTest, PrefetchAndWatch) {
   ASSERT_EQ(Ctl({"flush", "--evict"}).exit_code, 0);
   CommandResult r = Ctl({"prefetch", blocks_[0].id().ToHex(), blocks_[1].id().ToHex(),

@@ -2,9 +2,13 @@
 // stays loadable while other clients evict both tiers around it, until it
 // is released or its lease ends; bad handles are refused, naming the field.
 // KeepSession: a kept session outlives the pressure of other clients for
-// its seconds; bad requests are refused, naming the field.
+// its seconds; bad requests are refused, naming the field. Retention
+// classes: high blocks stay, low ones go first; a policy caps the class.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -261,6 +265,81 @@ TEST_F(AcquireTest, KeepSessionRefusesBadRequestsNamingTheField) {
   // An unknown session may be kept: its blocks may be about to come.
   ASSERT_OK_AND_ASSIGN(uint32_t n, client_->KeepSession("test", "not-yet", 10));
   EXPECT_EQ(n, 0u);
+}
+
+// Retention classes: a HIGH chain stays in tier 1 while 8 clients write
+// twice tiers 1 and 2 through it, and a LOW chain leaves it first.
+TEST_F(AcquireTest, RetentionClassesOrderEvictionUnderOtherClientsWrites) {
+  // Older blocks of no class, then three high (within the quarter of tier 1
+  // that keeps protect), then three low: the newest.
+  std::vector<TestBlock> old, high, low;
+  for (int i = 0; i < 4; ++i) old.push_back(SessionBlock("old", i, kTokens));
+  for (int i = 0; i < 3; ++i) {
+    high.push_back(SessionBlock("high", i, kTokens));
+    low.push_back(SessionBlock("low", i, kTokens));
+  }
+  ASSERT_OK(SaveBlocks(*client_, old));
+  ASSERT_OK(SaveBlocks(*client_, high));
+  ASSERT_OK(SaveBlocks(*client_, low));
+  ASSERT_OK(client_->SetRetention(IdsOf(high), v1::RETENTION_HIGH, 60));
+  ASSERT_OK(client_->SetRetention(IdsOf(low), v1::RETENTION_LOW, 0));
+  EXPECT_EQ(Stat().high_blocks(), 3u);
+  EXPECT_EQ(Stat().low_blocks(), 3u);
+  // Tier 1 past its high watermark (16 blocks): about four leave, the low
+  // ones first, though older blocks are there.
+  std::vector<TestBlock> some;
+  for (int i = 0; i < 6; ++i) some.push_back(SessionBlock("some", i, kTokens));
+  ASSERT_OK(SaveBlocks(*client_, some));
+  WaitForSpillToSettle();
+  for (const TestBlock& b : low) {
+    ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, client_->Describe(b.id()));
+    EXPECT_NE(info.tier(), v1::TIER_PINNED_HOST);
+  }
+  ASSERT_OK_AND_ASSIGN(v1::BlockInfo newest_old, client_->Describe(old[3].id()));
+  EXPECT_EQ(newest_old.tier(), v1::TIER_PINNED_HOST);
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 8; ++w) {
+    writers.emplace_back([&, w] {
+      std::unique_ptr<Client> c = daemon_->Connect();
+      for (int i = 0; i < 8; ++i) {
+        (void)SaveBlocks(*c, {SessionBlock("p" + std::to_string(w), i, kTokens)});
+      }
+    });
+  }
+  for (std::thread& t : writers) t.join();
+  WaitForSpillToSettle();
+  for (const TestBlock& b : high) {
+    ASSERT_OK_AND_ASSIGN(v1::BlockInfo info, client_->Describe(b.id()));
+    EXPECT_EQ(info.tier(), v1::TIER_PINNED_HOST);
+  }
+  // Bad requests name the field.
+  EXPECT_THAT(client_->SetRetention(IdsOf(high), v1::RETENTION_UNSPECIFIED, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("retention")));
+  EXPECT_THAT(client_->SetRetention(IdsOf(high), v1::RETENTION_HIGH, 86401),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ttl_seconds")));
+  EXPECT_THAT(client_->SetRetention({high[0].id(), SessionBlock("absent", 0, kTokens).id()},
+                                    v1::RETENTION_LOW, 0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("ids[1]")));
+}
+
+// A namespace's policy caps the class its callers may set (and keeps,
+// which are class high).
+TEST_F(AcquireTest, APolicyCapsTheRetentionClass) {
+  const std::string policy = dir_.Join("policy.textproto");
+  std::ofstream(policy) << "principals { name: \"me\" uids: " << geteuid()
+                        << " namespaces: \"*\" admin: true }\n"
+                        << "namespaces { name: \"test\" max_retention: 2 }\n";
+  client_.reset();
+  daemon_.reset();
+  StartDaemon({"--policy", policy});
+  const TestBlock b = SessionBlock("capped", 0, kTokens);
+  ASSERT_OK(SaveBlocks(*client_, {b}));
+  EXPECT_THAT(client_->SetRetention({b.id()}, v1::RETENTION_HIGH, 10),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("max_retention")));
+  EXPECT_OK(client_->SetRetention({b.id()}, v1::RETENTION_LOW, 10));
+  EXPECT_THAT(client_->KeepSession("test", "capped", 10),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("max_retention")));
+  EXPECT_OK(client_->KeepSession("test", "capped", 0));
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ TEST_F(WatchTest, ABlocksLifeArrivesInOrder) {
   EXPECT_EQ(first.events_size(), 0);
   EXPECT_EQ(first.resume_token().size(), 16u);
   EXPECT_EQ(first.lost_events(), 0u);
+  EXPECT_EQ(Stat().watchers(), 1u);
 
   const TestBlock b = SessionBlock("life", 0, kTokens);
   ASSERT_OK(SaveBlocks(*client_, {b}));
@@ -207,6 +208,7 @@ TEST_F(WatchTest, AWatcherThatStopsReadingIsDroppedAndToldWhatItLost) {
   ASSERT_NE(w, nullptr);
   EXPECT_GT(after.lost_events(), 0u);
   EXPECT_FALSE(after.lost_unknown());
+  EXPECT_EQ(Stat().watchers_dropped(), 1u);
   w->Cancel();
   // The daemon serves on.
   ASSERT_OK(SaveBlocks(*client_, {SessionBlock("after", 0, kTokens)}));

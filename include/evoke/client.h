@@ -334,6 +334,11 @@ class Client {
   absl::StatusOr<v1::PrefetchResponse> Prefetch(absl::Span<const BlockId> ids) {
     return Prefetch(ids, PrefetchOptions());
   }
+  // SetRetention gives `ids` a retention class for `ttl_seconds` (0: until
+  // changed; RETENTION_NORMAL ends a class): LOW blocks are evicted first,
+  // HIGH last (see SetRetentionRequest in kvtier.proto).
+  absl::Status SetRetention(absl::Span<const BlockId> ids, v1::RetentionClass retention,
+                            uint32_t ttl_seconds);
   // WatchBlocks opens a stream of block events (see WatchBlocks in
   // kvtier.proto): the first message comes at once, with a resume token.
   // No call deadline applies to it.

@@ -98,6 +98,7 @@ _METHODS = {
     "Release": ("ReleaseRequest", "ReleaseResponse"),
     "KeepSession": ("KeepSessionRequest", "KeepSessionResponse"),
     "Prefetch": ("PrefetchRequest", "PrefetchResponse"),
+    "SetRetention": ("SetRetentionRequest", "SetRetentionResponse"),
     "List": ("ListRequest", "ListResponse"),
     "Describe": ("DescribeRequest", "BlockInfo"),
     "Stat": ("StatRequest", "StatResponse"),
@@ -600,6 +601,13 @@ class Client:
         if fingerprint is not None:
             request.fingerprint.CopyFrom(fingerprint)
         return self._call("Prefetch", request)
+
+    def set_retention(self, ids, retention, ttl_seconds=0):
+        """Gives `ids` a retention class (pb.RETENTION_LOW: evicted first,
+        pb.RETENTION_HIGH: last, pb.RETENTION_NORMAL: by recency) for
+        `ttl_seconds` (0: until changed)."""
+        self._call("SetRetention", pb.SetRetentionRequest(
+            ids=_ids_list(ids), retention=retention, ttl_seconds=ttl_seconds))
 
     def watch_blocks(self, namespace="", resume_token=b"", kinds=()):
         """A stream of block events (an iterator of pb.BlockEvents; cancel()

@@ -409,6 +409,18 @@ int Run(int argc, char** argv) {
       "prefetch", "Bring blocks into tier 1 ahead of their loads (waits for it)");
   std::vector<std::string> prefetch_ids;
   prefetch->add_option("ID", prefetch_ids, "Block ids, the likeliest first")->required();
+  CLI::App* ttl = app.add_subcommand(
+      "ttl", "Set blocks' retention class (low: evicted first, high: last) for SECONDS");
+  std::string ttl_class;
+  uint32_t ttl_seconds = 0;
+  std::vector<std::string> ttl_ids;
+  ttl->add_option("CLASS", ttl_class, "low, normal or high")
+      ->required()
+      ->check(CLI::IsMember({"low", "normal", "high"}));
+  ttl->add_option("SECONDS", ttl_seconds, "How long it holds (0: until changed)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  ttl->add_option("ID", ttl_ids, "Block ids")->required();
   CLI::App* watch = app.add_subcommand(
       "watch", "Stream block events (stored, spilled, demoted, promoted, evicted, removed)");
   std::string watch_ns, watch_resume;
@@ -625,6 +637,21 @@ int Run(int argc, char** argv) {
         std::cout << r.promoted() << " promoted, " << r.fetched() << " fetched, " << r.in_tier1()
                   << " in tier 1 already, " << r.missing() << " missing, " << r.no_room()
                   << " without room, " << r.failed() << " failed\n";
+      }
+    } else if (*ttl) {
+      std::vector<BlockId> ids;
+      for (const std::string& h : ttl_ids) ids.push_back(ParseId(h));
+      const v1::RetentionClass c = ttl_class == "low"    ? v1::RETENTION_LOW
+                                   : ttl_class == "high" ? v1::RETENTION_HIGH
+                                                         : v1::RETENTION_NORMAL;
+      Check(client->SetRetention(ids, c, ttl_seconds));
+      if (json) {
+        std::cout << "{\"blocks\":" << ids.size() << ",\"class\":\"" << ttl_class
+                  << "\",\"seconds\":" << ttl_seconds << "}\n";
+      } else {
+        std::cout << ids.size() << " block(s) " << ttl_class;
+        if (ttl_seconds > 0) std::cout << " for " << ttl_seconds << " s";
+        std::cout << "\n";
       }
     } else if (*watch) {
       WatchEvents(*client, watch_ns, watch_kinds, watch_resume, watch_count, json);
