@@ -3,11 +3,13 @@
 #ifndef EVOKE_TESTS_E2E_FIXTURE_H_
 #define EVOKE_TESTS_E2E_FIXTURE_H_
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -73,6 +75,17 @@ inline std::unique_ptr<v1::KvTier::Stub> RawStub(const std::string& socket,
   return v1::KvTier::NewStub(grpc::CreateCustomChannel(
       "unix:" + socket, grpc::InsecureChannelCredentials(), args));
 }
+
+// StopAndJoin sets `stop` and joins `threads` when it goes out of scope:
+// however a test body ends (an ASSERT returns early), its threads are joined.
+struct StopAndJoin {
+  std::atomic<bool>& stop;
+  std::vector<std::thread>& threads;
+  ~StopAndJoin() {
+    stop = true;
+    for (std::thread& t : threads) t.join();
+  }
+};
 
 class E2eTest : public ::testing::Test {
  protected:

@@ -49,15 +49,7 @@ TEST_F(AcquireTest, HeldBlocksSurvive16EvictingClients) {
   std::atomic<uint64_t> saved{0};
   std::atomic<int> saving{0};
   std::vector<std::thread> writers;
-  // Joined however the test body ends (an ASSERT returns early).
-  struct Joiner {
-    std::atomic<bool>& stop;
-    std::vector<std::thread>& threads;
-    ~Joiner() {
-      stop = true;
-      for (std::thread& t : threads) t.join();
-    }
-  } joiner{stop, writers};
+  StopAndJoin joiner{stop, writers};
   for (int w = 0; w < 16; ++w) {
     writers.emplace_back([&, w] {
       std::unique_ptr<Client> c = daemon_->Connect();

@@ -93,14 +93,7 @@ TEST_F(PrefetchTest, AQueuedPrefetchIsSeenByPollingLookup) {
 TEST_F(PrefetchTest, LoadsAfterAPrefetchHitTierOneUnderOtherClientsWrites) {
   std::atomic<bool> stop{false};
   std::vector<std::thread> writers;
-  struct Joiner {
-    std::atomic<bool>& stop;
-    std::vector<std::thread>& threads;
-    ~Joiner() {
-      stop = true;
-      for (std::thread& t : threads) t.join();
-    }
-  } joiner{stop, writers};
+  StopAndJoin joiner{stop, writers};
   for (int w = 0; w < 8; ++w) {
     writers.emplace_back([&, w] {
       std::unique_ptr<Client> c = daemon_->Connect();

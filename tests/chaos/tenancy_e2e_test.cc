@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tests/e2e_fixture.h"
@@ -114,13 +115,16 @@ TEST_F(TenancyTest, AnotherTenantsBlocksReadAsAbsent) {
 
   // Every probe by id answers bob exactly as for an id nobody holds.
   for (const std::string op : {"load:alice:", "describe:", "lookup:", "delete:", "verify:",
-                               "pin:"}) {
+                               "pin:", "prefetch:", "retain:"}) {
     SCOPED_TRACE(op);
     const std::vector<Reply> r = As(kBob, {op + a, op + absent});
     EXPECT_EQ(r[0].code, r[1].code);
     EXPECT_EQ(Shape(r[0].message), Shape(r[1].message));
-    if (op != "lookup:" && op != "verify:") {
+    if (op != "lookup:" && op != "verify:" && op != "prefetch:") {
       EXPECT_EQ(r[0].code, 5) << r[0].message;  // NOT_FOUND
+    }
+    if (op == "prefetch:") {
+      EXPECT_NE(r[0].message.find("missing=1"), std::string::npos) << r[0].message;
     }
   }
   // Named namespaces and daemon-wide calls are refused outright.
@@ -147,6 +151,27 @@ TEST_F(TenancyTest, AnotherTenantsBlocksReadAsAbsent) {
   const Reply all = One(0, "list-all");
   EXPECT_EQ(all.code, 0);
   EXPECT_NE(all.message.find("blocks=1"), std::string::npos) << all.message;
+}
+
+// WatchBlocks shows a tenant the events of its own blocks only.
+TEST_F(TenancyTest, AWatcherSeesOnlyItsOwnBlocksEvents) {
+  StartWithPolicy(kPolicy);
+  absl::StatusOr<std::unique_ptr<BlockWatch>> w = client_->WatchBlocks(v1::WatchBlocksRequest());
+  ASSERT_TRUE(w.ok()) << w.status();
+  v1::BlockEvents first;
+  ASSERT_TRUE((*w)->Next(&first));
+  const std::string from = absl::BytesToHexString(first.resume_token());
+  ASSERT_EQ(One(kAlice, "save-session:alice:s1").code, 0);
+  ASSERT_EQ(One(kBob, "save-session:bob:s1").code, 0);
+  const Reply alice = One(kAlice, "watch-from:" + from);
+  EXPECT_EQ(alice.code, 0) << alice.message;
+  EXPECT_NE(alice.message.find("events=1 namespaces=alice,"), std::string::npos)
+      << alice.message;
+  const Reply bob = One(kBob, "watch-from:" + from);
+  EXPECT_NE(bob.message.find("events=1 namespaces=bob,"), std::string::npos) << bob.message;
+  const Reply stranger = One(kStranger, "watch-from:" + from);
+  EXPECT_NE(stranger.code, 0);  // Not in the policy: refused.
+  (*w)->Cancel();
 }
 
 TEST_F(TenancyTest, UnknownUidIsRefusedEverything) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_split.h"
 #include "tests/e2e_fixture.h"
 
@@ -105,6 +106,41 @@ int Run(const std::string& socket, const std::vector<std::string>& ops) {
       v1::LoadResponse resp;
       const grpc::Status s = stub->Load(&ctx, req, &resp);
       Print(verb, s, "sum=" + (resp.blocks_size() > 0 ? Sum(resp.blocks(0).inline_bytes()) : ""));
+    } else if (verb == "prefetch") {
+      v1::PrefetchRequest req;
+      req.add_ids(IdBytes(f.at(1)));
+      req.set_wait(true);
+      v1::PrefetchResponse resp;
+      const grpc::Status s = stub->Prefetch(&ctx, req, &resp);
+      Print(verb, s,
+            "missing=" + std::to_string(resp.missing()) +
+                " in_tier1=" + std::to_string(resp.in_tier1() + resp.promoted()));
+    } else if (verb == "retain") {
+      v1::SetRetentionRequest req;
+      req.add_ids(IdBytes(f.at(1)));
+      req.set_retention(v1::RETENTION_HIGH);
+      v1::SetRetentionResponse resp;
+      Print(verb, stub->SetRetention(&ctx, req, &resp), "");
+    } else if (verb == "watch-from") {
+      // watch-from:HEX: the events after that resume token, for 300 ms.
+      v1::WatchBlocksRequest req;
+      req.set_resume_token(absl::HexStringToBytes(f.at(1)));
+      grpc::ClientContext wctx;
+      wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+      std::unique_ptr<grpc::ClientReader<v1::BlockEvents>> reader = stub->WatchBlocks(&wctx, req);
+      v1::BlockEvents batch;
+      int events = 0;
+      std::string namespaces;
+      while (reader->Read(&batch)) {
+        for (const v1::BlockEvent& e : batch.events()) {
+          ++events;
+          namespaces += e.namespace_() + ",";
+        }
+      }
+      const grpc::Status s = reader->Finish();
+      // The deadline ends every watch: report what came before it.
+      Print(verb, s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? grpc::Status::OK : s,
+            "events=" + std::to_string(events) + " namespaces=" + namespaces);
     } else if (verb == "describe") {
       v1::DescribeRequest req;
       req.set_id(IdBytes(f.at(1)));
