@@ -1,7 +1,7 @@
 // evoke-agent-trace: a multi-session agent workload (sim/agent_trace.h) run
 // against the real storage engine (tier 1 of a few sizes, a real tier 2 on
-// disk, the engine's own eviction), with and without the engine's
-// KeepSession hints around tool calls. Reports, per tier-1 size and
+// disk, the engine's own eviction), with and without hints from the engine:
+// KeepSession around tool calls, retention classes (see Config). Reports, per tier-1 size and
 // policy, where each block a turn reads came from: tier 1, tier 2 (a
 // stall of one disk read) or nowhere (recomputed: a stall of re-prefill),
 // and a modeled stall from two stated costs.
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -30,9 +31,16 @@
 namespace evoke {
 namespace {
 
+// Policies: "lru" (no hints), "keep" (KeepSession for each tool call's
+// pause), "keep+end-low" (also: a session whose visit ends is given class
+// LOW, and NORMAL again when it comes back), "keep+prompt-high" (also: the
+// shared system prompts' blocks are class HIGH).
 struct Config {
   uint64_t tier1_mib = 0;
-  bool keep = false;  // Hint KeepSession for each tool call's pause.
+  std::string policy = "lru";
+  bool keep() const { return policy != "lru"; }
+  bool end_low() const { return policy == "keep+end-low"; }
+  bool prompt_high() const { return policy == "keep+prompt-high"; }
 };
 
 struct Result {
@@ -76,6 +84,16 @@ absl::StatusOr<Result> Run(const sim::AgentTrace& trace, const Config& config,
                                                     options, nullptr));
   Result r;
   r.config = config;
+  absl::flat_hash_set<uint32_t> ended;  // Sessions given class LOW.
+  // The ids of a session's blocks [0, n) that the engine holds.
+  auto held = [&](const std::string& session, uint64_t n) {
+    std::vector<BlockId> ids;
+    for (uint64_t i = 0; i < n; ++i) {
+      const BlockId id = evoke::testing::IdOf(MetaOf(session, i));
+      if (tm->Describe(id).ok()) ids.push_back(id);
+    }
+    return ids;
+  };
   for (const sim::AgentTurn& turn : trace.turns) {
     clock.Set(epoch + absl::Seconds(turn.time_s));
     const std::string session = absl::StrCat("s", turn.session);
@@ -101,6 +119,18 @@ absl::StatusOr<Result> Run(const sim::AgentTrace& trace, const Config& config,
         ++r.recomputed;
         if (info.ok()) EVOKE_RETURN_IF_ERROR(tm->Delete({&id, 1}));
         EVOKE_RETURN_IF_ERROR(SaveOne(*tm, meta, seq, o.block_bytes));
+        if (config.prompt_high() && name == prompt) {
+          EVOKE_RETURN_IF_ERROR(
+              tm->SetRetention({&id, 1}, RetentionClass::kHigh, absl::ZeroDuration()));
+        }
+      }
+    }
+    if (config.end_low() && ended.erase(turn.session) > 0) {
+      // Back: its blocks compete by recency again.
+      const std::vector<BlockId> ids = held(session, turn.context_blocks);
+      if (!ids.empty()) {
+        EVOKE_RETURN_IF_ERROR(
+            tm->SetRetention(ids, RetentionClass::kNormal, absl::ZeroDuration()));
       }
     }
     if (!present.empty()) {
@@ -114,7 +144,14 @@ absl::StatusOr<Result> Run(const sim::AgentTrace& trace, const Config& config,
       const uint64_t seq = turn.context_blocks + i;
       EVOKE_RETURN_IF_ERROR(SaveOne(*tm, MetaOf(session, seq), seq, o.block_bytes));
     }
-    if (config.keep && turn.tool_call) {
+    if (config.end_low() && turn.pause_s == 0) {
+      const std::vector<BlockId> ids = held(session, turn.context_blocks + turn.new_blocks);
+      if (!ids.empty()) {
+        EVOKE_RETURN_IF_ERROR(tm->SetRetention(ids, RetentionClass::kLow, absl::ZeroDuration()));
+      }
+      ended.insert(turn.session);
+    }
+    if (config.keep() && turn.tool_call) {
       EVOKE_RETURN_IF_ERROR(
           tm->KeepSession("ns", session, absl::Seconds(turn.pause_s + o.keep_margin_s))
               .status());
@@ -149,6 +186,10 @@ int main(int argc, char** argv) {
   app.add_option("--kept-fraction", o.kept_fraction,
                  "The share of tier 1 keeps may protect (TierManagerOptions)")
       ->capture_default_str();
+  std::string policies = "lru,keep";
+  app.add_option("--policies", policies,
+                 "lru, keep, keep+end-low, keep+prompt-high (comma-separated)")
+      ->capture_default_str();
   app.add_option("--json", json, "Also write the results here");
   CLI11_PARSE(app, argc, argv);
 
@@ -159,22 +200,26 @@ int main(int argc, char** argv) {
               "%.2f ms per recomputed block\n\n",
               static_cast<unsigned long long>(o.block_bytes),
               static_cast<unsigned long long>(o.spill_mib), o.tier2_us, o.recompute_ms);
-  std::printf("%-10s %-6s %10s %10s %10s %10s %12s %10s\n", "tier1 MiB", "policy", "reads",
+  std::printf("%-10s %-16s %10s %10s %10s %10s %12s %10s\n", "tier1 MiB", "policy", "reads",
               "tier1 %", "tier2 %", "recomp %", "stall s", "overrides");
   std::vector<std::string> rows;
   for (absl::string_view size : absl::StrSplit(sizes, ',')) {
-    for (bool keep : {false, true}) {
-      Config c{std::stoull(std::string(size)), keep};
+    for (absl::string_view policy : absl::StrSplit(policies, ',')) {
+      Config c{std::stoull(std::string(size)), std::string(policy)};
+      if (c.keep() && c.policy != "keep" && !c.end_low() && !c.prompt_high()) {
+        std::fprintf(stderr, "--policies: unknown policy %s\n", c.policy.c_str());
+        return 2;
+      }
       absl::StatusOr<Result> r = Run(trace, c, o);
       if (!r.ok()) {
         std::fprintf(stderr, "tier1 %llu MiB %s: %s\n",
-                     static_cast<unsigned long long>(c.tier1_mib), keep ? "keep" : "lru",
+                     static_cast<unsigned long long>(c.tier1_mib), c.policy.c_str(),
                      r.status().ToString().c_str());
         return 1;
       }
       const double n = static_cast<double>(r->reads);
-      std::printf("%-10llu %-6s %10llu %10.1f %10.1f %10.1f %12.2f %10llu\n",
-                  static_cast<unsigned long long>(c.tier1_mib), keep ? "keep" : "lru",
+      std::printf("%-10llu %-16s %10llu %10.1f %10.1f %10.1f %12.2f %10llu\n",
+                  static_cast<unsigned long long>(c.tier1_mib), c.policy.c_str(),
                   static_cast<unsigned long long>(r->reads), 100 * r->tier1 / n,
                   100 * r->tier2 / n, 100 * r->recomputed / n, r->stall_ms / 1000,
                   static_cast<unsigned long long>(r->keep_overrides));
@@ -182,7 +227,7 @@ int main(int argc, char** argv) {
       rows.push_back(absl::StrFormat(
           "{\"tier1_mib\": %d, \"policy\": \"%s\", \"reads\": %d, \"tier1\": %d, "
           "\"tier2\": %d, \"recomputed\": %d, \"stall_ms\": %.1f, \"keep_overrides\": %d}",
-          c.tier1_mib, keep ? "keep" : "lru", r->reads, r->tier1, r->tier2, r->recomputed,
+          c.tier1_mib, c.policy, r->reads, r->tier1, r->tier2, r->recomputed,
           r->stall_ms, r->keep_overrides));
     }
   }

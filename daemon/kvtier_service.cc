@@ -643,8 +643,11 @@ void KvTierService::AdminStat(v1::StatResponse* response) const {
             [](const auto& a, const auto& b) { return a.first < b.first; });
   const AccessPolicy* policy = options_.policy;
   for (const auto& [ns, usage] : stats.namespaces) {
+    v1::NamespaceStat* n = response->add_namespaces();
     ToProto(ns, usage, policy != nullptr ? policy->QuotaOf(ns) : NamespaceQuota(),
-            policy != nullptr && policy->IsShared(ns), response->add_namespaces());
+            policy != nullptr && policy->IsShared(ns), n);
+    const v1::NamespacePolicy* p = policy != nullptr ? policy->Namespace(ns) : nullptr;
+    if (p != nullptr) n->set_max_retention(p->max_retention());
   }
   ToProto(stats, response);
   response->set_version(options_.version);

@@ -276,6 +276,20 @@ TEST_F(EvokectlTest, Ttl) {
   EXPECT_THAT(r.err, HasSubstr("ids[0]"));
 }
 
+TEST_F(EvokectlTest, Quota) {
+  CommandResult r = Ctl({"quota", "test"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("namespace test: "));
+  EXPECT_THAT(r.out, HasSubstr("no quota"));
+  EXPECT_THAT(r.out, HasSubstr("retention classes up to: no cap"));
+  r = Ctl({"quota", "--json", "test"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"name\":\"test\""));
+  r = Ctl({"quota", "nobody"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("holds no blocks"));
+}
+
 TEST_F(EvokectlTest, PrefetchAndWatch) {
   ASSERT_EQ(Ctl({"flush", "--evict"}).exit_code, 0);
   CommandResult r = Ctl({"prefetch", blocks_[0].id().ToHex(), blocks_[1].id().ToHex(),

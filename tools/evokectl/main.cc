@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "tools/evokectl/exit_codes.h"
 #include "tools/evokectl/print.h"
+#include "tools/evokectl/watch.h"
 #include "tools/evokectl/progress.h"
 #include "tools/evokectl/socket_probe.h"
 #include "tools/evokectl/top.h"
@@ -47,6 +48,7 @@ using ctl::ExitCodeFor;
 using ctl::Layers;
 using ctl::PrintBlock;
 using ctl::PrintJson;
+using ctl::PrintQuota;
 using ctl::PrintStat;
 using ctl::Progress;
 using ctl::StartupLosses;
@@ -71,58 +73,6 @@ T Check(absl::StatusOr<T> v) {
 }
 void Check(const absl::Status& s) {
   if (!s.ok()) throw CommandError{s};
-}
-
-// WatchEvents prints block events, one line each (JSON lines with --json),
-// until `count` of them or the stream ends; at exit, the resume token on
-// stderr ("resume: HEX").
-void WatchEvents(Client& client, const std::string& ns, const std::vector<std::string>& kinds,
-                 const std::string& resume_hex, uint64_t count, bool json) {
-  v1::WatchBlocksRequest request;
-  request.set_namespace_(ns);
-  for (const std::string& k : kinds) {
-    v1::BlockEventKind kind = v1::BLOCK_EVENT_KIND_UNSPECIFIED;
-    v1::BlockEventKind_Parse(absl::StrCat("BLOCK_EVENT_", absl::AsciiStrToUpper(k)), &kind);
-    request.add_kinds(kind);
-  }
-  if (!resume_hex.empty()) {
-    const bool hex = resume_hex.size() % 2 == 0 &&
-                     std::all_of(resume_hex.begin(), resume_hex.end(),
-                                 [](char c) { return absl::ascii_isxdigit(c); });
-    if (!hex) throw UsageError{absl::StrCat("--resume '", resume_hex, "': not hex")};
-    request.set_resume_token(absl::HexStringToBytes(resume_hex));
-  }
-  std::unique_ptr<BlockWatch> w = Check(client.WatchBlocks(request));
-  v1::BlockEvents batch;
-  std::string token;
-  uint64_t seen = 0;
-  bool ended = false;
-  while (count == 0 || seen < count) {
-    if (!w->Next(&batch)) {
-      ended = true;
-      break;
-    }
-    token = batch.resume_token();
-    if (batch.lost_unknown()) std::cerr << "lost: an unknown number of events (a new run)\n";
-    if (batch.lost_events() > 0) std::cerr << "lost: " << batch.lost_events() << " events\n";
-    for (const v1::BlockEvent& e : batch.events()) {
-      if (json) {
-        PrintJson(e);
-      } else {
-        std::string kind = v1::BlockEventKind_Name(e.kind()).substr(12);  // "BLOCK_EVENT_"
-        std::cout << e.seq() << " " << absl::AsciiStrToLower(kind) << " "
-                  << absl::BytesToHexString(e.id()) << " " << e.namespace_() << " "
-                  << TierName(e.tier()) << " -> " << TierName(e.location()) << "\n";
-      }
-      std::cout.flush();
-      // Resume right after the last event printed (the batch may go on).
-      uint64_t next = e.seq() + 1;
-      token.replace(8, 8, reinterpret_cast<const char*>(&next), 8);
-      if (++seen == count) break;
-    }
-  }
-  if (ended) Check(w->Finish());
-  std::cerr << "resume: " << absl::BytesToHexString(token) << "\n";
 }
 
 BlockId ParseId(const std::string& hex) {
@@ -421,6 +371,10 @@ int Run(int argc, char** argv) {
       ->required()
       ->check(CLI::NonNegativeNumber);
   ttl->add_option("ID", ttl_ids, "Block ids")->required();
+  CLI::App* quota = app.add_subcommand(
+      "quota", "A namespace's usage against its quotas and its retention cap");
+  std::string quota_ns;
+  quota->add_option("NAMESPACE", quota_ns)->required();
   CLI::App* watch = app.add_subcommand(
       "watch", "Stream block events (stored, spilled, demoted, promoted, evicted, removed)");
   std::string watch_ns, watch_resume;
@@ -653,8 +607,28 @@ int Run(int argc, char** argv) {
         if (ttl_seconds > 0) std::cout << " for " << ttl_seconds << " s";
         std::cout << "\n";
       }
+    } else if (*quota) {
+      const v1::StatResponse s = Check(client->Stat());
+      const v1::NamespaceStat* found = nullptr;
+      for (const v1::NamespaceStat& n : s.namespaces()) {
+        if (n.name() == quota_ns) found = &n;
+      }
+      if (json && found != nullptr) {
+        PrintJson(*found);
+      } else if (json) {
+        std::cout << "{}\n";
+      } else if (found == nullptr) {
+        std::cout << "namespace " << quota_ns << " holds no blocks\n";
+      } else {
+        PrintQuota(*found);
+      }
     } else if (*watch) {
-      WatchEvents(*client, watch_ns, watch_kinds, watch_resume, watch_count, json);
+      const bool hex = watch_resume.size() % 2 == 0 &&
+                       std::all_of(watch_resume.begin(), watch_resume.end(),
+                                   [](char c) { return absl::ascii_isxdigit(c); });
+      if (!hex) throw UsageError{absl::StrCat("--resume '", watch_resume, "': not hex")};
+      Check(ctl::WatchEvents(*client, watch_ns, watch_kinds,
+                             absl::HexStringToBytes(watch_resume), watch_count, json));
     } else if (*verify) {
       // A progress bar needs batches. Records that failed validation at
       // start are found only by a whole-store Verify, which is then used.

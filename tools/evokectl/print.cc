@@ -1,6 +1,7 @@
 // evokectl's printing (print.h).
 #include "tools/evokectl/print.h"
 
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -54,6 +55,21 @@ void PrintNamespaces(const v1::StatResponse& s) {
 }
 
 }  // namespace
+
+void PrintQuota(const v1::NamespaceStat& n) {
+  auto line = [](const char* what, uint64_t used, uint64_t q) {
+    std::cout << absl::StrFormat("  %-9s %12s of %s\n", what, FormatByteSize(used),
+                                 q == 0 ? std::string("no quota") : FormatByteSize(q));
+  };
+  std::cout << "namespace " << n.name() << (n.shared() ? " (shared)" : "") << ": " << n.blocks()
+            << " blocks\n";
+  line("tier 1", n.tier1_bytes(), n.tier1_quota_bytes());
+  line("tier 2", n.tier2_bytes(), n.tier2_quota_bytes());
+  line("metadata", n.metadata_bytes(), n.metadata_quota_bytes());
+  static const char* const kClasses[] = {"no cap", "low", "normal", "high"};
+  std::cout << "  retention classes up to: " << kClasses[std::min<uint32_t>(n.max_retention(), 3)]
+            << "\n";
+}
 
 std::string Layers(const v1::BlockMeta& m) {
   return absl::StrCat(m.layer_begin(), "-", m.layer_end());

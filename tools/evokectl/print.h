@@ -19,6 +19,9 @@ void PrintJson(const google::protobuf::Message& message);
 std::string Layers(const v1::BlockMeta& m);
 // PrintBlock: one block's metadata and where its copies are.
 void PrintBlock(const v1::BlockInfo& info);
+// PrintQuota: one namespace's usage against its quotas, and its cap on
+// retention classes.
+void PrintQuota(const v1::NamespaceStat& n);
 // PrintStat: the daemon's Stat, tier by tier, then the namespaces.
 void PrintStat(const v1::StatResponse& s);
 // StartupLosses: what the daemon's last open could not bring back, in
