@@ -61,40 +61,38 @@ class WatchHub::Watcher final : public grpc::ServerWriteReactor<v1::BlockEvents>
   }
 
   void Start(std::shared_ptr<Watcher> self) {
-    {
-      absl::MutexLock lock(&mu_);
-      self_ = std::move(self);
-      // The first message at once: the watcher has a token, and hears of
-      // what it lost, before any event. (writing_ is true from the start,
-      // so that the pump, which may see this watcher first, waits.)
-      Fill(&first_);
-    }
+    absl::MutexLock lock(&mu_);
+    self_ = std::move(self);
+    // The first message at once: the watcher has a token, and hears of
+    // what it lost, before any event. (writing_ is true from the start,
+    // so that the pump, which may see this watcher first, waits.)
+    Fill(&first_);
     StartWrite(&first_);
   }
 
   // Pump sends the next batch, unless a write is in flight (then it checks
   // whether the watcher fell too far behind). Writes and cancels start
-  // outside mu_ (their reactions take it).
+  // under mu_, so never after the stream finished (the call is gone once
+  // OnDone has run); their reactions never run inline, so this cannot
+  // deadlock.
   void Pump() {
-    bool cancel = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_ || done_ || dropped_) return;
-      if (writing_) {
-        // It stopped reading: drop it (its token will report the loss).
-        cancel = dropped_ = hub_->log_->next_seq() - cursor_ > hub_->options_.backlog_events;
-        if (!cancel) return;
-      } else {
-        batch_.Clear();
-        Fill(&batch_);
-        if (batch_.events_size() == 0 && batch_.lost_events() == 0) return;
-        writing_ = true;
+    absl::MutexLock lock(&mu_);
+    if (finished_ || done_ || dropped_) return;
+    if (writing_) {
+      // It stopped reading: drop it (its token will report the loss). Not
+      // before its first message was written: a resuming watcher starts
+      // behind by design.
+      if (started_ &&
+          hub_->log_->next_seq() - cursor_ > hub_->options_.backlog_events) {
+        dropped_ = true;
+        context_->TryCancel();
       }
-    }
-    if (cancel) {
-      context_->TryCancel();
       return;
     }
+    batch_.Clear();
+    Fill(&batch_);
+    if (batch_.events_size() == 0 && batch_.lost_events() == 0) return;
+    writing_ = true;
     StartWrite(&batch_);  // batch_ stays untouched while writing_.
   }
 
@@ -102,6 +100,7 @@ class WatchHub::Watcher final : public grpc::ServerWriteReactor<v1::BlockEvents>
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      started_ = true;
       if (!ok) {
         CloseLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream broken"));
         return;
@@ -146,12 +145,20 @@ class WatchHub::Watcher final : public grpc::ServerWriteReactor<v1::BlockEvents>
     return it->second;
   }
 
-  // Fill adds the events from cursor_ on that this watcher may see, and
-  // the token after them.
+  // Fill adds the events from cursor_ on that this watcher may see (reading
+  // on past batches it may not see, so that a filtered watcher never waits
+  // for the pump), and the token after them.
   void Fill(v1::BlockEvents* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    uint64_t lost = 0;
-    cursor_ = hub_->log_->Read(cursor_, hub_->options_.max_batch, &events_, &lost);
-    out->set_lost_events(out->lost_events() + lost);
+    do {
+      uint64_t lost = 0;
+      cursor_ = hub_->log_->Read(cursor_, hub_->options_.max_batch, &events_, &lost);
+      out->set_lost_events(out->lost_events() + lost);
+      AddVisible(out);
+    } while (out->events_size() == 0 && !events_.empty());
+    out->set_resume_token(ResumeToken(hub_->log_->epoch(), cursor_));
+  }
+
+  void AddVisible(v1::BlockEvents* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const BlockEvent& e : events_) {
       if (!Visible(e)) continue;
       v1::BlockEvent* p = out->add_events();
@@ -165,7 +172,6 @@ class WatchHub::Watcher final : public grpc::ServerWriteReactor<v1::BlockEvents>
       p->set_location(evoke::ToProto(e.location));
       p->set_unix_micros(e.unix_us);
     }
-    out->set_resume_token(ResumeToken(hub_->log_->epoch(), cursor_));
   }
 
   WatchHub* const hub_;
@@ -184,6 +190,7 @@ class WatchHub::Watcher final : public grpc::ServerWriteReactor<v1::BlockEvents>
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool dropped_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;  // The first message was written.
 };
 
 WatchHub::WatchHub(BlockEventLog* log, WatchHubOptions options)

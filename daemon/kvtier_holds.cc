@@ -157,7 +157,8 @@ absl::Status KvTierService::CheckRetentionCap(absl::string_view field, absl::str
                                               int wanted) const {
   const v1::NamespacePolicy* p =
       options_.policy != nullptr ? options_.policy->Namespace(ns) : nullptr;
-  if (p == nullptr || p->max_retention() == 0 ||
+  // NORMAL, the class every block has, is never refused.
+  if (p == nullptr || p->max_retention() == 0 || wanted <= v1::RETENTION_NORMAL ||
       wanted <= static_cast<int>(p->max_retention())) {
     return absl::OkStatus();
   }

@@ -113,7 +113,12 @@ BlockLocation LocationIn(BlockState s) {
 void BlockIndex::NoteEvent(const IndexEntry& e, BlockState from, BlockState to) {
   using S = BlockState;
   using K = BlockEventKind;
-  if (from == to || (from == S::kWriting && to == S::kRemoved)) return;  // A save undone.
+  // A save begun (of a new block, or reviving a breadcrumb) tells nothing
+  // until it commits; one undone tells nothing at all.
+  if (from == to || to == S::kWriting ||
+      (from == S::kWriting && (to == S::kRemoved || to == S::kBreadcrumb))) {
+    return;
+  }
   K kind;
   BlockLocation tier = LocationIn(to);
   if (to == S::kRemoved) {

@@ -127,15 +127,21 @@ IndexEntry* EngineCore::CommitPromotion(const BlockId& id, uint64_t gen, ArenaRe
   return e;
 }
 
-bool EngineCore::CommitPrefetch(const BlockId& id, uint64_t gen, ArenaReservation ram) {
+EngineCore::PrefetchCommit EngineCore::CommitPrefetch(const BlockId& id, uint64_t gen,
+                                                      ArenaReservation ram) {
   absl::MutexLock lock(&mu_);
   IndexEntry* e = index_.FindGen(id, gen);
-  if (e == nullptr || e->state != BlockState::kSpilled) return false;  // Frees `ram`.
+  if (e == nullptr) return PrefetchCommit::kGone;  // Frees `ram`.
+  if (e->state != BlockState::kSpilled) {
+    if (!e->in_ram()) return PrefetchCommit::kGone;
+    HoldPrefetched(e, /*brought=*/false);
+    return PrefetchCommit::kInTier1;
+  }
   index_.AttachRam(e, std::move(ram));
   HoldPrefetched(e, /*brought=*/true);
   ++counters_.promotions;
   ++counters_.prefetched;
-  return true;
+  return PrefetchCommit::kPromoted;
 }
 
 // ------------------------------------------------------------ room
@@ -287,13 +293,17 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
   // Returns false when the batch filled up before the walk's end. With
   // `low_only`, takes only blocks of class kLow (a first walk, when any
   // block has that class).
+  index_.ForgetEndedRetention(now_ms);
+  const bool low_walked = index_.retained(RetentionClass::kLow) > 0;
   auto walk = [&](bool take_kept, bool low_only = false) {
     const std::list<IndexEntry*>& lru = index_.ram_lru();
     auto it = lru.end();
     while (it != lru.begin() && !done()) {
       auto cur = std::prev(it);
       IndexEntry* e = *cur;
-      if (low_only && (e->readers > 0 || !e->low(now_ms))) {
+      // The low walk takes only kLow blocks; the others pass over them (the
+      // low walk took them, or they are in use).
+      if (low_only ? (e->readers > 0 || !e->low(now_ms)) : (low_walked && e->low(now_ms))) {
         it = cur;
         continue;
       }
@@ -338,9 +348,7 @@ uint64_t EngineCore::PickSpillVictims(uint64_t wanted_total, uint64_t wanted_ran
   // Blocks of class kLow first; kept blocks only once everything else was
   // taken and it is not enough (not when the first walk only filled its
   // batch, or passed over blocks in use: those go next).
-  index_.ForgetEndedRetention(now_ms);
-  if (index_.retained(RetentionClass::kLow) > 0 &&
-      !walk(/*take_kept=*/false, /*low_only=*/true)) {
+  if (low_walked && !walk(/*take_kept=*/false, /*low_only=*/true)) {
     return freed;  // The batch is full.
   }
   if (walk(/*take_kept=*/false) && !passed_over.empty() && !skipped_busy &&

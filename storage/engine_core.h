@@ -168,9 +168,11 @@ class EngineCore {
                               bool hold) ABSL_LOCKS_EXCLUDED(mu_);
 
   // CommitPrefetch is CommitPromotion for a Prefetch: the block becomes the
-  // most recently used, marked prefetched. False when it changed meanwhile
-  // (`ram` is freed).
-  bool CommitPrefetch(const BlockId& id, uint64_t gen, ArenaReservation ram)
+  // most recently used, marked prefetched (kPromoted). Otherwise `ram` is
+  // freed: kInTier1 when a Load promoted the same generation meanwhile (it
+  // is held as a prefetched block would be), kGone when it changed.
+  enum class PrefetchCommit { kPromoted, kInTier1, kGone };
+  PrefetchCommit CommitPrefetch(const BlockId& id, uint64_t gen, ArenaReservation ram)
       ABSL_LOCKS_EXCLUDED(mu_);
   // NoteLoaded: a Load read `e` (from tier 1 when `tier1`); the first Load
   // of a prefetched copy counts as a prefetch hit.

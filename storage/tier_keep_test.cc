@@ -170,6 +170,9 @@ TEST_F(TierRetentionTest, LowGoesFirstHighLastThenTheyCompete) {
   EXPECT_EQ(st.high_blocks, 2u);
   EXPECT_EQ(st.low_blocks, 2u);
   SaveOthers(6);
+  // Each block written out once (a low block is no victim of both walks).
+  st = tm_->Stats();
+  EXPECT_EQ(st.counters.spills, st.disk.blocks);
   EXPECT_EQ(Where(ids[10]), BlockLocation::kDisk);
   EXPECT_EQ(Where(ids[11]), BlockLocation::kDisk);
   EXPECT_EQ(Where(ids[0]), BlockLocation::kHost);

@@ -90,17 +90,18 @@ void TierManagerImpl::PromoteSpilled(absl::Span<const PrefetchWant> wants, absl:
       brought += w.bytes;
       ++next;
     }
-    if (out_of_room) break;
+    // Reads reserved before the batch ran out of room are still made.
+    if (reads.empty()) break;
     core_.ReadManyFromDisk(absl::MakeSpan(reads));
     for (size_t k = 0; k < reads.size(); ++k) {
       const absl::Status& s = reads[k].status;
       if (s.ok()) {
-        // A block deleted, promoted or replaced meanwhile is not ours to
-        // count: the room is freed and the block is where it is.
-        if (core_.CommitPrefetch(which[k]->id, which[k]->gen, std::move(rooms[k]))) {
-          ++result->promoted;
-        } else {
-          ++result->missing;
+        // A block promoted by a Load meanwhile is in tier 1 (our room is
+        // freed); one deleted or replaced is missing.
+        switch (core_.CommitPrefetch(which[k]->id, which[k]->gen, std::move(rooms[k]))) {
+          case EngineCore::PrefetchCommit::kPromoted: ++result->promoted; break;
+          case EngineCore::PrefetchCommit::kInTier1: ++result->in_tier1; break;
+          case EngineCore::PrefetchCommit::kGone: ++result->missing; break;
         }
         continue;
       }
@@ -114,6 +115,7 @@ void TierManagerImpl::PromoteSpilled(absl::Span<const PrefetchWant> wants, absl:
         ++result->failed;
       }
     }
+    if (out_of_room) break;
   }
   result->no_room += static_cast<uint32_t>(wants.size() - next);
 }
@@ -171,7 +173,7 @@ void TierManagerImpl::PrefetchRemote(absl::Span<const BlockId> ids,
   {
     absl::MutexLock lock(core_.mu());
     for (const BlockId& id : fetched_ids) {
-      IndexEntry* e = core_.FindVisible(id);
+      IndexEntry* e = FindFor(id, scope);
       if (e == nullptr || !e->in_ram()) continue;
       core_.HoldPrefetched(e, /*brought=*/true);
       ++n;
