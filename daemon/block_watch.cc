@@ -1,11 +1,13 @@
 #include "daemon/block_watch.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "daemon/block_service.h"
 #include "daemon/storage_mapping.h"
 
 namespace evoke {
@@ -116,13 +118,14 @@ class WatchHub::Watcher final : public grpc::ServerWriteReactor<v1::BlockEvents>
       done_ = true;
       dropped = dropped_;
     }
-    hub_->Forget(this, dropped);
+    hub_->Forget(this, OwnerUid(*caller_), dropped);
     std::shared_ptr<Watcher> self = std::move(self_);  // May delete this.
   }
   void Close(const grpc::Status& status) {
     absl::MutexLock lock(&mu_);
     CloseLocked(status);
   }
+  const Caller* caller() const { return caller_.get(); }
 
  private:
   void CloseLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -248,6 +251,14 @@ grpc::ServerWriteReactor<v1::BlockEvents>* WatchHub::Watch(
       return refuse(absl::ResourceExhaustedError(absl::StrCat(
           "watchers: ", watchers_.size(), " streams are open, the limit (--max-watchers)")));
     }
+    const uid_t uid = OwnerUid(*w->caller());
+    const size_t per_uid = std::max<size_t>(1, options_.max_watchers / 4);
+    if (per_uid_[uid] >= per_uid) {
+      return refuse(absl::ResourceExhaustedError(absl::StrCat(
+          "watchers: uid ", uid, " has ", per_uid_[uid], " streams open, its share (a quarter "
+          "of --max-watchers)")));
+    }
+    ++per_uid_[uid];
     watchers_.emplace(w.get(), w);
     log_->Enable();
     if (!pump_.joinable()) pump_ = std::thread([this] { PumpLoop(); });
@@ -274,9 +285,12 @@ void WatchHub::PumpLoop() {
   }
 }
 
-void WatchHub::Forget(Watcher* w, bool dropped) {
+void WatchHub::Forget(Watcher* w, uid_t uid, bool dropped) {
   absl::MutexLock lock(&mu_);
   watchers_.erase(w);
+  if (auto it = per_uid_.find(uid); it != per_uid_.end() && --it->second == 0) {
+    per_uid_.erase(it);
+  }
   if (dropped) ++dropped_;
 }
 

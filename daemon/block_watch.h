@@ -8,6 +8,8 @@
 #ifndef EVOKE_DAEMON_BLOCK_WATCH_H_
 #define EVOKE_DAEMON_BLOCK_WATCH_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,7 +27,9 @@
 namespace evoke {
 
 struct WatchHubOptions {
-  size_t max_watchers = 256;   // Past it: RESOURCE_EXHAUSTED.
+  // Past it: RESOURCE_EXHAUSTED; one uid may hold a quarter of it (at
+  // least one), so that no tenant takes them all.
+  size_t max_watchers = 256;
   size_t backlog_events = 0;   // The log's capacity (for the drop rule).
   size_t max_batch = 256;      // Events per message.
 };
@@ -54,12 +58,13 @@ class WatchHub {
 
  private:
   void PumpLoop();
-  void Forget(Watcher* w, bool dropped);
+  void Forget(Watcher* w, uid_t uid, bool dropped);
 
   BlockEventLog* const log_;
   const WatchHubOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Watcher*, std::weak_ptr<Watcher>> watchers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uid_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread pump_;  // Started with the first watcher.

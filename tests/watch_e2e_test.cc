@@ -214,6 +214,28 @@ TEST_F(WatchTest, AWatcherThatStopsReadingIsDroppedAndToldWhatItLost) {
   ASSERT_OK(SaveBlocks(*client_, {SessionBlock("after", 0, kTokens)}));
 }
 
+// One uid holds at most a quarter of --max-watchers; a stream that ends
+// gives its place back.
+TEST_F(WatchTest, OneUidHoldsAtMostAQuarterOfTheWatchers) {
+  StartAnother({"--max-watchers", "4"});
+  v1::BlockEvents first;
+  std::unique_ptr<BlockWatch> w = Watch(v1::WatchBlocksRequest(), &first);
+  ASSERT_NE(w, nullptr);
+  absl::StatusOr<std::unique_ptr<BlockWatch>> second =
+      client_->WatchBlocks(v1::WatchBlocksRequest());
+  ASSERT_OK(second);
+  v1::BlockEvents batch;
+  EXPECT_FALSE((*second)->Next(&batch));
+  EXPECT_THAT((*second)->Finish(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("watchers")));
+  w->Cancel();
+  w.reset();
+  EXPECT_TRUE(WaitUntil([&] { return Stat().watchers() == 0; }));
+  w = Watch(v1::WatchBlocksRequest(), &first);
+  ASSERT_NE(w, nullptr);
+  w->Cancel();
+}
+
 TEST_F(WatchTest, ATokenOfAnotherRunIsReportedAsAnUnknownLoss) {
   v1::BlockEvents first;
   std::unique_ptr<BlockWatch> w = Watch(v1::WatchBlocksRequest(), &first);
