@@ -299,6 +299,17 @@ class ClientTest(unittest.TestCase):
             self.client.prefetch([ids[0], ids[0]])
         self.assertIn("ids[1]", e.exception.message)
 
+    def test_set_retention(self):
+        blk = random_block(self.client, self.rng)
+        metas = [evoke.session_meta(FP, "classed", i, 32) for i in range(2)]
+        self.client.save_many([(m, blk) for m in metas])
+        self.client.set_retention([m.id for m in metas], pb.RETENTION_HIGH, 30)
+        self.assertGreaterEqual(self.client.stat().high_blocks, 2)
+        self.client.set_retention([m.id for m in metas], pb.RETENTION_NORMAL)
+        with self.assertRaises(evoke.InvalidArgument) as e:
+            self.client.set_retention([metas[0].id], pb.RETENTION_UNSPECIFIED)
+        self.assertIn("retention", e.exception.message)
+
     def test_watch_blocks_streams_a_blocks_life(self):
         stream = self.client.watch_blocks(namespace="py")
         first = next(stream)
