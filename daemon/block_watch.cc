@@ -240,21 +240,20 @@ grpc::ServerWriteReactor<v1::BlockEvents>* WatchHub::Watch(
       }
     }
   }
-  auto refuse = [](const absl::Status& s) { return RefusedWatch(s); };
-  if (!bad.ok()) return refuse(bad);
+  if (!bad.ok()) return RefusedWatch(bad);
   auto w = std::make_shared<Watcher>(this, context, std::move(caller), request.namespace_(),
                                      kinds, from, lost_unknown);
   {
     absl::MutexLock lock(&mu_);
-    if (closing_) return refuse(absl::UnavailableError("evoked is shutting down"));
+    if (closing_) return RefusedWatch(absl::UnavailableError("evoked is shutting down"));
     if (watchers_.size() >= options_.max_watchers) {
-      return refuse(absl::ResourceExhaustedError(absl::StrCat(
+      return RefusedWatch(absl::ResourceExhaustedError(absl::StrCat(
           "watchers: ", watchers_.size(), " streams are open, the limit (--max-watchers)")));
     }
     const uid_t uid = OwnerUid(*w->caller());
     const size_t per_uid = std::max<size_t>(1, options_.max_watchers / 4);
     if (per_uid_[uid] >= per_uid) {
-      return refuse(absl::ResourceExhaustedError(absl::StrCat(
+      return RefusedWatch(absl::ResourceExhaustedError(absl::StrCat(
           "watchers: uid ", uid, " has ", per_uid_[uid], " streams open, its share (a quarter "
           "of --max-watchers)")));
     }

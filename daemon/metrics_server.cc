@@ -95,10 +95,11 @@ void AddTiers(const v1::StatResponse& s, Families* f) {
   f->Gauge("evoke_kept_sessions", "Sessions under a KeepSession.",
            static_cast<double>(s.kept_sessions()));
   f->Gauge("evoke_watchers", "WatchBlocks streams open.", static_cast<double>(s.watchers()));
-  f->Gauge("evoke_retained_blocks", "Blocks whose retention class is in force, by class.",
-           static_cast<double>(s.low_blocks()), {{"class", "low"}});
-  f->Gauge("evoke_retained_blocks", "Blocks whose retention class is in force, by class.",
-           static_cast<double>(s.high_blocks()), {{"class", "high"}});
+  for (const auto& [cls, n] : {std::pair<const char*, uint64_t>{"low", s.low_blocks()},
+                               {"high", s.high_blocks()}}) {
+    f->Gauge("evoke_retained_blocks", "Blocks whose retention class is in force, by class.",
+             static_cast<double>(n), {{"class", cls}});
+  }
   f->Counter("evoke_watchers_dropped_total",
              "WatchBlocks streams dropped for falling behind the event backlog.",
              static_cast<double>(s.watchers_dropped()));

@@ -82,7 +82,7 @@ NamespaceUsage BlockIndex::Usage(absl::string_view ns) const {
 }
 
 void BlockIndex::SetState(IndexEntry* e, BlockState to) {
-  if (events_ != nullptr) NoteEvent(*e, e->state, to);
+  if (events_ != nullptr && events_->enabled()) NoteEvent(*e, e->state, to);
   if (e->indexed) Charge(*e, -1);
   const int from = static_cast<int>(e->state);
   --count_[from];
@@ -464,13 +464,11 @@ BlockInfo BlockIndex::Info(const IndexEntry& e) {
 
 void BlockIndex::SetRetention(IndexEntry* e, RetentionClass c, int64_t until_ms) {
   if (e->retention != RetentionClass::kNormal) {
-    retained_[e->retention == RetentionClass::kLow ? 0 : 1].erase({e->retention_until_ms, e});
+    retained_[RetainedIndex(e->retention)].erase({e->retention_until_ms, e});
   }
   e->retention = c;
   e->retention_until_ms = c == RetentionClass::kNormal ? 0 : until_ms;
-  if (c != RetentionClass::kNormal) {
-    retained_[c == RetentionClass::kLow ? 0 : 1].insert({e->retention_until_ms, e});
-  }
+  if (c != RetentionClass::kNormal) retained_[RetainedIndex(c)].insert({e->retention_until_ms, e});
 }
 
 void BlockIndex::ForgetEndedRetention(int64_t now_ms) {

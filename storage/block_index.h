@@ -202,9 +202,7 @@ class BlockIndex {
   // ForgetEndedRetention drops the classes whose time is over; then
   // retained(c) counts the blocks of class c in force.
   void ForgetEndedRetention(int64_t now_ms);
-  size_t retained(RetentionClass c) const {
-    return retained_[c == RetentionClass::kLow ? 0 : 1].size();
-  }
+  size_t retained(RetentionClass c) const { return retained_[RetainedIndex(c)].size(); }
 
   // --- walks ---
   // Coldest unpinned tier-1 entries, coldest first (the spiller).
@@ -270,6 +268,7 @@ class BlockIndex {
   absl::flat_hash_map<std::string, int64_t> session_keeps_;
   // Blocks of class kLow [0] and kHigh [1], by the end of their class.
   absl::btree_set<std::pair<int64_t, IndexEntry*>> retained_[2];
+  static int RetainedIndex(RetentionClass c) { return c == RetentionClass::kLow ? 0 : 1; }
   // session id -> namespaces that have it (List by session alone).
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, uint64_t>>
       session_namespaces_;

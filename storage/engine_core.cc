@@ -140,7 +140,6 @@ EngineCore::PrefetchCommit EngineCore::CommitPrefetch(const BlockId& id, uint64_
   index_.AttachRam(e, std::move(ram));
   HoldPrefetched(e, /*brought=*/true);
   ++counters_.promotions;
-  ++counters_.prefetched;
   return PrefetchCommit::kPromoted;
 }
 

@@ -184,21 +184,18 @@ class EngineCore {
   }
   // HoldPrefetched protects `e`, in tier 1, from the spiller until a Load
   // reads it or options().prefetch_hold passes (as a keep would, within
-  // kept_tier1_fraction); `brought` marks its copy as the Prefetch's own.
+  // kept_tier1_fraction); `brought` marks its copy as the Prefetch's own
+  // (counted in `prefetched`).
   void HoldPrefetched(IndexEntry* e, bool brought) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t now_ms = NowMs();
     index_.Touch(e, now_ms);
     e->prefetch_until_ms = now_ms + absl::ToInt64Milliseconds(options_.prefetch_hold);
     e->prefetched |= brought;
+    counters_.prefetched += brought;
   }
   void SetRetention(IndexEntry* e, RetentionClass c, int64_t until_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     index_.SetRetention(e, c, until_ms);
-  }
-  // CountPrefetched counts blocks a Prefetch fetched from tier 3.
-  void CountPrefetched(uint64_t n) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    counters_.prefetched += n;
   }
 
   // --- counters ---

@@ -5,11 +5,11 @@
 // not bring. SetRetention sets the class that orders their eviction.
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "storage/tier_manager_impl.h"
@@ -136,20 +136,23 @@ void TierManagerImpl::PrefetchRemote(absl::Span<const BlockId> ids,
   std::vector<BlockId> fetched_ids;
   uint32_t set_aside = 0;  // Counted as missing or failed below.
   while (!rest.empty()) {
+    // Those held now (fetched by an earlier round, or saved meanwhile) are
+    // done; the others (RemoteMisses' indexes, in order) are asked for.
     const std::vector<size_t> remote = RemoteMisses(rest, *fingerprint, scope);
-    // Fetched by an earlier round (or saved meanwhile): no longer absent.
-    absl::flat_hash_set<size_t> asked(remote.begin(), remote.end());
-    for (size_t i = 0; i < rest.size(); ++i) {
-      if (!asked.contains(i)) fetched_ids.push_back(rest[i]);
+    std::vector<BlockId> asked;
+    for (size_t i = 0, k = 0; i < rest.size(); ++i) {
+      if (k < remote.size() && remote[k] == i) {
+        asked.push_back(rest[i]);
+        ++k;
+      } else {
+        fetched_ids.push_back(rest[i]);
+      }
     }
-    if (remote.empty()) break;
-    if (remote.size() < rest.size()) {
-      std::vector<BlockId> left;
-      for (size_t i : remote) left.push_back(rest[i]);
-      rest = std::move(left);
-      continue;
-    }
-    const absl::Status s = FetchRemote(rest, remote, *fingerprint);
+    rest = std::move(asked);
+    if (rest.empty()) break;
+    std::vector<size_t> all(rest.size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    const absl::Status s = FetchRemote(rest, all, *fingerprint);
     if (s.ok()) {
       fetched_ids.insert(fetched_ids.end(), rest.begin(), rest.end());
       break;
@@ -183,7 +186,6 @@ void TierManagerImpl::PrefetchRemote(absl::Span<const BlockId> ids,
   // The rest: not in tier 3 for this caller, or gone again meanwhile.
   result->missing += static_cast<uint32_t>(absent.size()) - std::min<uint32_t>(
                          static_cast<uint32_t>(absent.size()), n + set_aside);
-  core_.CountPrefetched(n);
 }
 
 absl::Status TierManagerImpl::SetRetention(absl::Span<const BlockId> ids, RetentionClass c,

@@ -357,6 +357,39 @@ class RemoteEngineTest : public ::testing::Test {
   std::vector<std::string> payloads_;
 };
 
+// Prefetch with a fingerprint: what another host wrote comes from tier 3
+// into tier 1 before any Load; an id tier 3 lacks is set aside as missing,
+// and a caller that may not see the namespace fetches nothing.
+TEST_F(RemoteEngineTest, APrefetchFetchesFromTier3IntoTier1) {
+  Host a = Open();
+  Host b = Open();
+  MakeChain(4);
+  ASSERT_OK(SaveChain(a));
+  ASSERT_TRUE(a.tiers->WaitForRemoteIdle(absl::Seconds(10)));
+  std::vector<BlockId> asked = {ids_[0], ids_[1],
+                                BlockId::FromHex("00112233445566778899aabbccddeeff").value(),
+                                ids_[2], ids_[3]};
+  const OneNamespace other("other");
+  ASSERT_OK_AND_ASSIGN(PrefetchResult none,
+                       b.tiers->Prefetch(asked, &fp_, absl::Now() + absl::Seconds(10), &other));
+  EXPECT_EQ(none.fetched, 0u);
+  EXPECT_EQ(none.missing, 5u);
+  EXPECT_TRUE(b.tiers->Lookup(ids_).empty());
+  ASSERT_OK_AND_ASSIGN(PrefetchResult r,
+                       b.tiers->Prefetch(asked, &fp_, absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(r.fetched, 4u);
+  EXPECT_EQ(r.missing, 1u);
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_EQ(b.tiers->Lookup(ids_), std::vector<BlockLocation>(4, BlockLocation::kHost));
+  std::vector<std::string> got;
+  std::vector<LoadedInfo> infos;
+  ASSERT_OK(Load(b, ids_, &got, &infos));
+  EXPECT_EQ(got, payloads_);
+  const TierStats st = b.tiers->Stats();
+  EXPECT_EQ(st.counters.prefetched, 4u);
+  EXPECT_EQ(st.counters.prefetch_hits, 4u);
+}
+
 TEST_F(RemoteEngineTest, APrefixSavedOnOneHostIsFoundAndLoadedOnAnother) {
   Host a = Open();
   Host b = Open();
