@@ -24,8 +24,8 @@
 //      must stop by itself within seconds; then RingSet::StopAll (which
 //      must end every ring at once), and the checks below.
 //
-// The fake RingHandler (FakeHandler) checks what it is given (opcode Save or
-// Load, meta of meta_len bytes, slices inside the copied arguments at the
+// The fake RingHandler (FakeHandler) checks what it is given (opcode Save,
+// Load, Acquire or Release, meta of meta_len bytes, slices inside the copied arguments at the
 // next multiple of 8) and, while the client has done nothing that lets the
 // daemon read a slot as it changes, that the entry and its arguments are the
 // ones the client wrote. It answers each entry as the input planned (Plan):
@@ -171,7 +171,7 @@ enum Action : uint8_t {
 
 // SqeSpec shape bits.
 constexpr uint8_t kConsistent = 1u << 0;  // arg_len, meta_len, n_slices agree.
-constexpr uint8_t kKnownOp = 1u << 1;     // opcode % 3.
+constexpr uint8_t kKnownOp = 1u << 1;     // opcode % 5 (NOP to RELEASE).
 constexpr uint8_t kNearMiss = 1u << 2;    // Then arg_len, meta_len, n_slices
                                           // moved by a few (u8 x3 more).
 
@@ -210,7 +210,7 @@ SqeSpec ParseSqeSpec(Reader& r) {
   const std::string id = r.bytes(16);
   std::memcpy(e.id, id.data(), id.size());
   s.args = r.bytes(r.u16() % (kMaxArgsWritten + 1));
-  if (shape & kKnownOp) e.opcode %= 3;
+  if (shape & kKnownOp) e.opcode %= ring::kOpRelease + 1;
   if (shape & kConsistent) {
     e.n_slices %= 9;
     e.meta_len %= 256;
@@ -269,10 +269,15 @@ RingResult PlanResult(const Plan& p, uint32_t msg_bytes) {
 
 // The field ring_format.h's rules name for a bad entry, or "" when valid.
 const char* BadField(const RingSqe& e, const RingGeometry& g) {
-  if (e.opcode > ring::kOpLoad) return "sqe.opcode";
+  if (e.opcode > ring::kOpRelease) return "sqe.opcode";
   if (e.arg_len > g.arg_bytes) return "sqe.arg_len";
   if (e.meta_len > e.arg_len) return "sqe.meta_len";
   if (e.n_slices > ring::kMaxSlices) return "sqe.n_slices";
+  // An ACQUIRE carries whole 16-byte ids and no slices.
+  if (e.opcode == ring::kOpAcquire &&
+      (e.meta_len == 0 || e.meta_len % 16 != 0 || e.n_slices != 0)) {
+    return "sqe.meta_len";
+  }
   if (e.n_slices > 0 && AlignUp8(e.meta_len) + uint64_t{e.n_slices} * sizeof(RingSlice) >
                             e.arg_len) {
     return "sqe.n_slices";
@@ -333,7 +338,7 @@ class FakeHandler final : public RingHandler {
       const RingRequest& r = requests[i];
       const RingSqe& e = r.sqe;
       // What the daemon's check promises, on its own copy.
-      FUZZ_CHECK(e.opcode == ring::kOpSave || e.opcode == ring::kOpLoad);
+      FUZZ_CHECK(e.opcode >= ring::kOpSave && e.opcode <= ring::kOpRelease);
       FUZZ_CHECK(*BadField(e, g_) == '\0');
       FUZZ_CHECK(r.meta.size() == e.meta_len);
       uint64_t sum = 0;
@@ -1187,6 +1192,16 @@ void WriteSeeds(const std::string& dir) {
     s.Prepare(0).Sqe(ring::kOpSave, 0, meta, 2, 5, 40, false);
     s.Advance(1).Wait().Consume(1);
     write("small_save_load", s);
+  }
+  {
+    // Acquire (two ids, then ids that are not whole), Release.
+    Seed s;
+    s.Valid(kValid, 64, 2, 0, 1024, 256);
+    s.Prepare(0).Sqe(ring::kOpAcquire, ring::kAcquireAll, std::string(32, '\x22'), 0, 0, 2, true);
+    s.Prepare(1).Sqe(ring::kOpAcquire, 0, std::string(20, '\x22'), 0, 0, 0, false);
+    s.Prepare(2).Sqe(ring::kOpRelease, 0, "", 0, 5, 40, false);
+    s.Advance(3).Wait().Consume(3);
+    write("acquire_release", s);
   }
   {
     // A batch on a larger ring: errors with long messages, meta over msg_bytes.
