@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "tests/e2e_fixture.h"
 
@@ -274,6 +275,100 @@ TEST_F(EvokectlTest, Ttl) {
   r = Ctl({"ttl", "low", "0", SessionBlock("absent", 0, 64).id().ToHex()});
   EXPECT_EQ(r.exit_code, 3) << r.err;  // NOT_FOUND.
   EXPECT_THAT(r.err, HasSubstr("ids[0]"));
+}
+
+TEST_F(EvokectlTest, PinAndUnpinSetTheHighClass) {
+  auto high = [&] {
+    absl::StatusOr<v1::StatResponse> stat = client_->Stat();
+    EXPECT_OK(stat.status());
+    return stat.ok() ? stat->high_blocks() : 0;
+  };
+  CommandResult r = Ctl({"pin", blocks_[0].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("1 block(s) high"));
+  EXPECT_EQ(high(), 1u);
+  r = Ctl({"pin", "--ttl", "30", blocks_[1].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("for 30 s"));
+  EXPECT_EQ(high(), 2u);
+  r = Ctl({"unpin", "--json", blocks_[0].id().ToHex(), blocks_[1].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"class\":\"normal\""));
+  EXPECT_EQ(high(), 0u);
+  r = Ctl({"pin", SessionBlock("absent", 0, 64).id().ToHex()});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+}
+
+TEST_F(EvokectlTest, RecoverRanksASessionsBlocks) {
+  // Session "rec": 4 blocks whose MEAN_KEYS summaries point along 4 axes,
+  // block 3's close to block 0's.
+  std::vector<TestBlock> rec;
+  for (int i = 0; i < 4; ++i) {
+    TestBlock b = SessionBlock("rec", i, 64);
+    const v1::LayoutFingerprint& fp = b.meta.fingerprint();
+    v1::Summary* sum = b.meta.add_summaries();
+    sum->set_kind(v1::SUMMARY_MEAN_KEYS);
+    sum->set_layer(b.meta.layer_begin());
+    sum->set_heads(fp.n_kv_heads());
+    sum->set_dim(fp.head_dim());
+    for (uint32_t j = 0; j < fp.n_kv_heads() * fp.head_dim(); ++j) {
+      sum->add_values(i == 3 ? (j % 4 == 0 ? 0.9f : 0.1f) : (j % 4 == static_cast<uint32_t>(i)));
+    }
+    rec.push_back(std::move(b));
+  }
+  ASSERT_OK(SaveBlocks(*client_, rec));
+  auto ids_in_order = [](const std::string& out) {
+    std::vector<std::string> ids;
+    for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+      const std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (words.size() > 1) ids.push_back(words[1]);
+    }
+    return ids;
+  };
+  // Like block 0: block 3 first, the others after, never block 0 itself
+  // nor another session's.
+  CommandResult r = Ctl({"recover", "test", "rec", "--like", rec[0].id().ToHex()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> ids = ids_in_order(r.out);
+  ASSERT_EQ(ids.size(), 3u) << r.out;
+  EXPECT_EQ(ids[0], rec[3].id().ToHex()) << r.out;
+  EXPECT_THAT(r.out, Not(HasSubstr(rec[0].id().ToHex())));
+  EXPECT_THAT(r.out, Not(HasSubstr(blocks_[0].id().ToHex())));
+  r = Ctl({"recover", "--json", "test", "rec", "--like", rec[0].id().ToHex(), "-k", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"blocks\""));
+  EXPECT_THAT(r.out, HasSubstr(rec[3].id().ToHex()));
+
+  // The same query from a file (block 2's axis): block 2 first.
+  const v1::Summary& sum = rec[2].meta.summaries(0);
+  const std::string file = dir_.Join("query.txt");
+  {
+    std::ofstream out(file);
+    for (float v : sum.values()) out << v << "\n";
+  }
+  r = Ctl({"recover", "test", "rec", "--query-file", file, "--heads",
+           std::to_string(sum.heads()), "--layer", std::to_string(sum.layer())});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ids = ids_in_order(r.out);
+  ASSERT_EQ(ids.size(), 4u) << r.out;
+  EXPECT_EQ(ids[0], rec[2].id().ToHex()) << r.out;
+
+  // Refusals name the option.
+  r = Ctl({"recover", "test", "rec"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--like or --query-file"));
+  {
+    std::ofstream out(file);
+    out << "1.0 oops\n";
+  }
+  r = Ctl({"recover", "test", "rec", "--query-file", file, "--heads", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--query-file: oops"));
+  r = Ctl({"recover", "test", "rec", "--like", rec[0].id().ToHex(), "--kind", "repr"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;  // No such summary.
+  r = Ctl({"recover", "test", "rec", "--like", rec[0].id().ToHex(), "--kind", "best"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--kind"));
 }
 
 TEST_F(EvokectlTest, Quota) {

@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "tools/evokectl/exit_codes.h"
 #include "tools/evokectl/print.h"
+#include "tools/evokectl/recover.h"
 #include "tools/evokectl/watch.h"
 #include "tools/evokectl/progress.h"
 #include "tools/evokectl/socket_probe.h"
@@ -371,6 +372,26 @@ int Run(int argc, char** argv) {
       ->required()
       ->check(CLI::NonNegativeNumber);
   ttl->add_option("ID", ttl_ids, "Block ids")->required();
+  // pin / unpin: an operator's durable pin is class high (a lease's pin
+  // would end with this process); unpin returns the blocks to normal.
+  CLI::App* pin = app.add_subcommand("pin", "Keep blocks in their tiers (class high) until unpin");
+  pin->add_option("--ttl", ttl_seconds, "End the pin after SECONDS (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  pin->add_option("ID", ttl_ids, "Block ids")->required();
+  CLI::App* unpin = app.add_subcommand("unpin", "Let pinned blocks compete again (class normal)");
+  unpin->add_option("ID", ttl_ids, "Block ids")->required();
+  CLI::App* recover = app.add_subcommand(
+      "recover", "The blocks of a session a recovery query would bring back, best first");
+  ctl::RecoverCommand rc;
+  recover->add_option("NAMESPACE", rc.ns)->required();
+  recover->add_option("SESSION", rc.session)->required();
+  recover->add_option("--like", rc.like, "Query with this block's key summary");
+  recover->add_option("--query-file", rc.query_file, "Query vectors: floats, heads x dim");
+  recover->add_option("--heads", rc.heads, "Query heads in --query-file");
+  recover->add_option("--kind", rc.kind, "Summary kind: mean, repr or embedding")
+      ->capture_default_str();
+  recover->add_option("--layer", rc.layer, "The layer scored");
+  recover->add_option("-k", rc.k, "How many blocks (1-1024)")->capture_default_str();
   CLI::App* quota = app.add_subcommand(
       "quota", "A namespace's usage against its quotas and its retention cap");
   std::string quota_ns;
@@ -592,7 +613,9 @@ int Run(int argc, char** argv) {
                   << " in tier 1 already, " << r.missing() << " missing, " << r.no_room()
                   << " without room, " << r.failed() << " failed\n";
       }
-    } else if (*ttl) {
+    } else if (*ttl || *pin || *unpin) {
+      if (!*ttl) ttl_class = *pin ? "high" : "normal";
+      if (*unpin) ttl_seconds = 0;
       std::vector<BlockId> ids;
       for (const std::string& h : ttl_ids) ids.push_back(ParseId(h));
       const v1::RetentionClass c = ttl_class == "low"    ? v1::RETENTION_LOW
@@ -607,6 +630,9 @@ int Run(int argc, char** argv) {
         if (ttl_seconds > 0) std::cout << " for " << ttl_seconds << " s";
         std::cout << "\n";
       }
+    } else if (*recover) {
+      rc.json = json;
+      Check(ctl::Recover(*client, rc));
     } else if (*quota) {
       const v1::StatResponse s = Check(client->Stat());
       const v1::NamespaceStat* found = nullptr;
