@@ -40,6 +40,7 @@ v1::BlockEventKind ToProto(BlockEventKind kind) {
     case BlockEventKind::kPromoted: return v1::BLOCK_EVENT_PROMOTED;
     case BlockEventKind::kEvicted: return v1::BLOCK_EVENT_EVICTED;
     case BlockEventKind::kRemoved: return v1::BLOCK_EVENT_REMOVED;
+    case BlockEventKind::kExpired: return v1::BLOCK_EVENT_EXPIRED;
   }
   return v1::BLOCK_EVENT_KIND_UNSPECIFIED;
 }
@@ -210,7 +211,7 @@ grpc::ServerWriteReactor<v1::BlockEvents>* WatchHub::Watch(
   uint32_t kinds = 0;
   absl::Status bad;
   for (int k : request.kinds()) {
-    if (k < v1::BLOCK_EVENT_STORED || k > v1::BLOCK_EVENT_REMOVED) {
+    if (k < v1::BLOCK_EVENT_STORED || k > v1::BLOCK_EVENT_EXPIRED) {
       bad = absl::InvalidArgumentError(absl::StrCat("kinds: unknown value ", k));
       break;
     }

@@ -30,6 +30,7 @@ enum class BlockEventKind : uint8_t {
   kPromoted = 4,  // Read back from tier 2 into tier 1.
   kEvicted = 5,   // A copy was dropped (tier: which); the block may be a breadcrumb now.
   kRemoved = 6,   // Deleted from every tier.
+  kExpired = 7,   // Its retention class's ttl ran out: it competes by recency again.
 };
 
 struct BlockEvent {

@@ -11,6 +11,7 @@
 #include "storage/tier_manager.h"
 #include "testing/blocks.h"
 #include "testing/engine.h"
+#include "testing/fake_clock.h"
 #include "testing/status_matchers.h"
 #include "testing/temp_dir.h"
 
@@ -117,6 +118,41 @@ TEST(BlockEventLogTest, TheEngineRecordsABlocksLife) {
   const uint64_t removal = log.next_seq();
   ASSERT_OK((*tm)->Delete({&ids[1], 1}));
   EXPECT_THAT(KindsOf(log, removal), ::testing::ElementsAre(K::kRemoved));
+}
+
+TEST(BlockEventLogTest, ARetentionClassThatRunsOutIsOneExpiredEventWithinSeconds) {
+  evoke::testing::TempDir dir;
+  BlockEventLog log(1024, 1);
+  log.Enable();
+  evoke::testing::FakeClock clock;
+  TierManagerOptions options;
+  options.events = &log;
+  options.clock = &clock;
+  auto tm = evoke::testing::OpenEngine(dir.Join("db"), 1 << 20, options, nullptr);
+  ASSERT_OK(tm);
+  std::vector<v1::BlockMeta> metas;
+  std::vector<BlockId> ids;
+  ASSERT_OK(SaveBlocks(**tm, "s", 3, 0, false, &metas, &ids));
+  ASSERT_OK((*tm)->SetRetention({&ids[0], 1}, RetentionClass::kHigh, absl::Seconds(5)));
+  ASSERT_OK((*tm)->SetRetention({&ids[1], 1}, RetentionClass::kLow, absl::Seconds(60)));
+  ASSERT_OK((*tm)->SetRetention({&ids[2], 1}, RetentionClass::kHigh, absl::ZeroDuration()));
+  const uint64_t from = log.next_seq();
+  // Not before its time; then once, from the spiller's own wake-ups.
+  clock.Advance(absl::Seconds(4));
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_TRUE(KindsOf(log, from).empty());
+  clock.Advance(absl::Seconds(2));
+  ASSERT_TRUE(evoke::testing::WaitUntil([&] { return !KindsOf(log, from).empty(); },
+                                        absl::Seconds(10)));
+  std::vector<BlockEvent> out;
+  uint64_t lost = 0;
+  absl::SleepFor(absl::Milliseconds(1500));  // Another wake-up: still one.
+  log.Read(from, 100, &out, &lost);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind, BlockEventKind::kExpired);
+  EXPECT_EQ(out[0].id, ids[0]);
+  EXPECT_EQ(out[0].location, BlockLocation::kHost);
+  EXPECT_EQ((*tm)->Stats().high_blocks, 1u);  // The one without an end.
 }
 
 }  // namespace

@@ -478,6 +478,10 @@ void BlockIndex::ForgetEndedRetention(int64_t now_ms) {
       set.erase(set.begin());
       e->retention = RetentionClass::kNormal;
       e->retention_until_ms = 0;
+      if (events_ != nullptr && events_->enabled()) {
+        const BlockLocation where = LocationIn(e->state);
+        events_->Record(BlockEventKind::kExpired, e->id, e->meta, where, where);
+      }
     }
   }
 }

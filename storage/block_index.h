@@ -199,8 +199,9 @@ class BlockIndex {
 
   // SetRetention gives `e` class `c` until `until_ms` (kNormal: none).
   void SetRetention(IndexEntry* e, RetentionClass c, int64_t until_ms);
-  // ForgetEndedRetention drops the classes whose time is over; then
-  // retained(c) counts the blocks of class c in force.
+  // ForgetEndedRetention drops the classes whose time is over (recording
+  // an EXPIRED event for each, when events are on); then retained(c)
+  // counts the blocks of class c in force.
   void ForgetEndedRetention(int64_t now_ms);
   size_t retained(RetentionClass c) const { return retained_[RetainedIndex(c)].size(); }
 

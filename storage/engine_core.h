@@ -83,6 +83,13 @@ class EngineCore {
   // disk fails every round).
   void LogTierError(const absl::Status& s);
 
+  // ExpireRetention ends the retention classes whose ttl is over (an
+  // EXPIRED event each, when someone watches); the spiller calls it at
+  // least every second, and eviction passes before they choose.
+  void ExpireRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    index_.ForgetEndedRetention(NowMs());
+  }
+
   // --- room in tier 1 ---
   // NotifyRoom wakes every save waiting in AwaitRoom (tier-1 bytes were
   // freed or became evictable, or the spiller is stopping).

@@ -116,6 +116,7 @@ void Spiller::Loop() {
       absl::MutexLock lock(core_->mu());
       for (;;) {
         if (stop_) return;
+        core_->ExpireRetention();
         const uint64_t used = core_->host().used_bytes();
         if (used > core_->high_bytes()) active_ = true;
         if (active_ && used <= core_->low_bytes() && waiters_ == 0) active_ = false;

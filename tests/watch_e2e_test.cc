@@ -99,6 +99,30 @@ TEST_F(WatchTest, ABlocksLifeArrivesInOrder) {
   w->Cancel();
 }
 
+// A retention class with a ttl: one EXPIRED event when it runs out, to a
+// watcher that asked for that kind only.
+TEST_F(WatchTest, ARetentionClassRunningOutIsAnExpiredEvent) {
+  v1::WatchBlocksRequest request;
+  request.add_kinds(v1::BLOCK_EVENT_EXPIRED);
+  v1::BlockEvents first;
+  std::unique_ptr<BlockWatch> w = Watch(request, &first);
+  ASSERT_NE(w, nullptr);
+  const TestBlock b = SessionBlock("ttl", 0, kTokens);
+  ASSERT_OK(SaveBlocks(*client_, {b}));
+  const absl::Time set = absl::Now();
+  ASSERT_OK(client_->SetRetention({b.id()}, v1::RETENTION_HIGH, 1));
+  const std::vector<v1::BlockEvent> events = ReadEvents(*w, 1);
+  const absl::Duration after = absl::Now() - set;
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind(), v1::BLOCK_EVENT_EXPIRED);
+  EXPECT_EQ(events[0].id(), b.id().ToBytes());
+  EXPECT_EQ(events[0].location(), v1::TIER_PINNED_HOST);
+  EXPECT_GE(after, absl::Milliseconds(900));
+  EXPECT_LE(after, absl::Seconds(5));
+  EXPECT_EQ(Stat().high_blocks(), 0u);
+  w->Cancel();
+}
+
 // The case: 16 clients saving; the watcher goes away and comes
 // back with its token: every save is seen exactly once, none lost. Event
 // delivery (event time to receipt) is reported.

@@ -613,7 +613,8 @@ class Client:
         """A stream of block events (an iterator of pb.BlockEvents; cancel()
         ends it): the first message at once, with a resume_token to pass
         back after a reconnect; then batches as blocks are stored, spilled,
-        demoted, promoted, evicted or removed."""
+        demoted, promoted, evicted or removed, or their retention class
+        expires."""
         return self._watch_blocks(pb.WatchBlocksRequest(
             namespace=namespace, resume_token=resume_token, kinds=list(kinds)))
 

@@ -397,13 +397,14 @@ int Run(int argc, char** argv) {
   std::string quota_ns;
   quota->add_option("NAMESPACE", quota_ns)->required();
   CLI::App* watch = app.add_subcommand(
-      "watch", "Stream block events (stored, spilled, demoted, promoted, evicted, removed)");
+      "watch", "Stream block events (stored, spilled, demoted, promoted, evicted, removed, expired)");
   std::string watch_ns, watch_resume;
   std::vector<std::string> watch_kinds;
   uint64_t watch_count = 0;
   watch->add_option("--namespace", watch_ns, "Only this namespace");
   watch->add_option("--kind", watch_kinds, "Only these kinds (repeatable)")
-      ->check(CLI::IsMember({"stored", "spilled", "demoted", "promoted", "evicted", "removed"}));
+      ->check(CLI::IsMember({"stored", "spilled", "demoted", "promoted", "evicted", "removed",
+                                "expired"}));
   watch->add_option("--resume", watch_resume,
                     "Continue after this token (hex, as printed at exit)");
   watch->add_option("--count", watch_count, "Exit after this many events (0 = never)");
