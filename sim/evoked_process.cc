@@ -47,12 +47,25 @@ absl::StatusOr<std::unique_ptr<EvokedProcess>> EvokedProcess::Start(
     return absl::NotFoundError(absl::StrCat("evoked: no executable at ", binary,
                                             " (build the evoked target or pass --evoked)"));
   }
-  std::string templ = (std::filesystem::temp_directory_path() / "evoke-sim.XXXXXX").string();
-  if (::mkdtemp(templ.data()) == nullptr) {
-    return absl::InternalError("mkdtemp failed for the evoked directory");
+  std::string templ = options.dir;
+  if (templ.empty()) {
+    templ = (std::filesystem::temp_directory_path() / "evoke-sim.XXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr) {
+      return absl::InternalError("mkdtemp failed for the evoked directory");
+    }
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(templ, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("evoked's directory ", templ, ": ", ec.message()));
+    }
+    // A socket left by a killed run would make this start fail.
+    std::filesystem::remove(templ + "/evoked.sock", ec);
   }
   auto p = std::unique_ptr<EvokedProcess>(new EvokedProcess());
   p->dir_ = templ;
+  p->keep_dir_ = !options.dir.empty();
   p->socket_ = templ + "/evoked.sock";
   const std::string log = templ + "/evoked.log";
   std::vector<std::string> args = {binary,
@@ -119,7 +132,7 @@ EvokedProcess::~EvokedProcess() {
       ::waitpid(pid_, &status, 0);
     }
   }
-  if (!dir_.empty()) {
+  if (!dir_.empty() && !keep_dir_) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }

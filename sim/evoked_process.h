@@ -19,18 +19,23 @@ struct EvokedProcessOptions {
   std::string pinned_bytes = "16MiB";  // Small: most blocks spill to RocksDB.
   uint32_t summary_layer = 0;    // The simulator's recovery layer.
   uint32_t worker_threads = 4;
+  // Where its socket, data and log go. Empty: a temporary directory,
+  // removed when the process is stopped; else this one, created if absent
+  // and kept (its blocks outlive the process, for the next start).
+  std::string dir;
 };
 
 class EvokedProcess {
  public:
-  // Start makes a temporary directory, runs `evoked --socket DIR/evoked.sock
-  // --data-dir DIR/data --pinned-bytes ... --summary-layer ...
+  // Start makes a temporary directory (or uses options.dir), runs `evoked
+  // --socket DIR/evoked.sock --data-dir DIR/data --pinned-bytes ...
+  // --summary-layer ...
   // --lock-memory=false` with its log in DIR/evoked.log, and waits (up to
   // 30 s) until it answers. UNAVAILABLE with the log's tail when it exits or
   // does not answer; NOT_FOUND when the binary does not exist.
   static absl::StatusOr<std::unique_ptr<EvokedProcess>> Start(const EvokedProcessOptions& options);
-  // Stops the daemon (SIGTERM, then SIGKILL after 10 s) and removes the
-  // directory.
+  // Stops the daemon (SIGTERM, then SIGKILL after 10 s) and removes a
+  // temporary directory.
   ~EvokedProcess();
 
   const std::string& socket() const { return socket_; }
@@ -41,6 +46,7 @@ class EvokedProcess {
   EvokedProcess() = default;
   pid_t pid_ = -1;
   std::string dir_;
+  bool keep_dir_ = false;
   std::string socket_;
 };
 

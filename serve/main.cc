@@ -1,0 +1,157 @@
+// evoke-serve: an OpenAI-compatible server on llama.cpp whose conversations
+// are kept in evoked (serve/engine.h says how), so that a returning
+// conversation, after its slot was given up or the server restarted,
+// continues from evoked instead of being prefilled again.
+//
+//   evoke-serve [--model FILE.gguf] [--port 8080] [--socket EVOKED.sock]
+//
+// Without --socket it starts its own evoked, with its data in --data-dir
+// (kept across starts). SIGINT / SIGTERM stop it cleanly.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "llama.h"
+#include "serve/engine.h"
+#include "serve/http_server.h"
+#include "sim/evoked_process.h"
+
+namespace {
+
+// The trained model: next to the build tree or the installed binary, or in
+// the working directory.
+std::string DefaultModel() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::vector<std::filesystem::path> candidates;
+  if (!ec) {
+    candidates.push_back(self.parent_path().parent_path().parent_path() / "models" /
+                         "evoke-recall.gguf");
+    candidates.push_back(self.parent_path().parent_path() / "share" / "evoke" /
+                         "evoke-recall.gguf");
+  }
+  candidates.push_back("models/evoke-recall.gguf");
+  for (const auto& c : candidates) {
+    if (std::filesystem::exists(c, ec)) return c.string();
+  }
+  return "models/evoke-recall.gguf";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace evoke;  // NOLINT: a tool's main.
+  CLI::App app{"evoke-serve: an OpenAI-compatible server whose conversations live in evoked"};
+  serve::EngineOptions eo;
+  serve::HttpOptions ho;
+  std::string socket, evoked_binary, data_dir = "evoke-serve-data", pinned = "256MiB";
+  int64_t queue_wait_ms = 30000;
+  bool no_save = false;
+  eo.model_path = DefaultModel();
+  app.add_option("--model", eo.model_path, "GGUF model (default: the trained evoke-recall)")
+      ->capture_default_str();
+  app.add_option("--model-name", eo.model_name, "The id clients ask for (default: file stem)");
+  app.add_option("--host", ho.host)->capture_default_str();
+  app.add_option("--port", ho.port, "0: any free port")->capture_default_str();
+  app.add_option("--api-key", ho.api_key, "Require Authorization: Bearer KEY");
+  app.add_option("--socket", socket, "Use this evoked (else start one)");
+  app.add_option("--evoked", evoked_binary, "evoked to start (default: next to this build)");
+  app.add_option("--data-dir", data_dir, "The started evoked's directory (kept)")
+      ->capture_default_str();
+  app.add_option("--evoked-pinned-bytes", pinned, "The started evoked's tier 1")
+      ->capture_default_str();
+  app.add_option("--slots", eo.slots, "Requests decoding at once")->capture_default_str();
+  app.add_option("--kv-budget", eo.kv_budget, "KV cells all conversations share")
+      ->capture_default_str();
+  app.add_option("--block-tokens", eo.block_tokens, "Tokens per prefix block in evoked")
+      ->capture_default_str();
+  app.add_option("--max-prompt-tokens", eo.max_prompt_tokens, "0: kv-budget - 1")
+      ->capture_default_str();
+  app.add_option("--default-max-tokens", eo.default_max_tokens)->capture_default_str();
+  app.add_option("--max-tokens", eo.max_tokens_limit, "The most a request may ask for")
+      ->capture_default_str();
+  app.add_option("--max-queue", eo.max_queue, "Requests waiting for a slot, at most")
+      ->capture_default_str();
+  app.add_option("--queue-wait-ms", queue_wait_ms, "Then 429")->capture_default_str();
+  app.add_option("--threads", eo.threads, "llama.cpp threads (0: all cores)")
+      ->capture_default_str();
+  app.add_option("--namespace", eo.ns, "evoked namespace")->capture_default_str();
+  app.add_flag("--no-save-prefixes", no_save, "Do not write conversations to evoked");
+  CLI11_PARSE(app, argc, argv);
+  eo.queue_wait = absl::Milliseconds(queue_wait_ms);
+  eo.save_prefixes = !no_save;
+
+  // Signals go to one thread, which stops the server.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<sim::EvokedProcess> evoked;
+  if (socket.empty()) {
+    sim::EvokedProcessOptions po;
+    po.binary = evoked_binary;
+    po.dir = data_dir;
+    po.pinned_bytes = pinned;
+    absl::StatusOr<std::unique_ptr<sim::EvokedProcess>> p = sim::EvokedProcess::Start(po);
+    if (!p.ok()) {
+      std::fprintf(stderr, "evoke-serve: %s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    evoked = *std::move(p);
+    socket = evoked->socket();
+  }
+  ClientOptions co;
+  co.target = socket;
+  co.connect_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(co);
+  if (!client.ok()) {
+    std::fprintf(stderr, "evoke-serve: evoked at %s: %s\n", socket.c_str(),
+                 client.status().ToString().c_str());
+    return 1;
+  }
+  llama_log_set(
+      [](ggml_log_level level, const char* text, void*) {
+        if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+      },
+      nullptr);
+  llama_backend_init();
+  absl::StatusOr<std::unique_ptr<serve::Engine>> engine = serve::Engine::Open(eo, client->get());
+  if (!engine.ok()) {
+    std::fprintf(stderr, "evoke-serve: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  serve::HttpServer server(engine->get(), ho);
+  absl::StatusOr<int> port = server.Bind();
+  if (!port.ok()) {
+    std::fprintf(stderr, "evoke-serve: %s\n", port.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("evoke-serve: listening on http://%s:%d (model %s, %u slots, KV budget %u tokens, "
+              "evoked at %s)\n",
+              ho.host.c_str(), *port, (*engine)->model_name().c_str(), eo.slots, eo.kv_budget,
+              socket.c_str());
+  std::fflush(stdout);
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    server.Stop();
+  });
+  server.Serve();
+  // Served until a signal; wake the stopper if Serve ended otherwise.
+  pthread_kill(stopper.native_handle(), SIGTERM);
+  stopper.join();
+  engine->reset();
+  llama_backend_free();
+  std::printf("evoke-serve: stopped\n");
+  return 0;
+}
