@@ -29,6 +29,8 @@ PACKAGES=(
   # OpenAPI schema validation and the admission policy's CEL, with the npm
   # packages pinned in tests/k8s/package-lock.json.
   nodejs
+  # evoke-serve (issue #29): its HTTP server.
+  libcpp-httplib-dev
 )
 
 missing=()

@@ -167,6 +167,7 @@ absl::Status EngineImpl::Init() {
               : options_.model_name;
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
+  mp.progress_callback = [](float, void*) { return true; };  // No dots on stderr.
   model_.reset(llama_model_load_from_file(options_.model_path.c_str(), mp));
   if (model_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -451,8 +452,8 @@ void EngineImpl::FinishSlot(Slot& s, const std::string& reason) {
   if (!reason.empty()) {
     const std::string rest = s.stop->Flush();
     if (!rest.empty()) s.stream->Text(rest);
+    Count(&EngineStats::completed);  // Before the client can see the end.
     s.stream->Finish(reason, s.usage);
-    Count(&EngineStats::completed);
   }
   if (options_.save_prefixes && s.tokens.size() >= options_.block_tokens) {
     absl::StatusOr<llama::PrefixResult> saved =
@@ -473,8 +474,8 @@ void EngineImpl::FinishSlot(Slot& s, const std::string& reason) {
 }
 
 void EngineImpl::FailSlot(Slot& s, const ApiError& e) {
-  s.stream->Fail(e);
   Count(&EngineStats::failed);
+  s.stream->Fail(e);
   s.stream.reset();
   s.sampler.reset();
   s.stop.reset();
