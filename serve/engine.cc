@@ -152,6 +152,9 @@ absl::Status EngineImpl::Init() {
     return absl::InvalidArgumentError("slots: must be in [1, 256]");
   }
   if (options_.block_tokens == 0) return absl::InvalidArgumentError("block_tokens: 0");
+  if (options_.max_queue == 0) {
+    return absl::InvalidArgumentError("max_queue: 0 (every request waits in it, if briefly)");
+  }
   if (options_.kv_budget < 2 * options_.block_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("kv_budget: ", options_.kv_budget,
                                                    " is less than two blocks of ",
