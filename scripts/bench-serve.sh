@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# bench-serve.sh: time to first token of a returning conversation after a
+# restart of evoke-serve (issue #29): its blocks loaded from evoked, against
+# the same engine prefilling it again (--no-save-prefixes), in the same run.
+#
+#   scripts/bench-serve.sh [TOKENS] [ROUNDS]     (default 4000 tokens, 5 rounds)
+#
+# A round: start evoke-serve (and its evoked), send the conversation once
+# with max_tokens 1 (the engine writes it through to evoked), restart
+# evoke-serve and its evoked, send it again and time it (curl's total time
+# of a max_tokens 1 request: tokenize, load or prefill, one token). Prints
+# the medians and their ratio. Model: models/evoke-recall.gguf (trained to
+# 2,048 tokens, declares 4,096; the timing does not depend on the answer).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN="$ROOT/${EVOKE_BUILD_DIR:-build}/serve/evoke-serve"
+TOKENS=${1:-4000}
+ROUNDS=${2:-5}
+WORK=$(mktemp -d)
+trap 'pkill -f "evoke-serve --port 18190" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+# A conversation in the model's language: ~10 tokens a fact.
+prompt=""
+i=0
+words=(red blue green amber bronze ivory)
+animals=(fox cat whale ant squid owl)
+while [ $(( i * 10 )) -lt "$TOKENS" ]; do
+  prompt+="the code for ${words[$((i % 6))]} ${animals[$(((i / 6) % 6))]} is $((i % 10)) $(((i / 10) % 10)) $(((i / 100) % 10)) . "
+  i=$((i + 1))
+done
+prompt+="question : what is the code for red fox ? answer :"
+body=$(printf '{"model":"evoke-recall","prompt":"%s","max_tokens":1,"temperature":0}' "$prompt")
+
+start() {  # $1: data dir, rest: flags
+  local dir=$1; shift
+  "$BIN" --port 18190 --data-dir "$dir" --kv-budget $(( TOKENS + 512 )) --slots 1 "$@" \
+    >"$WORK/serve.log" 2>&1 &
+  for _ in $(seq 1 300); do
+    curl -sf localhost:18190/health >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  cat "$WORK/serve.log" >&2
+  return 1
+}
+stop() { pkill -TERM -f "evoke-serve --port 18190" || true; while pgrep -f "evoke-serve --port 18190" >/dev/null; do sleep 0.1; done; }
+timed() {
+  curl -s -o "$WORK/out.json" -w '%{time_total}' localhost:18190/v1/completions \
+    -H 'Content-Type: application/json' -d "$body"
+}
+
+run() {  # $1: label, rest: flags
+  local label=$1; shift
+  local times=()
+  for r in $(seq 1 "$ROUNDS"); do
+    rm -rf "$WORK/data"
+    start "$WORK/data" "$@"; timed >/dev/null; stop
+    start "$WORK/data" "$@"; t=$(timed); stop
+    cached=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens_details"]["cached_tokens"])' "$WORK/out.json")
+    prompt_tokens=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens"])' "$WORK/out.json")
+    times+=("$t")
+    echo "$label round $r: ${t} s, ${cached} of ${prompt_tokens} prompt tokens not computed" >&2
+  done
+  printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+}
+
+evoke=$(run evoke)
+prefill=$(run re-prefill --no-save-prefixes)
+echo "tokens ~$TOKENS, rounds $ROUNDS: returning conversation after a restart, median time to first token: evoke ${evoke} s, re-prefill ${prefill} s, ratio $(python3 -c "print(round($prefill/$evoke, 2))")x"
