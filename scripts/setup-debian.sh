@@ -51,11 +51,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The npm packages of tests/k8s, exactly as locked (again only when the lock
-# file changed since the last install).
-K8S_DIR="$(cd "$(dirname "$0")/.." && pwd)/tests/k8s"
-if [ ! -f "$K8S_DIR/node_modules/.package-lock.json" ] ||
-   [ "$K8S_DIR/package-lock.json" -nt "$K8S_DIR/node_modules/.package-lock.json" ]; then
-  echo "setup: npm ci in tests/k8s" >&2
-  npm ci --prefix "$K8S_DIR" --no-audit --no-fund --loglevel=error >/dev/null
-fi
+# The npm packages of tests/k8s and tests/serve_js (the openai client that
+# drives evoke-serve), exactly as locked (again only when a lock file changed
+# since the last install).
+for dir in k8s serve_js; do
+  NPM_DIR="$(cd "$(dirname "$0")/.." && pwd)/tests/$dir"
+  if [ ! -f "$NPM_DIR/node_modules/.package-lock.json" ] ||
+     [ "$NPM_DIR/package-lock.json" -nt "$NPM_DIR/node_modules/.package-lock.json" ]; then
+    echo "setup: npm ci in tests/$dir" >&2
+    npm ci --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error >/dev/null
+  fi
+done

@@ -302,6 +302,20 @@ TEST_F(ServeTest, AClientLeavingMidStreamFreesItsSlot) {
   EXPECT_EQ(r["choices"][0]["text"], " 4 2 7 .");
 }
 
+TEST_F(ServeTest, TheOfficialOpenAiNodeClientWorks) {
+  StartServe();
+  const std::string out = dir_.Join("node.out");
+  SpawnOptions spawn{.argv = {EVOKE_NODE, EVOKE_OPENAI_CLIENT,
+                              absl::StrCat("http://127.0.0.1:", port_, "/v1")}};
+  spawn.stdout_path = spawn.stderr_path = out;
+  absl::StatusOr<Subprocess> node = Subprocess::Spawn(spawn);
+  ASSERT_TRUE(node.ok()) << node.status() << " (Node.js: scripts/setup-debian.sh)";
+  absl::StatusOr<int> code = node->Wait(absl::Seconds(120));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0) << ReadFile(out);
+  EXPECT_THAT(ReadFile(out), HasSubstr("all checks passed"));
+}
+
 TEST_F(ServeTest, CurlStreamsAChat) {
   StartServe();
   const json body = {{"model", "evoke-recall"},
