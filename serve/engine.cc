@@ -40,6 +40,14 @@ ApiError Busy(const std::string& message) {
   return e;
 }
 
+ApiError Stopping() {
+  ApiError e;
+  e.http_status = 503;
+  e.type = "server_error";
+  e.message = "evoke-serve is stopping";
+  return e;
+}
+
 ApiError TooLong(const std::string& param, const std::string& message) {
   ApiError e = InvalidParam(param, message);
   e.code = "context_length_exceeded";
@@ -71,11 +79,7 @@ class EngineImpl final : public Engine {
  public:
   EngineImpl(const EngineOptions& o, Client* client) : options_(o), client_(client) {}
   ~EngineImpl() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
+    Shutdown();
     slots_.clear();  // Adapters before the context.
     ctx_.reset();
     model_.reset();
@@ -83,10 +87,22 @@ class EngineImpl final : public Engine {
 
   absl::Status Init();
 
+  void Shutdown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
   std::shared_ptr<RequestStream> Submit(GenerationRequest request) override {
     auto stream = std::make_shared<RequestStream>();
     absl::MutexLock lock(&mu_);
     ++stats_.requests;
+    if (stop_) {
+      stream->Fail(Stopping());
+      return stream;
+    }
     if (queue_.size() >= options_.max_queue) {
       ++stats_.rejected_busy;
       stream->Fail(Busy(absl::StrCat("all ", options_.slots, " slots are busy and ",
@@ -237,23 +253,25 @@ void EngineImpl::Loop() {
       };
       mu_.AwaitWithTimeout(absl::Condition(&work), absl::Milliseconds(100));
       if (stop_) break;
+      // Admit while slots are free, whatever a request's deadline: it bounds
+      // the wait for a slot, and there is one.
+      while (!queue_.empty() && active + admit.size() < options_.slots) {
+        admit.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
       const absl::Time now = absl::Now();
       for (auto it = queue_.begin(); it != queue_.end();) {
-        if (it->deadline <= now) {
+        if (it->stream->cancelled()) {
+          ++stats_.cancelled;
+          it = queue_.erase(it);
+        } else if (it->deadline <= now) {
           ++stats_.rejected_busy;
           it->stream->Fail(Busy(absl::StrCat("all ", options_.slots,
                                              " slots stayed busy; retry later")));
           it = queue_.erase(it);
-        } else if (it->stream->cancelled()) {
-          ++stats_.cancelled;
-          it = queue_.erase(it);
         } else {
           ++it;
         }
-      }
-      while (!queue_.empty() && active + admit.size() < options_.slots) {
-        admit.push_back(std::move(queue_.front()));
-        queue_.pop_front();
       }
     }
     for (size_t i = 0; i < admit.size(); ++i) {
@@ -270,10 +288,10 @@ void EngineImpl::Loop() {
     for (const Slot& s : slots_) stats_.active += s.active();
   }
   for (Slot& s : slots_) {
-    if (s.active()) FailSlot(s, ServerError("evoke-serve is stopping"));
+    if (s.active()) FailSlot(s, Stopping());
   }
   absl::MutexLock lock(&mu_);
-  for (Pending& p : queue_) p.stream->Fail(ServerError("evoke-serve is stopping"));
+  for (Pending& p : queue_) p.stream->Fail(Stopping());
   queue_.clear();
 }
 

@@ -76,6 +76,10 @@ class Engine {
   // Submit queues `request` (its model already checked) and returns its
   // stream at once (a full queue: a 429 on it).
   virtual std::shared_ptr<RequestStream> Submit(GenerationRequest request) = 0;
+  // Shutdown ends every request, waiting or decoding, with a 503 and
+  // refuses new ones the same way; then the engine's thread stops. (The
+  // destructor does it too.)
+  virtual void Shutdown() = 0;
   virtual EngineStats stats() const = 0;
   virtual const std::string& model_name() const = 0;
   virtual int64_t created() const = 0;  // The model file's time (Unix s).

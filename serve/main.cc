@@ -144,6 +144,7 @@ int main(int argc, char** argv) {
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
+    (*engine)->Shutdown();  // Requests in flight end (503) so that handlers return.
     server.Stop();
   });
   server.Serve();

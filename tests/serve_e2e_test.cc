@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -249,9 +250,11 @@ TEST_F(ServeTest, ConcurrentRequestsAreServedInSlotsAndTheRestQueueOrGet429) {
     c.set_read_timeout(60, 0);
     c.Post("/v1/completions", Completion(kFactPrompt, 900).dump(), "application/json");
   });
+  absl::Cleanup join_long_one = [&] { long_one.join(); };
   // Probe once it decodes (900 tokens: long enough to be caught at it).
   ASSERT_TRUE(WaitUntil([&] { return Metrics()["evoke_serve_active_requests"] == 1; },
-                        absl::Seconds(30), absl::Milliseconds(1)));
+                        absl::Seconds(30), absl::Milliseconds(1)))
+      << ReadFile(log_);
   bool saw_429 = false;
   for (int i = 0; i < 200 && !saw_429; ++i) {
     httplib::Result r = client_http_->Post("/v1/completions", Completion("x y", 1).dump(),
@@ -263,7 +266,6 @@ TEST_F(ServeTest, ConcurrentRequestsAreServedInSlotsAndTheRestQueueOrGet429) {
       EXPECT_EQ(json::parse(r->body)["error"]["code"], "rate_limit_exceeded");
     }
   }
-  long_one.join();
   EXPECT_TRUE(saw_429);
 }
 
@@ -294,9 +296,12 @@ TEST_F(ServeTest, AClientLeavingMidStreamFreesItsSlot) {
     EXPECT_THAT(got, HasSubstr("data: "));
     ::close(fd);
   }
-  ASSERT_TRUE(WaitUntil([&] { return Metrics()["evoke_serve_cancelled_total"] == 1; },
-                        absl::Seconds(30)));
-  EXPECT_EQ(Metrics()["evoke_serve_active_requests"], 0);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto m = Metrics();
+        return m["evoke_serve_cancelled_total"] == 1 && m["evoke_serve_active_requests"] == 0;
+      },
+      absl::Seconds(30)));
   // The one slot serves the next request.
   const json r = Post("/v1/completions", Completion(kFactPrompt, 4));
   EXPECT_EQ(r["choices"][0]["text"], " 4 2 7 .");
