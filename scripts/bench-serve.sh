@@ -17,7 +17,8 @@ BIN="$ROOT/${EVOKE_BUILD_DIR:-build}/serve/evoke-serve"
 TOKENS=${1:-4000}
 ROUNDS=${2:-5}
 WORK=$(mktemp -d)
-trap 'pkill -f "evoke-serve --port 18190" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+LLAMA_SERVER=${LLAMA_SERVER:-$ROOT/build-llama-server/bin/llama-server}
+trap 'pkill -f "evoke-serve --port 18190" 2>/dev/null || true; pkill -f "llama-server -m .* --port 18191" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 # A conversation in the model's language: ~10 tokens a fact.
 prompt=""
 i=0
@@ -62,6 +63,52 @@ run() {  # $1: label, rest: flags
   printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+ls_start() {
+  "$LLAMA_SERVER" -m "$ROOT/models/evoke-recall.gguf" --port 18191 -c $(( TOKENS + 512 )) -np 1 \
+    -fa off -ctk f16 -ctv f16 --slot-save-path "$WORK/slots/" --no-webui >"$WORK/ls.log" 2>&1 &
+  for _ in $(seq 1 300); do
+    curl -sf localhost:18191/health >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  cat "$WORK/ls.log" >&2
+  return 1
+}
+ls_stop() { pkill -TERM -f "llama-server -m .* --port 18191" || true; while pgrep -f "llama-server -m .* --port 18191" >/dev/null; do sleep 0.1; done; }
+ls_timed() {
+  curl -s -o "$WORK/ls.json" -w '%{time_total}' localhost:18191/v1/completions \
+    -H 'Content-Type: application/json' -d "$body"
+}
+ls_slot() {  # $1: save or restore; prints its time
+  curl -s -o /dev/null -w '%{time_total}' -X POST "localhost:18191/slots/0?action=$1" \
+    -H 'Content-Type: application/json' -d '{"filename":"conversation.bin"}'
+}
+ls_run() {  # $1: restore or prefill
+  local times=()
+  for r in $(seq 1 "$ROUNDS"); do
+    rm -rf "$WORK/slots"; mkdir -p "$WORK/slots"
+    ls_start; ls_timed >/dev/null; ls_slot save >/dev/null; ls_stop
+    ls_start
+    local t=0
+    if [ "$1" = restore ]; then t=$(ls_slot restore); fi
+    t=$(python3 -c "print($t + $(ls_timed))")
+    ls_stop
+    cached=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens_details"]["cached_tokens"])' "$WORK/ls.json")
+    times+=("$t")
+    echo "llama-server $1 round $r: ${t} s, ${cached} prompt tokens cached" >&2
+  done
+  printf '%s\n' "${times[@]}" | median
+}
+
 evoke=$(run evoke)
 prefill=$(run re-prefill --no-save-prefixes)
 echo "tokens ~$TOKENS, rounds $ROUNDS: returning conversation after a restart, median time to first token: evoke ${evoke} s, re-prefill ${prefill} s, ratio $(python3 -c "print(round($prefill/$evoke, 2))")x"
+if [ -x "$LLAMA_SERVER" ]; then
+  ls_restore=$(ls_run restore)
+  ls_prefill=$(ls_run prefill)
+  echo "llama-server, same run: slot restore + request ${ls_restore} s, re-prefill ${ls_prefill} s; evoke-serve / llama-server restore: $(python3 -c "print(round($evoke/$ls_restore, 2))")x the time"
+else
+  echo "llama-server: not built (scripts/build-llama-server.sh), not compared"
+fi
