@@ -174,7 +174,9 @@ void HttpServer::Routes() {
     if (res.status == 404) {
       e.message = absl::StrCat("no route ", req.method, " ", req.path);
     } else if (res.status == 413) {
-      e.message = "the request body is too large";
+      e.message =
+          "the request body is too large (over 16 MiB; over 8 KiB when sent as a form: send "
+          "Content-Type: application/json)";
     } else {
       e.message = absl::StrCat("HTTP ", res.status);
     }
