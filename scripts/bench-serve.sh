@@ -31,21 +31,35 @@ done
 prompt+="question : what is the code for red fox ? answer :"
 body=$(printf '{"model":"evoke-recall","prompt":"%s","max_tokens":1,"temperature":0}' "$prompt")
 
+# Waits for PORT's /health (the server's log, LOG, on failure); kills by
+# PATTERN; times a max_tokens 1 request to PORT into OUT.
+await_health() {
+  for _ in $(seq 1 300); do
+    curl -sf "localhost:$1/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  cat "$2" >&2
+  return 1
+}
+stop_all() { pkill -TERM -f "$1" || true; while pgrep -f "$1" >/dev/null; do sleep 0.1; done; }
+time_request() {
+  curl -s -o "$2" -w '%{time_total}' "localhost:$1/v1/completions" \
+    -H 'Content-Type: application/json' -d "$body"
+}
+
 start() {  # $1: data dir, rest: flags
   local dir=$1; shift
   "$BIN" --port 18190 --data-dir "$dir" --kv-budget $(( TOKENS + 512 )) --slots 1 "$@" \
     >"$WORK/serve.log" 2>&1 &
-  for _ in $(seq 1 300); do
-    curl -sf localhost:18190/health >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  cat "$WORK/serve.log" >&2
-  return 1
+  await_health 18190 "$WORK/serve.log"
 }
-stop() { pkill -TERM -f "evoke-serve --port 18190" || true; while pgrep -f "evoke-serve --port 18190" >/dev/null; do sleep 0.1; done; }
-timed() {
-  curl -s -o "$WORK/out.json" -w '%{time_total}' localhost:18190/v1/completions \
-    -H 'Content-Type: application/json' -d "$body"
+stop() { stop_all "evoke-serve --port 18190"; }
+timed() { time_request 18190 "$WORK/out.json"; }
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# The "cached_tokens" of a response.
+cached_of() {
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens_details"]["cached_tokens"])' "$1"
 }
 
 run() {  # $1: label, rest: flags
@@ -55,32 +69,20 @@ run() {  # $1: label, rest: flags
     rm -rf "$WORK/data"
     start "$WORK/data" "$@"; timed >/dev/null; stop
     start "$WORK/data" "$@"; t=$(timed); stop
-    cached=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens_details"]["cached_tokens"])' "$WORK/out.json")
     prompt_tokens=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens"])' "$WORK/out.json")
     times+=("$t")
-    echo "$label round $r: ${t} s, ${cached} of ${prompt_tokens} prompt tokens not computed" >&2
+    echo "$label round $r: ${t} s, $(cached_of "$WORK/out.json") of ${prompt_tokens} prompt tokens not computed" >&2
   done
-  printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+  printf '%s\n' "${times[@]}" | median
 }
-
-
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 ls_start() {
   "$LLAMA_SERVER" -m "$ROOT/models/evoke-recall.gguf" --port 18191 -c $(( TOKENS + 512 )) -np 1 \
     -fa off -ctk f16 -ctv f16 --slot-save-path "$WORK/slots/" --no-webui >"$WORK/ls.log" 2>&1 &
-  for _ in $(seq 1 300); do
-    curl -sf localhost:18191/health >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  cat "$WORK/ls.log" >&2
-  return 1
+  await_health 18191 "$WORK/ls.log"
 }
-ls_stop() { pkill -TERM -f "llama-server -m .* --port 18191" || true; while pgrep -f "llama-server -m .* --port 18191" >/dev/null; do sleep 0.1; done; }
-ls_timed() {
-  curl -s -o "$WORK/ls.json" -w '%{time_total}' localhost:18191/v1/completions \
-    -H 'Content-Type: application/json' -d "$body"
-}
+ls_stop() { stop_all "llama-server -m .* --port 18191"; }
+ls_timed() { time_request 18191 "$WORK/ls.json"; }
 ls_slot() {  # $1: save or restore; prints its time
   curl -s -o /dev/null -w '%{time_total}' -X POST "localhost:18191/slots/0?action=$1" \
     -H 'Content-Type: application/json' -d '{"filename":"conversation.bin"}'
@@ -95,9 +97,8 @@ ls_run() {  # $1: restore or prefill
     if [ "$1" = restore ]; then t=$(ls_slot restore); fi
     t=$(python3 -c "print($t + $(ls_timed))")
     ls_stop
-    cached=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens_details"]["cached_tokens"])' "$WORK/ls.json")
     times+=("$t")
-    echo "llama-server $1 round $r: ${t} s, ${cached} prompt tokens cached" >&2
+    echo "llama-server $1 round $r: ${t} s, $(cached_of "$WORK/ls.json") prompt tokens cached" >&2
   done
   printf '%s\n' "${times[@]}" | median
 }

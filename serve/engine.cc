@@ -57,6 +57,7 @@ ApiError TooLong(const std::string& param, const std::string& message) {
 struct Pending {
   std::shared_ptr<RequestStream> stream;
   GenerationRequest request;
+  std::vector<llama_token> prompt;  // Tokenized by the submitting thread.
   absl::Time deadline;
 };
 
@@ -97,6 +98,9 @@ class EngineImpl final : public Engine {
 
   std::shared_ptr<RequestStream> Submit(GenerationRequest request) override {
     auto stream = std::make_shared<RequestStream>();
+    // Here, on the caller's thread: a long prompt's tokenization never
+    // holds up the decoding of others (the vocabulary is read-only).
+    std::vector<llama_token> prompt = Tokenize(Render(request));
     absl::MutexLock lock(&mu_);
     ++stats_.requests;
     if (stop_) {
@@ -109,7 +113,8 @@ class EngineImpl final : public Engine {
                                      queue_.size(), " requests wait; retry later")));
       return stream;
     }
-    queue_.push_back({stream, std::move(request), absl::Now() + options_.queue_wait});
+    queue_.push_back(
+        {stream, std::move(request), std::move(prompt), absl::Now() + options_.queue_wait});
     return stream;
   }
 
@@ -164,8 +169,14 @@ class EngineImpl final : public Engine {
 };
 
 absl::Status EngineImpl::Init() {
-  if (options_.slots == 0 || options_.slots > 256) {
-    return absl::InvalidArgumentError("slots: must be in [1, 256]");
+  // llama.cpp takes at most 256 sequences; one is the adapters' scratch.
+  if (options_.slots == 0 || options_.slots > 255) {
+    return absl::InvalidArgumentError("slots: must be in [1, 255]");
+  }
+  if (options_.max_prompt_tokens >= options_.kv_budget) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_prompt_tokens: ", options_.max_prompt_tokens,
+                     " leaves no room to answer in kv_budget ", options_.kv_budget));
   }
   if (options_.block_tokens == 0) return absl::InvalidArgumentError("block_tokens: 0");
   if (options_.max_queue == 0) {
@@ -310,7 +321,7 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
     Count(&EngineStats::cancelled);
     return Started::kFailed;
   }
-  const std::vector<llama_token> prompt = Tokenize(Render(r));
+  const std::vector<llama_token>& prompt = p.prompt;
   const char* param = r.endpoint == Endpoint::kChat ? "messages" : "prompt";
   const uint64_t max_prompt =
       options_.max_prompt_tokens > 0 ? options_.max_prompt_tokens : options_.kv_budget - 1;
@@ -325,7 +336,7 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
   }
   const int64_t room = static_cast<int64_t>(options_.kv_budget) - static_cast<int64_t>(prompt.size());
   int64_t max_tokens = r.max_tokens.value_or(std::min(options_.default_max_tokens, room));
-  if (max_tokens > room) {
+  if (max_tokens > room || room < 1) {
     Count(&EngineStats::failed);
     p.stream->Fail(TooLong("max_tokens", absl::StrCat(
         "the prompt (", prompt.size(), " tokens) and max_tokens (", max_tokens,
@@ -333,14 +344,18 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
     return Started::kFailed;
   }
   max_tokens = std::max<int64_t>(max_tokens, 1);
-  // The idle slot holding the longest start of this prompt, else the one
-  // used longest ago (an empty one first).
+  // The idle slot holding the longest start of this prompt (a block at
+  // least), else the one used longest ago (an empty one first).
   Slot* slot = nullptr;
   size_t keep = 0;
   for (Slot& s : slots_) {
     if (s.active()) continue;
-    const size_t n = std::mismatch(s.tokens.begin(), s.tokens.end(), prompt.begin(),
-                                   prompt.end()).first - s.tokens.begin();
+    size_t n = std::mismatch(s.tokens.begin(), s.tokens.end(), prompt.begin(), prompt.end())
+                   .first - s.tokens.begin();
+    // A start shorter than a block (BOS, "user :") is no reason to take over
+    // another conversation's slot: an empty or the coldest one, and evoked,
+    // serve better.
+    if (n < options_.block_tokens) n = 0;
     if (slot == nullptr || n > keep ||
         (n == keep && keep == 0 &&
          std::make_pair(!s.tokens.empty(), s.last_used) <
@@ -360,7 +375,15 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
       if (&s == slot || s.active() || s.tokens.empty()) continue;
       if (victim == nullptr || s.last_used < victim->last_used) victim = &s;
     }
-    if (victim == nullptr) return Started::kLater;
+    if (victim == nullptr) {
+      bool any_active = false;
+      for (const Slot& s : slots_) any_active |= s.active();
+      if (any_active) return Started::kLater;  // Room comes back when one ends.
+      // Cannot happen within the checks above; never wait for nothing.
+      Count(&EngineStats::failed);
+      p.stream->Fail(ServerError("no room in the KV cache for this request"));
+      return Started::kFailed;
+    }
     ClearSlot(*victim);
     Count(&EngineStats::slots_given_up);
   }

@@ -90,7 +90,7 @@ void StreamOut(httplib::Response& res, std::shared_ptr<RequestStream> stream, Co
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [stream, c, endpoint, include_usage, first = true](size_t,
+      [stream, c, endpoint, include_usage, first = endpoint == Endpoint::kChat](size_t,
                                                          httplib::DataSink& sink) mutable {
         auto send = [&](const std::string& data) {
           if (sink.write(data.data(), data.size())) return true;
@@ -98,7 +98,7 @@ void StreamOut(httplib::Response& res, std::shared_ptr<RequestStream> stream, Co
           return false;
         };
         if (first) {
-          // As OpenAI: the role first, with empty content.
+          // As OpenAI's chat: the role first, with empty content.
           first = false;
           Completion head = c;
           return send(SseData(ChunkBody(endpoint, head, /*first=*/true)));
@@ -167,16 +167,27 @@ void HttpServer::Routes() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                             std::exception_ptr) {
+    // A bug of ours; the client gets an OpenAI error, not the exception's text.
+    res.headers.clear();
+    ApiError e;
+    e.http_status = 500;
+    e.type = "server_error";
+    e.message = "internal error";
+    SendError(res, e);
+  });
+  const size_t max_body = options_.max_body_bytes;
+  s.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     ApiError e;
     e.http_status = res.status;
     if (res.status == 404) {
       e.message = absl::StrCat("no route ", req.method, " ", req.path);
     } else if (res.status == 413) {
-      e.message =
-          "the request body is too large (over 16 MiB; over 8 KiB when sent as a form: send "
-          "Content-Type: application/json)";
+      e.message = absl::StrCat("the request body is too large (over ", max_body,
+                               " bytes; over 8 KiB when sent as a form: send "
+                               "Content-Type: application/json)");
     } else {
       e.message = absl::StrCat("HTTP ", res.status);
     }

@@ -28,7 +28,9 @@ struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (Listen returns it).
   size_t max_body_bytes = 16 << 20;
-  int threads = 64;  // Connections served at once (each waiting request holds one).
+  // Connections served at once. Each request waiting or decoding holds one,
+  // so at least slots + max_queue + 16 (what main sets), or /health starves.
+  int threads = 64;
   // When set, requests must carry "Authorization: Bearer <api_key>" (401).
   std::string api_key;
 };

@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-save-prefixes", no_save, "Do not write conversations to evoked");
   CLI11_PARSE(app, argc, argv);
   eo.queue_wait = absl::Milliseconds(queue_wait_ms);
+  // A thread for each request that may wait or decode, and some for /health,
+  // /metrics and requests refused at once.
+  ho.threads = static_cast<int>(eo.slots + eo.max_queue + 16);
   eo.save_prefixes = !no_save;
 
   // Signals go to one thread, which stops the server.

@@ -84,7 +84,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
   }
   auto format = body.find("response_format");
   if (format != body.end() && !format->is_null() &&
-      !(format->is_object() && format->value("type", "") == "text")) {
+      !(format->is_object() && format->contains("type") && (*format)["type"] == "text")) {
     return InvalidParam("response_format", "response_format: only {\"type\": \"text\"}");
   }
   return std::nullopt;
@@ -102,7 +102,8 @@ std::optional<ApiError> ParseContent(const json& content, size_t i, std::string*
   for (size_t k = 0; k < content.size(); ++k) {
     const json& part = content[k];
     const std::string where = absl::StrCat(param, "[", k, "]");
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text") ||
         !part["text"].is_string()) {
       return InvalidParam(where, where + ": only {\"type\": \"text\", \"text\": string} parts");
     }

@@ -104,6 +104,10 @@ TEST(OpenAiApiTest, BadRequestsAreRefusedNamingTheParameter) {
       {"{" + m + msgs + R"(, "response_format": {"type": "json_object"}})", "response_format",
        "text"},
       {"{" + m + msgs + R"(, "seed": "x"})", "seed", "integer"},
+      // Fields of the wrong JSON type where a string is read.
+      {"{" + m + msgs + R"(, "response_format": {"type": 1}})", "response_format", "text"},
+      {"{" + m + R"("messages": [{"role": "user", "content": [{"type": 7, "text": "x"}]}]})",
+       "messages[0].content[0]", "text"},
   };
   for (const Case& c : cases) {
     const ApiError e = ErrorOf(c.body);

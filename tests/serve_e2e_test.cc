@@ -152,6 +152,41 @@ TEST_F(ServeTest, AFactIsAnsweredAndAReturningPromptComesFromTheSlotThenFromEvok
   EXPECT_EQ(m.at("evoke_serve_prompt_tokens_prefilled_total"), prompt_tokens - loaded);
 }
 
+// Conversations sharing only a few first words do not take over each
+// other's slots; one whose slot went to another comes back from evoked.
+TEST_F(ServeTest, AConversationWhoseSlotWentElsewhereComesBackFromEvoked) {
+  StartServe({"--slots", "2"});
+  const std::string b = "the code for green owl is 1 1 1 . question : what is the code for "
+                        "green owl ? answer :";
+  const std::string c = "the code for amber ant is 5 5 5 . the code for ivory squid is 6 6 6 . "
+                        "question : what is the code for amber ant ? answer :";
+  json r = Post("/v1/completions", Completion(kFactPrompt, 4));  // Slot 1.
+  const int64_t prompt_tokens = r["usage"]["prompt_tokens"];
+  r = Post("/v1/completions", Completion(b, 4));  // Slot 2, empty: not slot 1.
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  r = Post("/v1/completions", Completion(c, 4));  // The coldest: slot 1.
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(Metrics().at("evoke_serve_slots_given_up_total"), 0);
+  r = Post("/v1/completions", Completion(kFactPrompt, 4));  // No slot holds it: evoked.
+  EXPECT_EQ(r["choices"][0]["text"], " 4 2 7 .");
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], (prompt_tokens - 1) / 8 * 8);
+  EXPECT_EQ(Metrics().at("evoke_serve_prompt_tokens_loaded_total"), (prompt_tokens - 1) / 8 * 8);
+}
+
+TEST_F(ServeTest, OptionsThatLeaveNoRoomAreRefusedAtStart) {
+  const std::string log = dir_.Join("refused.log");
+  SpawnOptions spawn{.argv = {EVOKE_SERVE_PATH, "--model", EVOKE_SHIPPED_MODEL, "--socket",
+                              daemon_->socket(), "--port", "0", "--kv-budget", "256",
+                              "--max-prompt-tokens", "1000"}};
+  spawn.stdout_path = spawn.stderr_path = log;
+  absl::StatusOr<Subprocess> p = Subprocess::Spawn(spawn);
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(ReadFile(log), HasSubstr("max_prompt_tokens: 1000 leaves no room"));
+}
+
 TEST_F(ServeTest, AChatStreamsInOpenAisChunksWithUsage) {
   StartServe();
   const json body = {{"model", "evoke-recall"},
