@@ -36,6 +36,8 @@
 #                            rights of callers it accepts (trust groups)
 #   fuzz_bearer_token        token files, TCP call metadata -> BearerToken,
 #                            TokenCaller, BearerTokenProcessor
+#   fuzz_openai_request      an HTTP body of evoke-serve's generation routes ->
+#                            ParseGenerationRequest; text -> StopMatcher
 #   fuzz_ring                a hostile client's command ring (header, entries,
 #                            index moves, wake words) -> RingSet's ring thread,
 #                            with a checking fake RingHandler (its seeds are
@@ -153,5 +155,10 @@ target_link_libraries(evoke_fuzz_make_seeds PRIVATE evoke_storage evoke_common)
 target_link_options(evoke_fuzz_make_seeds PRIVATE -fsanitize=address,undefined)
 set_target_properties(evoke_fuzz_make_seeds PROPERTIES
   RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz OUTPUT_NAME make_seeds)
+
+find_package(nlohmann_json CONFIG REQUIRED)
+evoke_add_fuzzer(fuzz_openai_request
+  SOURCES ${_fuzz_dir}/fuzz_openai_request.cc ${_src}/serve/openai_api.cc
+  DEPS nlohmann_json::nlohmann_json absl::strings)
 
 add_custom_target(evoke_fuzzers DEPENDS ${EVOKE_FUZZ_TARGETS})

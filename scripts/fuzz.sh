@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-60}
 BUILD_DIR=${EVOKE_FUZZ_BUILD_DIR:-build-fuzz}
 OUT=${EVOKE_FUZZ_OUT:-$BUILD_DIR/fuzz-out}
-ALL_TARGETS="fuzz_request_validation fuzz_block_file fuzz_spill_record fuzz_daemon_flags fuzz_seq_state fuzz_ring fuzz_access_policy fuzz_inline_save fuzz_block_stream fuzz_bearer_token fuzz_remote_record fuzz_ring_service fuzz_fd_channel fuzz_segment_open"
+ALL_TARGETS="fuzz_request_validation fuzz_block_file fuzz_spill_record fuzz_daemon_flags fuzz_seq_state fuzz_ring fuzz_access_policy fuzz_inline_save fuzz_block_stream fuzz_bearer_token fuzz_remote_record fuzz_ring_service fuzz_fd_channel fuzz_segment_open fuzz_openai_request"
 read -r -a TARGETS <<< "${EVOKE_FUZZ_TARGETS:-$ALL_TARGETS}"
 
 for tool in clang-14 clang++-14; do
