@@ -344,18 +344,20 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
     return Started::kFailed;
   }
   max_tokens = std::max<int64_t>(max_tokens, 1);
-  // The idle slot holding the longest start of this prompt (a block at
-  // least), else the one used longest ago (an empty one first).
+  // The idle slot holding the longest start of this prompt (see below),
+  // else the one used longest ago (an empty one first).
   Slot* slot = nullptr;
   size_t keep = 0;
   for (Slot& s : slots_) {
     if (s.active()) continue;
     size_t n = std::mismatch(s.tokens.begin(), s.tokens.end(), prompt.begin(), prompt.end())
                    .first - s.tokens.begin();
-    // A start shorter than a block (BOS, "user :") is no reason to take over
-    // another conversation's slot: an empty or the coldest one, and evoked,
-    // serve better.
-    if (n < options_.block_tokens) n = 0;
+    // The same conversation (the slot's tokens all begin the prompt, or the
+    // prompt is all in the slot) or a shared start of a block at least. A
+    // shorter shared start (BOS, "user :") is no reason to take over another
+    // conversation's slot: an empty or the coldest one, and evoked, serve
+    // better.
+    if (n < options_.block_tokens && n < s.tokens.size() && n + 1 < prompt.size()) n = 0;
     if (slot == nullptr || n > keep ||
         (n == keep && keep == 0 &&
          std::make_pair(!s.tokens.empty(), s.last_used) <
