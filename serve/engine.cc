@@ -334,7 +334,8 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
                                                      max_prompt)));
     return Started::kFailed;
   }
-  const int64_t room = static_cast<int64_t>(options_.kv_budget) - static_cast<int64_t>(prompt.size());
+  const int64_t room =
+      static_cast<int64_t>(options_.kv_budget) - static_cast<int64_t>(prompt.size());
   int64_t max_tokens = r.max_tokens.value_or(std::min(options_.default_max_tokens, room));
   if (max_tokens > room || room < 1) {
     Count(&EngineStats::failed);

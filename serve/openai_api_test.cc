@@ -129,7 +129,9 @@ TEST(OpenAiApiTest, BadRequestsAreRefusedNamingTheParameter) {
   EXPECT_EQ(unknown.code, "model_not_found");
   // Too many messages.
   std::string many = "{" + m + R"("messages": [)";
-  for (int i = 0; i < 9; ++i) many += std::string(i ? "," : "") + R"({"role": "user", "content": "x"})";
+  for (int i = 0; i < 9; ++i) {
+    many += std::string(i ? "," : "") + R"({"role": "user", "content": "x"})";
+  }
   EXPECT_EQ(ErrorOf(many + "]}").param, "messages");
 }
 

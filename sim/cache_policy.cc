@@ -369,8 +369,8 @@ absl::StatusOr<CachePolicyKind> ParseCachePolicy(const std::string& name) {
                             CachePolicyKind::kLruTurns, CachePolicyKind::kOptimal}) {
     if (CachePolicyName(k) == name) return k;
   }
-  return absl::InvalidArgumentError("policy: " + name +
-                                    " is not lru, slru, arc, w-tinylfu, session-lru, lru-turns or optimal");
+  return absl::InvalidArgumentError(
+      "policy: " + name + " is not lru, slru, arc, w-tinylfu, session-lru, lru-turns or optimal");
 }
 
 std::string CachePolicyName(CachePolicyKind kind) {
