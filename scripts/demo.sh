@@ -19,7 +19,9 @@
 #      StreamingLLM with EVOKE on the multi-fact task at a 1024-token budget;
 #      EVOKE's evicted blocks go through a second evoked that the simulator
 #      starts (saved, spilled, ranked by Recover, loaded re-anchored, checked);
-#   8. evokectl stat and verify.
+#   8. evoke-serve on the trained model: a fact asked over the OpenAI API,
+#      then asked again after evoke-serve restarts (its blocks from evoked);
+#   9. evokectl stat and verify.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -84,6 +86,30 @@ if [ -x "$BIN/sim/evoke-sim" ]; then
     --seeds 3 --threads 2 --out-dir sim >/dev/null
   grep -A5 "pass rate" sim/results.md | sed 's/^/   /'
   sed -n '/engine+evoked/,/^$/p' sim/timing.md 2>/dev/null | sed 's/^/   /' || true
+fi
+if [ -x "$BIN/serve/evoke-serve" ]; then
+  echo "== evoke-serve: the trained model over the OpenAI API, conversations kept in evoked"
+  SERVE_PORT=${EVOKE_DEMO_SERVE_PORT:-18080}
+  fact='the code for red fox is 4 2 7 . the code for blue cat is 9 1 3 . question : what is the code for red fox ? answer :'
+  body="{\"model\": \"evoke-recall\", \"prompt\": \"$fact\", \"max_tokens\": 4, \"temperature\": 0}"
+  ask() {  # One completion; prints its text and how much of the prompt was not computed.
+    curl -s "localhost:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' -d "$body" |
+      python3 -c 'import json,sys; r=json.load(sys.stdin); print("   answer:%s  (%d of %d prompt tokens not computed)" % (r["choices"][0]["text"], r["usage"]["prompt_tokens_details"]["cached_tokens"], r["usage"]["prompt_tokens"]))'
+  }
+  serve() {
+    "$BIN/serve/evoke-serve" --socket "$DEMO_DIR/evoked.sock" --port "$SERVE_PORT" --block-tokens 8 \
+      >>evoke-serve.log 2>&1 &
+    serve_pid=$!
+    for _ in $(seq 1 100); do curl -sf "localhost:$SERVE_PORT/health" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    cat evoke-serve.log; return 1
+  }
+  serve
+  echo "   first time:"; ask
+  kill -TERM "$serve_pid"; wait "$serve_pid"
+  echo "   evoke-serve restarted; the same conversation again (its blocks from evoked):"
+  serve
+  ask
+  kill -TERM "$serve_pid"; wait "$serve_pid"
 fi
 echo "== evokectl stat"
 "$BIN/tools/evokectl/evokectl" stat
