@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   serve::HttpOptions ho;
   std::string socket, evoked_binary, data_dir = "evoke-serve-data", pinned = "256MiB";
   int64_t queue_wait_ms = 30000;
+  int64_t evoked_timeout_ms = 5000;
   bool no_save = false;
   eo.model_path = DefaultModel();
   app.add_option("--model", eo.model_path, "GGUF model (default: the trained evoke-recall)")
@@ -83,6 +84,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", eo.threads, "llama.cpp threads (0: all cores)")
       ->capture_default_str();
   app.add_option("--namespace", eo.ns, "evoked namespace")->capture_default_str();
+  app.add_option("--evoked-timeout-ms", evoked_timeout_ms,
+                 "Deadline of each call to evoked (saves and loads stall decoding meanwhile)")
+      ->check(CLI::Range(int64_t{10}, int64_t{600000}))
+      ->capture_default_str();
   app.add_flag("--no-save-prefixes", no_save, "Do not write conversations to evoked");
   CLI11_PARSE(app, argc, argv);
   eo.queue_wait = absl::Milliseconds(queue_wait_ms);
@@ -116,6 +121,10 @@ int main(int argc, char** argv) {
   ClientOptions co;
   co.target = socket;
   co.connect_timeout = absl::Seconds(5);
+  // Saves and loads run on the engine's thread, between decode steps: a slow
+  // evoked costs every slot at most this much per call, then the request is
+  // prefilled instead (a load) or its blocks go unsaved (counted).
+  co.call_timeout = absl::Milliseconds(evoked_timeout_ms);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(co);
   if (!client.ok()) {
     std::fprintf(stderr, "evoke-serve: evoked at %s: %s\n", socket.c_str(),
