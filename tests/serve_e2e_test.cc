@@ -187,6 +187,37 @@ TEST_F(ServeTest, OptionsThatLeaveNoRoomAreRefusedAtStart) {
   EXPECT_THAT(ReadFile(log), HasSubstr("max_prompt_tokens: 1000 leaves no room"));
 }
 
+// A chat's second turn (the first turn, the reply as the client got it, a
+// new message) reuses what the slot holds of the first; after a restart,
+// the third turn comes from evoked.
+TEST_F(ServeTest, AChatsNextTurnsReuseItsEarlierTurns) {
+  StartServe();
+  json messages = {{{"role", "user"}, {"content", kFactPrompt}}};
+  auto turn = [&] {
+    const json r = Post("/v1/chat/completions", {{"model", "evoke-recall"},
+                                                 {"messages", messages},
+                                                 {"max_tokens", 4},
+                                                 {"temperature", 0}});
+    messages.push_back({{"role", "assistant"},
+                        {"content", r["choices"][0]["message"]["content"]}});
+    messages.push_back({{"role", "user"}, {"content", "what is the code for blue cat ?"}});
+    return r;
+  };
+  json r = turn();
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const int64_t first_prompt = r["usage"]["prompt_tokens"];
+  r = turn();
+  // All of the first turn's prompt at least: the slot held it.
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"], first_prompt);
+  const int64_t second_prompt = r["usage"]["prompt_tokens"];
+  StopServe();
+  StartServe();
+  r = turn();
+  // From evoked: the whole blocks of what the second turn decoded.
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"], second_prompt / 8 * 8 - 8);
+  EXPECT_GT(Metrics().at("evoke_serve_prompt_tokens_loaded_total"), 0);
+}
+
 TEST_F(ServeTest, AChatStreamsInOpenAisChunksWithUsage) {
   StartServe();
   const json body = {{"model", "evoke-recall"},
