@@ -1,13 +1,12 @@
 #include "daemon/metrics_server.h"
 
 #include <exception>
-#include <limits>
-#include <map>
 #include <utility>
 
 #include <prometheus/exposer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/metric_families.h"
 
 namespace evoke {
 namespace {
@@ -15,62 +14,8 @@ namespace {
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
-using Labels = std::vector<ClientMetric::Label>;
-
-// Families keeps one family per name, in the order first added.
-class Families {
- public:
-  void Gauge(const std::string& name, const std::string& help, double value,
-             Labels labels = {}) {
-    ClientMetric m;
-    m.label = std::move(labels);
-    m.gauge.value = value;
-    Family(name, help, MetricType::Gauge).metric.push_back(std::move(m));
-  }
-  void Counter(const std::string& name, const std::string& help, double value,
-               Labels labels = {}) {
-    ClientMetric m;
-    m.label = std::move(labels);
-    m.counter.value = value;
-    Family(name, help, MetricType::Counter).metric.push_back(std::move(m));
-  }
-  void AddHistogram(const std::string& name, const std::string& help,
-                    const Histogram::Snapshot& h, Labels labels = {}) {
-    ClientMetric m;
-    m.label = std::move(labels);
-    m.histogram.sample_count = h.count;
-    m.histogram.sample_sum = h.sum;
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < h.bounds.size(); ++i) {
-      cumulative += h.counts[i];
-      m.histogram.bucket.push_back({cumulative, h.bounds[i]});
-    }
-    // The +Inf bucket.
-    m.histogram.bucket.push_back({h.count, std::numeric_limits<double>::infinity()});
-    Family(name, help, MetricType::Histogram).metric.push_back(std::move(m));
-  }
-  // Declares a family that may end up without samples (still listed, so
-  // that dashboards find it).
-  void Declare(const std::string& name, const std::string& help, MetricType type) {
-    Family(name, help, type);
-  }
-  std::vector<MetricFamily> Take() { return std::move(families_); }
-
- private:
-  MetricFamily& Family(const std::string& name, const std::string& help, MetricType type) {
-    auto [it, added] = index_.emplace(name, families_.size());
-    if (added) {
-      MetricFamily f;
-      f.name = name;
-      f.help = help;
-      f.type = type;
-      families_.push_back(std::move(f));
-    }
-    return families_[it->second];
-  }
-  std::vector<MetricFamily> families_;
-  std::map<std::string, size_t> index_;
-};
+using Labels = MetricFamilies::Labels;
+using Families = MetricFamilies;
 
 Labels Tier(const char* tier) { return {{"tier", tier}}; }
 

@@ -138,6 +138,8 @@ class EngineImpl final : public Engine {
   void Emit(Slot& s, llama_token token);
   void FinishSlot(Slot& s, const std::string& reason);
   void FailSlot(Slot& s, const ApiError& e);
+  // Detach ends the slot's hold on its request (stream, sampler, stops).
+  void Detach(Slot& s);
   void ClearSlot(Slot& s);
   std::vector<llama_token> Tokenize(const std::string& text) const;
   std::string Render(const GenerationRequest& r) const;
@@ -513,20 +515,22 @@ void EngineImpl::FinishSlot(Slot& s, const std::string& reason) {
                    saved.status().ToString().c_str());
     }
   }
-  s.stream.reset();
-  s.sampler.reset();
-  s.stop.reset();
-  s.next = -1;
+  Detach(s);
   s.last_used = ++tick_;
 }
 
 void EngineImpl::FailSlot(Slot& s, const ApiError& e) {
   Count(&EngineStats::failed);
   s.stream->Fail(e);
+  Detach(s);
+  ClearSlot(s);
+}
+
+void EngineImpl::Detach(Slot& s) {
   s.stream.reset();
   s.sampler.reset();
   s.stop.reset();
-  ClearSlot(s);
+  s.next = -1;
 }
 
 void EngineImpl::ClearSlot(Slot& s) {

@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/metric_families.h"
 #include "httplib.h"
+#include "prometheus/text_serializer.h"
 
 namespace evoke::serve {
 namespace {
@@ -25,37 +27,31 @@ std::string NewId(Endpoint endpoint) {
 }
 
 std::string Metrics(const EngineStats& s) {
-  std::string out;
-  auto counter = [&](const char* name, const char* help, uint64_t v) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ",
-                    v, "\n");
-  };
-  auto gauge = [&](const char* name, const char* help, uint64_t v) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ", v,
-                    "\n");
-  };
-  counter("evoke_serve_requests_total", "Generation requests received.", s.requests);
-  counter("evoke_serve_completed_total", "Requests that finished (stop or length).", s.completed);
-  counter("evoke_serve_failed_total", "Requests that failed after admission checks.", s.failed);
-  counter("evoke_serve_cancelled_total", "Requests whose client went away.", s.cancelled);
-  counter("evoke_serve_rejected_busy_total", "Requests refused with 429.", s.rejected_busy);
-  counter("evoke_serve_prompt_tokens_total", "Prompt tokens of admitted requests.",
-          s.prompt_tokens);
-  counter("evoke_serve_prompt_tokens_reused_total", "Prompt tokens a slot still held.",
-          s.reused_from_slot);
-  counter("evoke_serve_prompt_tokens_loaded_total", "Prompt tokens whose KV came from evoked.",
-          s.loaded_from_evoked);
-  counter("evoke_serve_prompt_tokens_prefilled_total", "Prompt tokens computed.", s.prefilled);
-  counter("evoke_serve_generated_tokens_total", "Tokens generated.", s.generated);
-  counter("evoke_serve_prefix_blocks_saved_total", "Prefix blocks written to evoked.",
-          s.prefix_blocks_saved);
-  counter("evoke_serve_prefix_errors_total", "Failed prefix saves and loads.",
-          s.prefix_save_errors + s.prefix_load_errors);
-  counter("evoke_serve_slots_given_up_total", "Idle slots whose cells another request took.",
-          s.slots_given_up);
-  gauge("evoke_serve_active_requests", "Requests decoding now.", s.active);
-  gauge("evoke_serve_queued_requests", "Requests waiting for a slot.", s.queued);
-  return out;
+  MetricFamilies f;
+  f.Counter("evoke_serve_requests_total", "Generation requests received.", s.requests);
+  f.Counter("evoke_serve_completed_total", "Requests that finished (stop or length).",
+            s.completed);
+  f.Counter("evoke_serve_failed_total", "Requests that failed after admission checks.",
+            s.failed);
+  f.Counter("evoke_serve_cancelled_total", "Requests whose client went away.", s.cancelled);
+  f.Counter("evoke_serve_rejected_busy_total", "Requests refused with 429.", s.rejected_busy);
+  f.Counter("evoke_serve_prompt_tokens_total", "Prompt tokens of admitted requests.",
+            s.prompt_tokens);
+  f.Counter("evoke_serve_prompt_tokens_reused_total", "Prompt tokens a slot still held.",
+            s.reused_from_slot);
+  f.Counter("evoke_serve_prompt_tokens_loaded_total", "Prompt tokens whose KV came from evoked.",
+            s.loaded_from_evoked);
+  f.Counter("evoke_serve_prompt_tokens_prefilled_total", "Prompt tokens computed.", s.prefilled);
+  f.Counter("evoke_serve_generated_tokens_total", "Tokens generated.", s.generated);
+  f.Counter("evoke_serve_prefix_blocks_saved_total", "Prefix blocks written to evoked.",
+            s.prefix_blocks_saved);
+  f.Counter("evoke_serve_prefix_errors_total", "Failed prefix saves and loads.",
+            s.prefix_save_errors + s.prefix_load_errors);
+  f.Counter("evoke_serve_slots_given_up_total", "Idle slots whose cells another request took.",
+            s.slots_given_up);
+  f.Gauge("evoke_serve_active_requests", "Requests decoding now.", s.active);
+  f.Gauge("evoke_serve_queued_requests", "Requests waiting for a slot.", s.queued);
+  return prometheus::TextSerializer().Serialize(f.Take());
 }
 
 // Waits for the stream's admission: the first event (Admitted or an error).

@@ -479,8 +479,7 @@ void BlockIndex::ForgetEndedRetention(int64_t now_ms) {
       e->retention = RetentionClass::kNormal;
       e->retention_until_ms = 0;
       if (events_ != nullptr && events_->enabled()) {
-        const BlockLocation where = LocationIn(e->state);
-        events_->Record(BlockEventKind::kExpired, e->id, e->meta, where, where);
+        events_->Record(BlockEventKind::kExpired, e->id, e->meta, e->location(), e->location());
       }
     }
   }
