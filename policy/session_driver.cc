@@ -89,6 +89,12 @@ absl::StatusOr<std::optional<BlockHandle>> SessionDriver::TokenDecoded(int64_t p
   return std::optional<BlockHandle>(block.handle);
 }
 
+uint64_t SessionDriver::tokens_to_boundary() const {
+  const uint64_t sinks = options_.sink_tokens;
+  if (sinks > 0 && session_tokens_ < sinks) return sinks - session_tokens_;
+  return options_.block_tokens - (session_tokens_ - sinks) % options_.block_tokens;
+}
+
 uint64_t SessionDriver::DropPendingTokens() {
   const uint64_t dropped = pending_;
   session_tokens_ -= pending_;

@@ -132,6 +132,9 @@ class SessionDriver {
   bool IsStored(BlockHandle block) const { return stored_.contains(block); }
   uint64_t resident_tokens() const;  // Blocks + pending.
   uint64_t pending_tokens() const { return pending_; }
+  // Tokens the session takes until the next block boundary (the next
+  // TokenDecoded that completes a block is the this-many-th).
+  uint64_t tokens_to_boundary() const;
   const DriverStats& stats() const { return stats_; }
   CacheView View() const;
 

@@ -1,6 +1,7 @@
 #include "serve/engine.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -11,9 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "engines/llama/attention_capture.h"
 #include "engines/llama/kv_adapter.h"
 #include "engines/llama/random_model.h"
 #include "llama.h"
+#include "policy/policy.h"
+#include "serve/conversation.h"
 
 namespace evoke::serve {
 namespace {
@@ -64,7 +69,12 @@ struct Pending {
 struct Slot {
   llama_seq_id seq = 0;
   std::unique_ptr<llama::KvAdapter> adapter;
-  std::vector<llama_token> tokens;  // Decoded, at positions [0, n).
+  std::vector<llama_token> tokens;  // Decoded, at positions [0, n) (no conv).
+  // A conversation longer than the slot's share, under the policy; then
+  // `tokens` is empty and conv->history() is what the slot holds.
+  std::unique_ptr<PolicyConversation> conv;
+  ConversationStats counted;  // conv's stats already in EngineStats.
+  std::string session;        // X-Evoke-Session of its last request.
   uint64_t last_used = 0;
   // The request it serves (none: idle).
   std::shared_ptr<RequestStream> stream;
@@ -74,6 +84,7 @@ struct Slot {
   int64_t generated = 0, max_tokens = 0;
   Usage usage;
   bool active() const { return stream != nullptr; }
+  const std::vector<llama_token>& history() const { return conv ? conv->history() : tokens; }
 };
 
 class EngineImpl final : public Engine {
@@ -146,6 +157,21 @@ class EngineImpl final : public Engine {
   std::string Piece(llama_token t) const;
   SamplerPtr MakeSampler(const Sampling& s);
   uint64_t CellsInUse() const;
+  uint64_t CellsOf(const Slot& s) const;
+  // The slot for `p`: the idle slot its X-Evoke-Session names, else the one
+  // holding the longest start of its prompt, else an empty or the coldest.
+  // `*keep`: the tokens of the slot's history that begin the prompt.
+  Slot* Choose(const Pending& p, size_t* keep);
+  // Gives up idle slots' cells (least recently used first) until `need`
+  // more cells fit beside the others; false when only an active request's
+  // end can make room.
+  bool MakeRoom(const Slot& slot, uint64_t need);
+  // StartPolicy continues (or starts) `slot`'s conversation under the
+  // policy with the prompt; `keep`: tokens of the slot's history that begin
+  // it. False with the request failed.
+  bool StartPolicy(Slot& slot, Pending& p, size_t keep, Usage* usage);
+  // Account adds the slot's conversation's new policy counts to the stats.
+  void Account(Slot& s);
   void Count(uint64_t EngineStats::*field, uint64_t n = 1) {
     absl::MutexLock lock(&mu_);
     stats_.*field += n;
@@ -161,6 +187,15 @@ class EngineImpl final : public Engine {
   const llama_vocab* vocab_ = nullptr;
   std::string chat_template_;  // Empty: the plain "role : content" form.
   std::vector<Slot> slots_;    // Only the engine's thread touches them.
+  llama_context_params cparams_{};
+  bool policy_on_ = false;
+  PolicyConfig policy_;        // Of conversations longer than share_.
+  uint64_t share_ = 0;         // A slot's share of the budget: kv_budget / slots.
+  std::unique_ptr<llama::AttentionCapture> capture_;
+  llama::AdapterOptions conv_adapter_;  // What each conversation's adapter shares.
+  std::string instance_;
+  uint64_t conversations_ = 0;
+  uint64_t max_prompt_default_ = 0;  // Under a policy: the model's trained context at least.
   uint64_t tick_ = 0;
   std::thread thread_;
 
@@ -175,7 +210,8 @@ absl::Status EngineImpl::Init() {
   if (options_.slots == 0 || options_.slots > 255) {
     return absl::InvalidArgumentError("slots: must be in [1, 255]");
   }
-  if (options_.max_prompt_tokens >= options_.kv_budget) {
+  policy_on_ = options_.policy != "none";
+  if (!policy_on_ && options_.max_prompt_tokens >= options_.kv_budget) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_prompt_tokens: ", options_.max_prompt_tokens,
                      " leaves no room to answer in kv_budget ", options_.kv_budget));
@@ -189,6 +225,24 @@ absl::Status EngineImpl::Init() {
                                                    " is less than two blocks of ",
                                                    options_.block_tokens, " tokens"));
   }
+  share_ = options_.kv_budget / options_.slots;
+  if (policy_on_) {
+    policy_.policy = options_.policy;
+    policy_.params.block_tokens = options_.block_tokens;
+    if (absl::Status ps = policy::ParsePolicyParams(options_.policy_params, &policy_.params);
+        !ps.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("policy_params: ", ps.message()));
+    }
+    policy_.budget_tokens = share_;
+    if (absl::Status b = policy::ValidateBudget(policy_.policy, policy_.params, share_); !b.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy ", options_.policy, " with a slot's share of kv_budget / slots = ", share_,
+          " tokens: ", b.message()));
+    }
+  }
+  instance_ = !options_.instance.empty()
+                  ? options_.instance
+                  : absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
   struct stat st;
   if (::stat(options_.model_path.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("model ", options_.model_path, ": no such file"));
@@ -211,9 +265,18 @@ absl::Status EngineImpl::Init() {
         "model ", options_.model_path, ": evoke-serve needs full attention in every layer"));
   }
   vocab_ = llama_model_get_vocab(model_.get());
+  const int32_t n_layer = llama_model_n_layer(model_.get());
+  const int32_t summary = options_.summary_layer < 0 ? n_layer / 2 : options_.summary_layer;
+  if (summary >= n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("summary_layer: ", summary,
+                                                   ", but the model has ", n_layer, " layers"));
+  }
+  policy_.summary_layer = static_cast<uint32_t>(summary);
   if (const char* t = llama_model_chat_template(model_.get(), nullptr)) chat_template_ = t;
   llama_context_params p = llama_context_default_params();
-  p.n_ctx = options_.kv_budget;
+  // Policy-managed slots stage a block at a time in the scratch sequence
+  // (evictions, recoveries) beyond their share: room for it.
+  p.n_ctx = options_.kv_budget + (policy_on_ ? 3 * options_.block_tokens + 64 : 0);
   p.n_batch = 512;
   p.n_ubatch = 512;
   p.n_seq_max = options_.slots + 1;  // The last: the adapters' scratch sequence.
@@ -226,6 +289,20 @@ absl::Status EngineImpl::Init() {
   p.type_k = GGML_TYPE_F16;
   p.type_v = GGML_TYPE_F16;
   p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  if (policy_on_) {
+    EVOKE_ASSIGN_OR_RETURN(std::unique_ptr<policy::Policy> probe,
+                           policy::MakePolicy(policy_.policy, policy_.params));
+    const policy::PolicyInfo& info = probe->info();
+    if (info.recovers || info.needs_attention) {
+      // The recovery query's layer; attention of every layer only for the
+      // policies that read it.
+      llama::AttentionCaptureOptions co;
+      co.query_layer = summary;
+      if (!info.needs_attention) co.layers = {summary};
+      capture_ = std::make_unique<llama::AttentionCapture>(co);
+      capture_->Install(p);
+    }
+  }
   ctx_.reset(llama_init_from_model(model_.get(), p));
   if (ctx_ == nullptr) return absl::InternalError("llama_init_from_model failed");
   char desc[256];
@@ -240,6 +317,7 @@ absl::Status EngineImpl::Init() {
     ao.session_id = absl::StrCat("evoke-serve/", name_, "/slot-", i);
     ao.seq = static_cast<llama_seq_id>(i);
     ao.scratch_seq = static_cast<llama_seq_id>(options_.slots);
+    conv_adapter_ = ao;
     absl::StatusOr<std::unique_ptr<llama::KvAdapter>> a =
         llama::KvAdapter::Open(ctx_.get(), p, client_, ao);
     if (!a.ok()) return a.status();
@@ -248,8 +326,13 @@ absl::Status EngineImpl::Init() {
     s.adapter = *std::move(a);
     slots_.push_back(std::move(s));
   }
+  cparams_ = p;
+  max_prompt_default_ = std::max<uint64_t>(options_.kv_budget - 1,
+                                           llama_model_n_ctx_train(model_.get()));
   limits_.models = {name_};
-  limits_.max_tokens = std::min<int64_t>(options_.max_tokens_limit, options_.kv_budget);
+  limits_.max_tokens = policy_on_ ? options_.max_tokens_limit
+                                  : std::min<int64_t>(options_.max_tokens_limit,
+                                                      options_.kv_budget);
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -308,13 +391,68 @@ void EngineImpl::Loop() {
   queue_.clear();
 }
 
+uint64_t EngineImpl::CellsOf(const Slot& s) const {
+  if (s.conv != nullptr) return share_;  // Its policy keeps it within.
+  uint64_t n = s.tokens.size();
+  if (s.active()) n += static_cast<uint64_t>(s.max_tokens - s.generated);
+  return n;
+}
+
 uint64_t EngineImpl::CellsInUse() const {
   uint64_t n = 0;
-  for (const Slot& s : slots_) {
-    n += s.tokens.size();
-    if (s.active()) n += static_cast<uint64_t>(s.max_tokens - s.generated);
-  }
+  for (const Slot& s : slots_) n += CellsOf(s);
   return n;
+}
+
+Slot* EngineImpl::Choose(const Pending& p, size_t* keep) {
+  const std::vector<llama_token>& prompt = p.prompt;
+  auto common = [&](const Slot& s) {
+    const std::vector<llama_token>& h = s.history();
+    return static_cast<size_t>(std::mismatch(h.begin(), h.end(), prompt.begin(), prompt.end())
+                                   .first - h.begin());
+  };
+  Slot* slot = nullptr;
+  *keep = 0;
+  if (!p.request.session.empty()) {
+    for (Slot& s : slots_) {
+      if (!s.active() && s.session == p.request.session) {
+        *keep = common(s);
+        return &s;
+      }
+    }
+  }
+  for (Slot& s : slots_) {
+    if (s.active()) continue;
+    size_t n = common(s);
+    // The same conversation (the slot's tokens all begin the prompt, or the
+    // prompt is all in the slot) or a shared start of a block at least. A
+    // shorter shared start (BOS, "user :") is no reason to take over another
+    // conversation's slot: an empty or the coldest one, and evoked, serve
+    // better.
+    if (n < options_.block_tokens && n < s.history().size() && n + 1 < prompt.size()) n = 0;
+    if (slot == nullptr || n > *keep ||
+        (n == *keep && *keep == 0 &&
+         std::make_pair(!s.history().empty(), s.last_used) <
+             std::make_pair(!slot->history().empty(), slot->last_used))) {
+      slot = &s;
+      *keep = n;
+    }
+  }
+  return slot;
+}
+
+bool EngineImpl::MakeRoom(const Slot& slot, uint64_t need) {
+  while (CellsInUse() - CellsOf(slot) + need > options_.kv_budget) {
+    Slot* victim = nullptr;
+    for (Slot& s : slots_) {
+      if (&s == &slot || s.active() || s.history().empty()) continue;
+      if (victim == nullptr || s.last_used < victim->last_used) victim = &s;
+    }
+    if (victim == nullptr) return false;
+    ClearSlot(*victim);
+    Count(&EngineStats::slots_given_up);
+  }
+  return true;
 }
 
 EngineImpl::Started EngineImpl::Start(Pending& p) {
@@ -325,8 +463,9 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
   }
   const std::vector<llama_token>& prompt = p.prompt;
   const char* param = r.endpoint == Endpoint::kChat ? "messages" : "prompt";
-  const uint64_t max_prompt =
-      options_.max_prompt_tokens > 0 ? options_.max_prompt_tokens : options_.kv_budget - 1;
+  const uint64_t max_prompt = options_.max_prompt_tokens > 0 ? options_.max_prompt_tokens
+                              : policy_on_ ? max_prompt_default_
+                                           : options_.kv_budget - 1;
   if (prompt.empty() || prompt.size() > max_prompt) {
     Count(&EngineStats::failed);
     p.stream->Fail(prompt.empty()
@@ -336,100 +475,85 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
                                                      max_prompt)));
     return Started::kFailed;
   }
-  const int64_t room =
-      static_cast<int64_t>(options_.kv_budget) - static_cast<int64_t>(prompt.size());
-  int64_t max_tokens = r.max_tokens.value_or(std::min(options_.default_max_tokens, room));
-  if (max_tokens > room || room < 1) {
-    Count(&EngineStats::failed);
-    p.stream->Fail(TooLong("max_tokens", absl::StrCat(
-        "the prompt (", prompt.size(), " tokens) and max_tokens (", max_tokens,
-        ") exceed the server's KV budget of ", options_.kv_budget, " tokens")));
-    return Started::kFailed;
-  }
-  max_tokens = std::max<int64_t>(max_tokens, 1);
-  // The idle slot holding the longest start of this prompt (see below),
-  // else the one used longest ago (an empty one first).
-  Slot* slot = nullptr;
-  size_t keep = 0;
-  for (Slot& s : slots_) {
-    if (s.active()) continue;
-    size_t n = std::mismatch(s.tokens.begin(), s.tokens.end(), prompt.begin(), prompt.end())
-                   .first - s.tokens.begin();
-    // The same conversation (the slot's tokens all begin the prompt, or the
-    // prompt is all in the slot) or a shared start of a block at least. A
-    // shorter shared start (BOS, "user :") is no reason to take over another
-    // conversation's slot: an empty or the coldest one, and evoked, serve
-    // better.
-    if (n < options_.block_tokens && n < s.tokens.size() && n + 1 < prompt.size()) n = 0;
-    if (slot == nullptr || n > keep ||
-        (n == keep && keep == 0 &&
-         std::make_pair(!s.tokens.empty(), s.last_used) <
-             std::make_pair(!slot->tokens.empty(), slot->last_used))) {
-      slot = &s;
-      keep = n;
-    }
-  }
-  keep = std::min(keep, prompt.size() - 1);  // The last token is decoded for its logits.
-  // Room: idle slots give up their cells (they are in evoked), least
-  // recently used first; when that is not enough, wait for a request to end.
-  auto need = [&] { return CellsInUse() - slot->tokens.size() + keep + (prompt.size() - keep) +
-                           static_cast<uint64_t>(max_tokens); };
-  while (need() > options_.kv_budget) {
-    Slot* victim = nullptr;
-    for (Slot& s : slots_) {
-      if (&s == slot || s.active() || s.tokens.empty()) continue;
-      if (victim == nullptr || s.last_used < victim->last_used) victim = &s;
-    }
-    if (victim == nullptr) {
-      bool any_active = false;
-      for (const Slot& s : slots_) any_active |= s.active();
-      if (any_active) return Started::kLater;  // Room comes back when one ends.
-      // Cannot happen within the checks above; never wait for nothing.
+  int64_t max_tokens = 0;
+  if (policy_on_) {
+    max_tokens = r.max_tokens.value_or(options_.default_max_tokens);
+  } else {
+    const int64_t room =
+        static_cast<int64_t>(options_.kv_budget) - static_cast<int64_t>(prompt.size());
+    max_tokens = r.max_tokens.value_or(std::min(options_.default_max_tokens, room));
+    if (max_tokens > room || room < 1) {
       Count(&EngineStats::failed);
-      p.stream->Fail(ServerError("no room in the KV cache for this request"));
+      p.stream->Fail(TooLong("max_tokens", absl::StrCat(
+          "the prompt (", prompt.size(), " tokens) and max_tokens (", max_tokens,
+          ") exceed the server's KV budget of ", options_.kv_budget, " tokens")));
       return Started::kFailed;
     }
-    ClearSlot(*victim);
-    Count(&EngineStats::slots_given_up);
   }
-  if (keep < slot->tokens.size()) {
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot->seq, static_cast<llama_pos>(keep),
-                        -1);
-    slot->tokens.resize(keep);
+  max_tokens = std::max<int64_t>(max_tokens, 1);
+  size_t keep = 0;
+  Slot* slot = Choose(p, &keep);
+  // Under the policy: a conversation the slot's policy holds and this
+  // prompt continues, or one that cannot fit the slot's share.
+  const bool continues = slot->conv != nullptr && slot->conv->Keep(prompt).has_value();
+  const bool managed =
+      policy_on_ && (continues || prompt.size() + static_cast<uint64_t>(max_tokens) > share_);
+  if (slot->conv != nullptr && !continues) {
+    ClearSlot(*slot);
+    keep = 0;
+  }
+  keep = std::min(keep, prompt.size() - 1);  // The last token is decoded for its logits.
+  const uint64_t need = managed ? share_ : prompt.size() + static_cast<uint64_t>(max_tokens);
+  if (!MakeRoom(*slot, need)) {
+    bool any_active = false;
+    for (const Slot& s : slots_) any_active |= s.active();
+    if (any_active) return Started::kLater;  // Room comes back when one ends.
+    // Cannot happen within the checks above; never wait for nothing.
+    Count(&EngineStats::failed);
+    p.stream->Fail(ServerError("no room in the KV cache for this request"));
+    return Started::kFailed;
   }
   Usage usage;
   usage.prompt_tokens = static_cast<int64_t>(prompt.size());
-  uint64_t loaded = 0;
-  if (keep == 0) {
-    absl::StatusOr<llama::PrefixResult> got =
-        slot->adapter->LoadLongestPrefix(prompt, options_.block_tokens);
-    if (got.ok()) {
-      loaded = got->tokens;
-    } else {
-      Count(&EngineStats::prefix_load_errors);
-      std::fprintf(stderr, "evoke-serve: loading a prefix from evoked: %s\n",
-                   got.status().ToString().c_str());
-      ClearSlot(*slot);
+  if (managed) {
+    if (!StartPolicy(*slot, p, keep, &usage)) return Started::kFailed;
+  } else {
+    if (keep < slot->tokens.size()) {
+      llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot->seq,
+                          static_cast<llama_pos>(keep), -1);
+      slot->tokens.resize(keep);
     }
-    slot->tokens.assign(prompt.begin(), prompt.begin() + static_cast<ptrdiff_t>(loaded));
-  }
-  const size_t from = slot->tokens.size();
-  usage.cached_tokens = static_cast<int64_t>(from);
-  if (!llama::DecodeTokens(ctx_.get(), absl::MakeConstSpan(prompt).subspan(from),
-                           static_cast<llama_pos>(from), slot->seq)) {
-    ClearSlot(*slot);
-    Count(&EngineStats::failed);
-    p.stream->Fail(ServerError("llama_decode failed on the prompt"));
-    return Started::kFailed;
-  }
-  slot->tokens = prompt;
-  {
+    uint64_t loaded = 0;
+    if (keep == 0) {
+      absl::StatusOr<llama::PrefixResult> got =
+          slot->adapter->LoadLongestPrefix(prompt, options_.block_tokens);
+      if (got.ok()) {
+        loaded = got->tokens;
+      } else {
+        Count(&EngineStats::prefix_load_errors);
+        std::fprintf(stderr, "evoke-serve: loading a prefix from evoked: %s\n",
+                     got.status().ToString().c_str());
+        ClearSlot(*slot);
+      }
+      slot->tokens.assign(prompt.begin(), prompt.begin() + static_cast<ptrdiff_t>(loaded));
+    }
+    const size_t from = slot->tokens.size();
+    usage.cached_tokens = static_cast<int64_t>(from);
+    if (!llama::DecodeTokens(ctx_.get(), absl::MakeConstSpan(prompt).subspan(from),
+                             static_cast<llama_pos>(from), slot->seq)) {
+      ClearSlot(*slot);
+      Count(&EngineStats::failed);
+      p.stream->Fail(ServerError("llama_decode failed on the prompt"));
+      return Started::kFailed;
+    }
+    slot->tokens = prompt;
     absl::MutexLock lock(&mu_);
     stats_.prompt_tokens += prompt.size();
     stats_.reused_from_slot += keep;
     stats_.loaded_from_evoked += loaded;
     stats_.prefilled += prompt.size() - from;
   }
+  slot->session = r.session;
   slot->stream = p.stream;
   slot->sampler = MakeSampler(r.sampling);
   slot->stop = std::make_unique<StopMatcher>(r.sampling.stop);
@@ -442,6 +566,81 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
   return Started::kYes;
 }
 
+bool EngineImpl::StartPolicy(Slot& slot, Pending& p, size_t keep, Usage* usage) {
+  const std::vector<llama_token>& prompt = p.prompt;
+  uint64_t reused = 0, loaded = 0;
+  if (slot.conv == nullptr) {
+    // A new conversation under the policy adopts what the slot holds of the
+    // prompt, or else the prompt's prefix blocks evoked holds, up to the
+    // slot's share; the policy takes it from there.
+    size_t adopt = std::min<size_t>(keep, share_);
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), slot.seq, static_cast<llama_pos>(adopt),
+                        -1);
+    slot.tokens.resize(adopt);
+    reused = adopt;
+    if (adopt == 0) {
+      absl::StatusOr<llama::PrefixResult> got = slot.adapter->LoadLongestPrefix(
+          prompt, options_.block_tokens, static_cast<uint32_t>(share_));
+      if (got.ok()) {
+        adopt = loaded = got->tokens;
+      } else {
+        Count(&EngineStats::prefix_load_errors);
+        std::fprintf(stderr, "evoke-serve: loading a prefix from evoked: %s\n",
+                     got.status().ToString().c_str());
+        ClearSlot(slot);
+      }
+    }
+    llama::AdapterOptions ao = conv_adapter_;
+    ao.seq = slot.seq;
+    ao.session_id = absl::StrCat("evoke-serve/", name_, "/", instance_, "/", ++conversations_);
+    absl::StatusOr<std::unique_ptr<PolicyConversation>> conv = PolicyConversation::Open(
+        ctx_.get(), cparams_, capture_.get(), client_, ao, policy_,
+        absl::MakeConstSpan(prompt).subspan(0, adopt));
+    slot.tokens.clear();
+    if (!conv.ok()) {
+      ClearSlot(slot);
+      Count(&EngineStats::failed);
+      p.stream->Fail(ServerError(absl::StrCat("starting the conversation's policy: ",
+                                              conv.status().message())));
+      return false;
+    }
+    slot.conv = *std::move(conv);
+    slot.counted = {};
+    keep = adopt;
+    Count(&EngineStats::policy_conversations);
+  } else {
+    keep = *slot.conv->Keep(prompt);
+    reused = keep;
+  }
+  usage->cached_tokens = static_cast<int64_t>(keep);
+  absl::Status s = slot.conv->Prefill(prompt, keep);
+  Account(slot);
+  if (!s.ok()) {
+    ClearSlot(slot);
+    Count(&EngineStats::failed);
+    p.stream->Fail(ServerError(absl::StrCat("decoding the prompt under the policy: ",
+                                            s.message())));
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.prompt_tokens += prompt.size();
+  stats_.reused_from_slot += reused;
+  stats_.loaded_from_evoked += loaded;
+  stats_.prefilled += prompt.size() - keep;
+  return true;
+}
+
+void EngineImpl::Account(Slot& s) {
+  if (s.conv == nullptr) return;
+  const ConversationStats now = s.conv->stats();
+  absl::MutexLock lock(&mu_);
+  stats_.policy_evicted += now.evicted - s.counted.evicted;
+  stats_.policy_recovered += now.recovered - s.counted.recovered;
+  stats_.policy_recovery_failures += now.recovery_failures - s.counted.recovery_failures;
+  stats_.policy_blocks_lost += now.lost - s.counted.lost;
+  s.counted = now;
+}
+
 void EngineImpl::Step() {
   std::vector<Slot*> batch_slots;
   for (Slot& s : slots_) {
@@ -449,6 +648,15 @@ void EngineImpl::Step() {
     if (s.stream->cancelled()) {
       Count(&EngineStats::cancelled);
       FinishSlot(s, "");
+      continue;
+    }
+    if (s.conv != nullptr) {
+      // Under the policy: one token at a time (it acts between tokens).
+      if (absl::Status st = s.conv->Decode(s.next); !st.ok()) {
+        FailSlot(s, ServerError(absl::StrCat("decoding under the policy: ", st.message())));
+        continue;
+      }
+      Emit(s, llama_sampler_sample(s.sampler.get(), ctx_.get(), -1));
       continue;
     }
     batch_slots.push_back(&s);
@@ -504,7 +712,9 @@ void EngineImpl::FinishSlot(Slot& s, const std::string& reason) {
     Count(&EngineStats::completed);  // Before the client can see the end.
     s.stream->Finish(reason, s.usage);
   }
-  if (options_.save_prefixes && s.tokens.size() >= options_.block_tokens) {
+  Account(s);
+  // A policy's conversation keeps its blocks in its own session instead.
+  if (s.conv == nullptr && options_.save_prefixes && s.tokens.size() >= options_.block_tokens) {
     absl::StatusOr<llama::PrefixResult> saved =
         s.adapter->SavePrefix(s.tokens, options_.block_tokens);
     if (saved.ok()) {
@@ -534,8 +744,12 @@ void EngineImpl::Detach(Slot& s) {
 }
 
 void EngineImpl::ClearSlot(Slot& s) {
+  Account(s);
+  s.conv.reset();  // Its cells, and its session in evoked.
+  s.counted = {};
   llama_memory_seq_rm(llama_get_memory(ctx_.get()), s.seq, -1, -1);
   s.tokens.clear();
+  s.session.clear();
 }
 
 std::vector<llama_token> EngineImpl::Tokenize(const std::string& text) const {

@@ -16,10 +16,17 @@
 // Requests beyond the slots wait in a queue (at most `max_queue`, each at
 // most `queue_wait`), then are refused with 429.
 //
-// Not yet: a KV budget smaller than one conversation (evicting within a
-// conversation under a policy, and recovering from evoked, as
-// LlamaPolicySession does for one sequence). A conversation longer than
-// kv_budget is refused (400, context_length_exceeded).
+//
+// Conversations longer than a slot's share of the budget (kv_budget /
+// slots, what llama-server gives each slot too) run under a policy
+// (serve/conversation.h, EVOKE by default): it evicts blocks to evoked as
+// the conversation grows and brings back those its queries need, so the
+// slot never holds more than its share. Such a conversation continues in
+// its slot with only what each turn adds decoded; when it comes back to
+// another slot (after a restart, say), its prefix blocks evoked holds are
+// loaded, up to the share, and the rest is decoded under the policy.
+// Each of those slots decodes its tokens one llama_decode at a time (the
+// policy acts between tokens); the others decode in one batch.
 #ifndef EVOKE_SERVE_ENGINE_H_
 #define EVOKE_SERVE_ENGINE_H_
 
@@ -49,6 +56,17 @@ struct EngineOptions {
   int threads = 0;                // 0: the machine's cores.
   std::string ns = "default";     // evoked namespace of the blocks.
   bool save_prefixes = true;      // Write-through of each request's full blocks.
+  // The policy of conversations longer than a slot's share (one of
+  // policy::PolicyNames()), or "none": those are refused
+  // (context_length_exceeded).
+  std::string policy = "evoke";
+  std::string policy_params;      // "key=value,..." (policy::ParsePolicyParams).
+  // The layer whose pre-RoPE query recovers blocks: evoked's --summary-layer.
+  // -1: the middle layer (evoked's default).
+  int32_t summary_layer = -1;
+  // Names this process's conversation sessions in evoked (unique per
+  // process; empty: pid and start time).
+  std::string instance;
 };
 
 struct EngineStats {
@@ -60,6 +78,10 @@ struct EngineStats {
   uint64_t generated = 0;
   uint64_t prefix_blocks_saved = 0, prefix_save_errors = 0, prefix_load_errors = 0;
   uint64_t slots_given_up = 0;      // Idle slots' cells freed for another request.
+  // Policy-managed conversations (longer than a slot's share).
+  uint64_t policy_conversations = 0;  // Started (a conversation continued is not counted).
+  uint64_t policy_evicted = 0, policy_recovered = 0, policy_recovery_failures = 0;
+  uint64_t policy_blocks_lost = 0;   // Evicted unsaved while evoked was down.
   uint32_t active = 0, queued = 0;
 };
 

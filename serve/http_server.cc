@@ -49,6 +49,18 @@ std::string Metrics(const EngineStats& s) {
             s.prefix_save_errors + s.prefix_load_errors);
   f.Counter("evoke_serve_slots_given_up_total", "Idle slots whose cells another request took.",
             s.slots_given_up);
+  f.Counter("evoke_serve_policy_conversations_total",
+            "Conversations started under the policy (longer than a slot's share).",
+            s.policy_conversations);
+  f.Counter("evoke_serve_policy_evicted_blocks_total", "Blocks the policy evicted to evoked.",
+            s.policy_evicted);
+  f.Counter("evoke_serve_policy_recovered_blocks_total", "Blocks the policy brought back.",
+            s.policy_recovered);
+  f.Counter("evoke_serve_policy_recovery_failures_total",
+            "Recovery points that failed (decoding went on without them).",
+            s.policy_recovery_failures);
+  f.Counter("evoke_serve_policy_blocks_lost_total",
+            "Blocks evicted unsaved while evoked was down.", s.policy_blocks_lost);
   f.Gauge("evoke_serve_active_requests", "Requests decoding now.", s.active);
   f.Gauge("evoke_serve_queued_requests", "Requests waiting for a slot.", s.queued);
   return prometheus::TextSerializer().Serialize(f.Take());
@@ -208,6 +220,7 @@ void HttpServer::Routes() {
         return;
       }
       GenerationRequest r = std::get<GenerationRequest>(std::move(parsed));
+      r.session = req.get_header_value("X-Evoke-Session");
       const bool stream = r.stream, include_usage = r.include_usage;
       std::shared_ptr<RequestStream> events = engine_->Submit(std::move(r));
       const StreamEvent admitted = AwaitAdmission(*events);

@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--block-tokens", eo.block_tokens, "Tokens per prefix block in evoked")
       ->capture_default_str();
-  app.add_option("--max-prompt-tokens", eo.max_prompt_tokens, "0: kv-budget - 1")
+  app.add_option("--max-prompt-tokens", eo.max_prompt_tokens,
+                 "0: kv-budget - 1, or with a policy the model's trained context if more")
       ->capture_default_str();
   app.add_option("--default-max-tokens", eo.default_max_tokens)->capture_default_str();
   app.add_option("--max-tokens", eo.max_tokens_limit, "The most a request may ask for")
@@ -89,6 +90,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{10}, int64_t{600000}))
       ->capture_default_str();
   app.add_flag("--no-save-prefixes", no_save, "Do not write conversations to evoked");
+  app.add_option("--policy", eo.policy,
+                 "Policy of conversations longer than a slot's share of the KV budget "
+                 "(kv-budget / slots): evoke, infllm, snapkv, h2o, streaming_llm, recency; "
+                 "none refuses them")
+      ->capture_default_str();
+  app.add_option("--policy-params", eo.policy_params, "key=value,... (e.g. evoke_topk=4)");
+  app.add_option("--summary-layer", eo.summary_layer,
+                 "Layer whose query recovers blocks: evoked's --summary-layer (-1: the middle)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   eo.queue_wait = absl::Milliseconds(queue_wait_ms);
   // A thread for each request that may wait or decode, and some for /health,
@@ -110,6 +120,7 @@ int main(int argc, char** argv) {
     po.binary = evoked_binary;
     po.dir = data_dir;
     po.pinned_bytes = pinned;
+    po.summary_layer = eo.summary_layer;  // The engine asks Recover for the same layer.
     absl::StatusOr<std::unique_ptr<sim::EvokedProcess>> p = sim::EvokedProcess::Start(po);
     if (!p.ok()) {
       std::fprintf(stderr, "evoke-serve: %s\n", p.status().ToString().c_str());
@@ -149,9 +160,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("evoke-serve: listening on http://%s:%d (model %s, %u slots, KV budget %u tokens, "
-              "evoked at %s)\n",
+              "policy %s, evoked at %s)\n",
               ho.host.c_str(), *port, (*engine)->model_name().c_str(), eo.slots, eo.kv_budget,
-              socket.c_str());
+              eo.policy.c_str(), socket.c_str());
   std::fflush(stdout);
   std::thread stopper([&] {
     int sig = 0;

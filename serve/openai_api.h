@@ -71,6 +71,7 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage.
   std::string user;
+  std::string session;  // X-Evoke-Session: the conversation's id, when the client names it.
 };
 
 struct Limits {

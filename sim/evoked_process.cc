@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<EvokedProcess>> EvokedProcess::Start(
                                    "--socket", p->socket_,
                                    "--data-dir", templ + "/data",
                                    "--pinned-bytes", options.pinned_bytes,
-                                   "--summary-layer", absl::StrCat(options.summary_layer),
+                                   absl::StrCat("--summary-layer=", options.summary_layer),
                                    "--worker-threads", absl::StrCat(options.worker_threads),
                                    "--lock-memory=false",
                                    "--log-level", "warning"};

@@ -17,7 +17,7 @@ namespace evoke::sim {
 struct EvokedProcessOptions {
   std::string binary;            // Path of evoked (see DefaultEvokedPath).
   std::string pinned_bytes = "16MiB";  // Small: most blocks spill to RocksDB.
-  uint32_t summary_layer = 0;    // The simulator's recovery layer.
+  int32_t summary_layer = 0;     // The simulator's recovery layer (-1: the middle).
   uint32_t worker_threads = 4;
   // Where its socket, data and log go. Empty: a temporary directory,
   // removed when the process is stopped; else this one, created if absent

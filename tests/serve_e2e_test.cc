@@ -53,8 +53,10 @@ class ServeTest : public E2eTest {
     log_ = dir_.Join(absl::StrCat("serve-", ++starts_, ".log"));
     std::vector<std::string> argv = {EVOKE_SERVE_PATH, "--model", EVOKE_SHIPPED_MODEL,
                                      "--socket", daemon_->socket(), "--port", "0",
-                                     "--threads", "2", "--block-tokens", "8",
-                                     "--kv-budget", "1024"};
+                                     "--threads", "2", "--block-tokens", "8"};
+    if (std::find(flags.begin(), flags.end(), "--kv-budget") == flags.end()) {
+      argv.insert(argv.end(), {"--kv-budget", "1024"});
+    }
     argv.insert(argv.end(), flags.begin(), flags.end());
     SpawnOptions spawn{.argv = argv};
     spawn.stdout_path = spawn.stderr_path = log_;
@@ -177,7 +179,7 @@ TEST_F(ServeTest, OptionsThatLeaveNoRoomAreRefusedAtStart) {
   const std::string log = dir_.Join("refused.log");
   SpawnOptions spawn{.argv = {EVOKE_SERVE_PATH, "--model", EVOKE_SHIPPED_MODEL, "--socket",
                               daemon_->socket(), "--port", "0", "--kv-budget", "256",
-                              "--max-prompt-tokens", "1000"}};
+                              "--max-prompt-tokens", "1000", "--policy", "none"}};
   spawn.stdout_path = spawn.stderr_path = log;
   absl::StatusOr<Subprocess> p = Subprocess::Spawn(spawn);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -185,6 +187,60 @@ TEST_F(ServeTest, OptionsThatLeaveNoRoomAreRefusedAtStart) {
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);
   EXPECT_THAT(ReadFile(log), HasSubstr("max_prompt_tokens: 1000 leaves no room"));
+  // Under a policy a long prompt has room, but a slot's share must hold
+  // what the policy needs, and the policy must exist.
+  for (const auto& [flags, why] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--kv-budget", "256", "--slots", "16"}, "a slot's share of kv_budget / slots = 16"},
+           {{"--policy", "fifo"}, "fifo"}}) {
+    SpawnOptions again = spawn;
+    again.argv = {EVOKE_SERVE_PATH, "--model", EVOKE_SHIPPED_MODEL, "--socket",
+                  daemon_->socket(), "--port", "0"};
+    again.argv.insert(again.argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<Subprocess> q = Subprocess::Spawn(again);
+    ASSERT_TRUE(q.ok()) << q.status();
+    absl::StatusOr<int> rc = q->Wait(absl::Seconds(60));
+    ASSERT_TRUE(rc.ok());
+    EXPECT_EQ(*rc, 1) << why;
+    EXPECT_THAT(ReadFile(log), HasSubstr(why));
+  }
+}
+
+// A conversation longer than its slot's share of the KV budget runs under
+// the policy (EVOKE): blocks go to evoked as it grows, recovery points bring
+// some back, the slot never holds more than its share, and its next turn
+// decodes only what the turn adds.
+TEST_F(ServeTest, AConversationLongerThanItsSlotsShareRunsUnderThePolicy) {
+  StartServe({"--slots", "1", "--kv-budget", "256"});
+  std::string prompt = "the code for red fox is 4 2 7 . ";
+  const std::string filler = "the tall castle needs the loud bridge . each river crosses . ";
+  for (int i = 0; i < 60; ++i) prompt += filler;
+  prompt += "question : what is the code for red fox ? answer :";
+  json r = Post("/v1/completions", Completion(prompt, 3));
+  ASSERT_TRUE(r.contains("usage")) << r.dump();
+  const int64_t first_prompt = r["usage"]["prompt_tokens"].get<int64_t>();
+  EXPECT_GT(first_prompt, 600);  // More than twice the budget.
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  std::map<std::string, double> m = Metrics();
+  EXPECT_EQ(m["evoke_serve_policy_conversations_total"], 1);
+  EXPECT_GT(m["evoke_serve_policy_evicted_blocks_total"], 30);
+  EXPECT_EQ(m["evoke_serve_policy_recovery_failures_total"], 0);
+  EXPECT_EQ(m["evoke_serve_failed_total"], 0);
+  // The next turn: the conversation so far, the reply, more text.
+  prompt += r["choices"][0]["text"].get<std::string>() + " . " + filler +
+            "question : what is the code for red fox ? answer :";
+  r = Post("/v1/completions", Completion(prompt, 3));
+  ASSERT_TRUE(r.contains("usage")) << r.dump();
+  // All the slot's conversation held: the first prompt and the reply's
+  // tokens before its last.
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), first_prompt);
+  m = Metrics();
+  EXPECT_EQ(m["evoke_serve_policy_conversations_total"], 1);  // Continued, not restarted.
+  EXPECT_GT(m["evoke_serve_policy_recovered_blocks_total"], 0);
+  // The slot held at most its share: evoked has the rest, as a session.
+  const v1::StatResponse st = Stat();
+  EXPECT_GT(st.pinned().blocks() + st.spill().blocks(), 30u);
+  StopServe();  // Its conversation's session goes with it.
 }
 
 // A chat's second turn (the first turn, the reply as the client got it, a

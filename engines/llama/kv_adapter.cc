@@ -532,13 +532,14 @@ absl::StatusOr<PrefixResult> KvAdapter::SavePrefix(absl::Span<const llama_token>
 }
 
 absl::StatusOr<PrefixResult> KvAdapter::LoadLongestPrefix(absl::Span<const llama_token> tokens,
-                                                          uint32_t block_tokens) {
+                                                          uint32_t block_tokens,
+                                                          uint32_t max_tokens) {
   EVOKE_ASSIGN_OR_RETURN(StoredPrefix stored, LookupPrefix(tokens, block_tokens));
   PrefixResult out;
   // At least the prompt's last token is left to decode: its logits are the
   // next token's.
   const size_t whole = tokens.empty() ? 0 : (tokens.size() - 1) / block_tokens;
-  const size_t n = std::min<size_t>(stored.present, whole);
+  const size_t n = std::min<size_t>({stored.present, whole, max_tokens / block_tokens});
   if (n == 0) return out;
   std::vector<BlockId>& ids = stored.ids;
   ids.resize(n);

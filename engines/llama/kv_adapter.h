@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <map>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -174,9 +175,11 @@ class KvAdapter {
   // all but its last block). Returns n in `tokens` (0 when no block is
   // stored: then nothing changed). INVALID_ARGUMENT for
   // block_tokens 0; errors of Lookup and Load; RESOURCE_EXHAUSTED when the
-  // cache cannot take the blocks (blocks written before stay).
-  absl::StatusOr<PrefixResult> LoadLongestPrefix(absl::Span<const llama_token> tokens,
-                                                 uint32_t block_tokens);
+  // cache cannot take the blocks (blocks written before stay). At most
+  // `max_tokens` tokens are loaded (whole blocks).
+  absl::StatusOr<PrefixResult> LoadLongestPrefix(
+      absl::Span<const llama_token> tokens, uint32_t block_tokens,
+      uint32_t max_tokens = std::numeric_limits<uint32_t>::max());
 
   const v1::LayoutFingerprint& fingerprint() const { return fingerprint_; }
   const TransferStats& transfer_stats() const { return stats_; }

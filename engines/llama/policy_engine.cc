@@ -8,6 +8,7 @@
 #include "common/block_validation.h"
 #include "common/status_macros.h"
 #include "common/summaries.h"
+#include "engines/llama/random_model.h"
 #include "evoke/client.h"
 
 namespace evoke::llama {
@@ -241,12 +242,12 @@ absl::StatusOr<std::unique_ptr<LlamaPolicySession>> LlamaPolicySession::Create(
   s->driver_ = std::make_unique<policy::SessionDriver>(s->policy_.get(), s->engine_.get(),
                                                        s->source_.get(), s->stats_.get(), d);
   s->cells_ = std::make_unique<CellPositions>(ctx, adapter->seq());
-  s->next_position_ = std::max<int64_t>(0, llama_memory_seq_pos_max(llama_get_memory(ctx),
-                                                                    adapter->seq()) + 1);
-  if (s->next_position_ != 0) {
+  const bool empty = llama_memory_seq_pos_max(llama_get_memory(ctx), adapter->seq()) < 0;
+  if (!empty && !s->options_.adopt) {
     return absl::FailedPreconditionError(
         "the engine sequence must be empty when the session starts (its books start at 0)");
   }
+  s->adopt_pending_ = s->options_.adopt;
   return s;
 }
 
@@ -259,84 +260,164 @@ uint64_t LlamaPolicySession::cells_used() const {
 }
 
 absl::Status LlamaPolicySession::CheckNotBroken() const {
+  if (adopt_pending_) {
+    return absl::FailedPreconditionError("the session adopts its sequence first (Adopt)");
+  }
   if (broken_.ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the session's books no longer match llama.cpp's cache after an earlier error (",
       broken_.message(), "); start a new session"));
 }
 
-absl::Status LlamaPolicySession::Decode(llama_token token) {
-  EVOKE_RETURN_IF_ERROR(CheckNotBroken());
-  const policy::PolicyInfo& info = policy_->info();
+absl::Status LlamaPolicySession::RecoveryPointIfDue() {
   const uint32_t every =
       options_.recovery_every_tokens > 0 ? options_.recovery_every_tokens
                                          : options_.params.block_tokens;
   // A recovery point, with the query of the token decoded last, at a block
   // boundary only: recovered blocks land at the tail, and a block's tokens
   // must stay contiguous in positions (pending tokens would be split).
-  if (info.recovers && since_recovery_ >= every && driver_->pending_tokens() == 0 &&
-      capture_ != nullptr && !capture_->recovery_query().empty()) {
+  if (policy_->info().recovers && since_recovery_ >= every &&
+      driver_->pending_tokens() == 0 && !last_query_.empty()) {
     since_recovery_ = 0;
-    const std::vector<float>& q = capture_->recovery_query();
-    const uint32_t head_dim = adapter_->format().head_dim;
-    policy::RecoveryQuery query{q, static_cast<uint32_t>(q.size() / head_dim)};
+    const policy::RecoveryQuery query = Query();
     EVOKE_RETURN_IF_ERROR(driver_->RecoveryPoint(query, &next_position_));
   }
-  EVOKE_RETURN_IF_ERROR(driver_->MakeRoom(1));
+  return absl::OkStatus();
+}
+
+absl::Status LlamaPolicySession::Decode(llama_token token) {
+  return DecodeRun(absl::MakeConstSpan(&token, 1));
+}
+
+absl::Status LlamaPolicySession::DecodeMany(absl::Span<const llama_token> tokens) {
+  const bool per_token = policy_->info().needs_attention || repr_keys_;
+  while (!tokens.empty()) {
+    const size_t n = per_token ? 1
+                               : static_cast<size_t>(std::min<uint64_t>(
+                                     tokens.size(), driver_->tokens_to_boundary()));
+    EVOKE_RETURN_IF_ERROR(DecodeRun(tokens.subspan(0, n)));
+    tokens.remove_prefix(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaPolicySession::DecodeRun(absl::Span<const llama_token> run) {
+  EVOKE_RETURN_IF_ERROR(CheckNotBroken());
+  EVOKE_RETURN_IF_ERROR(RecoveryPointIfDue());
+  EVOKE_RETURN_IF_ERROR(driver_->MakeRoom(run.size()));
   if (engine_->changes() != seen_changes_) {
     cells_->Invalidate();
     seen_changes_ = engine_->changes();
   }
-  const llama_pos pos = static_cast<llama_pos>(next_position_);
+  const llama_pos first = static_cast<llama_pos>(next_position_);
   if (capture_ != nullptr) capture_->BeginStep();
-  if (!DecodeOne(ctx_, token, pos, adapter_->seq())) {
-    return absl::InternalError(absl::StrCat("llama_decode failed at position ", pos));
+  const bool decoded = run.size() == 1 ? DecodeOne(ctx_, run[0], first, adapter_->seq())
+                                       : DecodeTokens(ctx_, run, first, adapter_->seq());
+  if (!decoded) {
+    return absl::InternalError(absl::StrCat("llama_decode failed at position ", first));
   }
-  ++next_position_;
-  ++since_recovery_;
-  pending_ids_.push_back(token);
-  // The token is in the cache now: an error while accounting for it leaves
-  // the books behind the cache, so the session refuses further decoding.
-  absl::Status accounted = AccountDecoded(pos);
-  if (!accounted.ok()) broken_ = accounted;
-  if (driver_->pending_tokens() == 0) pending_ids_.clear();
-  return accounted;
+  if (capture_ != nullptr) last_query_ = capture_->recovery_query();
+  // The tokens are in the cache now: an error while accounting for them
+  // leaves the books behind the cache, so the session refuses further
+  // decoding.
+  for (size_t i = 0; i < run.size(); ++i) {
+    ++next_position_;
+    ++since_recovery_;
+    pending_ids_.push_back(run[i]);
+    absl::Status accounted = AccountDecoded(first + static_cast<llama_pos>(i));
+    if (!accounted.ok()) {
+      broken_ = accounted;
+      return accounted;
+    }
+    if (driver_->pending_tokens() == 0) pending_ids_.clear();
+  }
+  return absl::OkStatus();
 }
 
-absl::Status LlamaPolicySession::RecoverAtPromptEnd() {
+policy::RecoveryQuery LlamaPolicySession::Query() const {
+  const uint32_t head_dim = adapter_->format().head_dim;
+  return policy::RecoveryQuery{last_query_, static_cast<uint32_t>(last_query_.size() / head_dim)};
+}
+
+absl::StatusOr<uint64_t> LlamaPolicySession::DropPending() {
   EVOKE_RETURN_IF_ERROR(CheckNotBroken());
-  if (!policy_->info().recovers || capture_ == nullptr || capture_->recovery_query().empty()) {
-    return absl::OkStatus();
-  }
-  const std::vector<float> q = capture_->recovery_query();
   const uint64_t m = driver_->pending_tokens();
   if (m != pending_ids_.size()) {
     return absl::InternalError(absl::StrCat("books: ", m, " pending tokens, ",
                                             pending_ids_.size(), " recorded"));
   }
-  const std::vector<llama_token> tail = pending_ids_;
-  if (m > 0) {
-    const llama_pos first = static_cast<llama_pos>(next_position_ - static_cast<int64_t>(m));
-    if (!llama_memory_seq_rm(llama_get_memory(ctx_), adapter_->seq(), first, -1)) {
-      return absl::InternalError(absl::StrCat("llama_memory_seq_rm refused [", first, ", end)"));
-    }
-    driver_->DropPendingTokens();
-    for (llama_pos p = first; p < static_cast<llama_pos>(next_position_); ++p) {
-      pending_mass_.erase(p);
-    }
-    next_position_ = first;
-    pending_ids_.clear();
-    cells_->Invalidate();
+  if (m == 0) return m;
+  const llama_pos first = static_cast<llama_pos>(next_position_ - static_cast<int64_t>(m));
+  if (!llama_memory_seq_rm(llama_get_memory(ctx_), adapter_->seq(), first, -1)) {
+    return absl::InternalError(absl::StrCat("llama_memory_seq_rm refused [", first, ", end)"));
   }
+  driver_->DropPendingTokens();
+  for (llama_pos p = first; p < static_cast<llama_pos>(next_position_); ++p) {
+    pending_mass_.erase(p);
+  }
+  next_position_ = first;
+  pending_ids_.clear();
+  cells_->Invalidate();
+  return m;
+}
+
+absl::Status LlamaPolicySession::RecoverAtPromptEnd() {
+  EVOKE_RETURN_IF_ERROR(CheckNotBroken());
+  if (!policy_->info().recovers || last_query_.empty()) return absl::OkStatus();
+  const policy::RecoveryQuery query = Query();  // Before the tail goes.
+  const std::vector<llama_token> tail = pending_ids_;
+  EVOKE_RETURN_IF_ERROR(DropPending().status());
   since_recovery_ = 0;
-  const uint32_t head_dim = adapter_->format().head_dim;
-  policy::RecoveryQuery query{q, static_cast<uint32_t>(q.size() / head_dim)};
   absl::Status recovered = driver_->RecoveryPoint(query, &next_position_);
   if (!recovered.ok()) {
     broken_ = recovered;
     return recovered;
   }
-  for (llama_token t : tail) EVOKE_RETURN_IF_ERROR(Decode(t));
+  return DecodeMany(tail);
+}
+
+absl::Status LlamaPolicySession::Adopt(absl::Span<const llama_token> tokens) {
+  if (!broken_.ok()) return CheckNotBroken();
+  adopt_pending_ = false;
+  if (next_position_ != 0 || driver_->resident_tokens() != 0) {
+    return absl::FailedPreconditionError("Adopt: the session has decoded already");
+  }
+  const llama_pos held = llama_memory_seq_pos_max(llama_get_memory(ctx_), adapter_->seq());
+  if (static_cast<int64_t>(held) + 1 != static_cast<int64_t>(tokens.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Adopt: the sequence holds positions up to ", held, ", not ",
+                     tokens.size(), " tokens"));
+  }
+  const bool recovers = policy_->info().recovers;
+  cells_->Invalidate();
+  for (llama_token t : tokens) {
+    absl::Status s = driver_->MakeRoom(1);
+    const llama_pos pos = static_cast<llama_pos>(next_position_);
+    absl::StatusOr<std::optional<policy::BlockHandle>> done =
+        s.ok() ? driver_->TokenDecoded(pos) : absl::StatusOr<std::optional<policy::BlockHandle>>(s);
+    if (done.ok()) {
+      ++next_position_;
+      pending_ids_.push_back(t);
+      if (driver_->pending_tokens() == 0) pending_ids_.clear();
+    }
+    if (done.ok() && done->has_value() && recovers) {
+      for (const policy::ResidentBlock& b : driver_->resident()) {
+        if (b.handle != **done) continue;
+        absl::StatusOr<std::vector<float>> mean =
+            engine_->MeanKeys(b.first_position, b.n_tokens, options_.summary_layer);
+        if (mean.ok()) s = driver_->SetSummary(b.handle, *std::move(mean));
+        else s = mean.status();
+        break;
+      }
+    }
+    if (!done.ok()) s = done.status();
+    if (!s.ok()) {
+      broken_ = s;  // Part of the sequence is in the books, part not.
+      return s;
+    }
+  }
+  cells_->Invalidate();
+  max_cells_ = std::max(max_cells_, driver_->resident_tokens());
   return absl::OkStatus();
 }
 

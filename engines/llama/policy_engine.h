@@ -157,6 +157,9 @@ struct SessionOptions {
   // the next this many stored blocks of the ranking
   // (EvokedSourceOptions::prefetch). 0: none.
   uint32_t prefetch = 0;
+  // The engine sequence may hold tokens when the session starts; the caller
+  // then hands them to Adopt before anything else. false: it must be empty.
+  bool adopt = false;
   EngineOptions engine;
 };
 
@@ -182,6 +185,12 @@ class LlamaPolicySession {
   // later calls return FAILED_PRECONDITION.
   absl::Status Decode(llama_token token);
 
+  // DecodeMany decodes `tokens` as Decode would one by one, with the same
+  // recovery points and evictions, but in one llama_decode per run up to the
+  // next block boundary (logits of the last token only) for policies that
+  // read no per-token attention; one by one for the others.
+  absl::Status DecodeMany(absl::Span<const llama_token> tokens);
+
   // RecoverAtPromptEnd is a recovery point at the end of a prompt, before
   // the engine generates from it (recovering policies; a no-op for the
   // others and before the first decode). It uses the query of the token
@@ -193,6 +202,21 @@ class LlamaPolicySession {
   // recovered. The attention the removed tokens' steps gave is not taken
   // back (H2O-style statistics count those steps twice). Errors as Decode.
   absl::Status RecoverAtPromptEnd();
+
+  // Adopt takes into the books `tokens`, which the engine sequence already
+  // holds at positions [0, tokens.size()) (decoded, or loaded from evoked,
+  // before the session began): each as if decoded now, the policy making
+  // room as they come (evicting to evoked), mean keys for each completed
+  // block. No recovery point runs and no attention is recorded for them
+  // (attention-based policies see them with none). The session must be new
+  // (FAILED_PRECONDITION otherwise). Errors as Decode's.
+  absl::Status Adopt(absl::Span<const llama_token> tokens);
+
+  // DropPending removes the tokens decoded since the last block boundary
+  // from the cache and the books (so that a conversation can take another
+  // turn from there) and returns how many.
+  absl::StatusOr<uint64_t> DropPending();
+  uint64_t pending_tokens() const { return driver_->pending_tokens(); }
 
   int64_t next_position() const { return next_position_; }
   // Cells the sequence holds now (llama.cpp's count, from its positions).
@@ -212,6 +236,13 @@ class LlamaPolicySession {
   absl::Status CheckNotBroken() const;
   // Books, statistics and summaries for the token just decoded at `pos`.
   absl::Status AccountDecoded(llama_pos pos);
+  // A recovery point when one is due (recovering policies, block boundary).
+  absl::Status RecoveryPointIfDue();
+  // Decodes `run` (within one block) in one llama_decode, with its books.
+  absl::Status DecodeRun(absl::Span<const llama_token> run);
+  // The recovery query: the last token this session decoded (its own copy,
+  // as other sequences may decode in the same context between its calls).
+  policy::RecoveryQuery Query() const;
 
   llama_context* ctx_ = nullptr;
   AttentionCapture* capture_ = nullptr;
@@ -229,11 +260,13 @@ class LlamaPolicySession {
   uint64_t max_cells_ = 0;
   uint32_t n_head_kv_ = 0;
   absl::Status broken_;  // Set by an error after a decode; see Decode.
+  bool adopt_pending_ = false;  // SessionOptions::adopt, until Adopt.
   bool repr_keys_ = false;  // InfLLM with REPR_KEYS summaries.
   // Summary-layer mass per pending position, per KV head.
   absl::flat_hash_map<int32_t, std::vector<float>> pending_mass_;
   std::vector<std::pair<policy::BlockHandle, uint32_t>> block_of_;  // By position.
   std::vector<llama_token> pending_ids_;  // Tokens decoded since the last block boundary.
+  std::vector<float> last_query_;  // capture_'s recovery query after this session's decode.
 };
 
 }  // namespace evoke::llama
