@@ -93,6 +93,14 @@ def post(url, body, api_key, timeout):
     return status, text, usage, total, first if first is not None else total, error
 
 
+def token_prompt(url, text, bos):
+    """[bos] + the server's tokens of `text` (its /tokenize, no special tokens)."""
+    req = urllib.request.Request(url + "/tokenize", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"content": text, "add_special": False}).encode())
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return [bos] + json.load(resp)["tokens"]
+
+
 def percentile(values, p):
     if not values:
         return None
@@ -116,6 +124,10 @@ def main():
     ap.add_argument("--taskgen", default="build/eval/evoke-taskgen")
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--json", default="")
+    ap.add_argument("--token-prompts", type=int, default=-1, metavar="BOS",
+                    help="send each prompt as token ids: BOS, then the server's /tokenize of the "
+                         "text without special tokens (llama-server, whose text prompts get the "
+                         "trained model's separator appended); not timed")
     a = ap.parse_args()
 
     pool = sessions(a.taskgen, a.task, a.length, a.first_seed, a.sessions)
@@ -137,7 +149,9 @@ def main():
                 if time.monotonic() >= deadline:
                     return
                 prompt = (prompt.rstrip() + " " + segment.strip()).strip()
-                body = {"model": a.model, "prompt": prompt, "max_tokens": len(answer.split()),
+                sent = prompt if a.token_prompts < 0 else token_prompt(a.url, prompt,
+                                                                       a.token_prompts)
+                body = {"model": a.model, "prompt": sent, "max_tokens": len(answer.split()),
                         "temperature": 0,
                         "stream": True, "stream_options": {"include_usage": True}}
                 status, text, usage, total, ttft, error = post(a.url, body, a.api_key, a.timeout)

@@ -61,7 +61,7 @@ std::optional<size_t> PolicyConversation::Keep(absl::Span<const llama_token> pro
   return std::nullopt;
 }
 
-absl::Status PolicyConversation::Prefill(absl::Span<const llama_token> prompt, size_t keep) {
+absl::Status PolicyConversation::BeginTurn(absl::Span<const llama_token> prompt, size_t keep) {
   if (keep >= prompt.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("keep: ", keep, " leaves nothing of a prompt of ", prompt.size()));
@@ -74,11 +74,28 @@ absl::Status PolicyConversation::Prefill(absl::Span<const llama_token> prompt, s
                                               " tokens, not ", keep));
     }
   }
-  const absl::Span<const llama_token> body = prompt.subspan(keep, prompt.size() - 1 - keep);
-  EVOKE_RETURN_IF_ERROR(session_->DecodeMany(body));
-  history_.insert(history_.end(), body.begin(), body.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> PolicyConversation::ContinueTurn(absl::Span<const llama_token> prompt,
+                                                      size_t* prefilled, size_t max_tokens) {
+  if (*prefilled != history_.size() || *prefilled >= prompt.size()) {
+    return absl::InternalError(absl::StrCat("turn at ", *prefilled, " of ", prompt.size(),
+                                            " tokens, history ", history_.size()));
+  }
+  const size_t body_end = prompt.size() - 1;
+  if (*prefilled < body_end) {
+    const size_t n = std::min(max_tokens, body_end - *prefilled);
+    const absl::Span<const llama_token> run = prompt.subspan(*prefilled, n);
+    EVOKE_RETURN_IF_ERROR(session_->DecodeMany(run));
+    history_.insert(history_.end(), run.begin(), run.end());
+    *prefilled += n;
+    if (*prefilled < body_end) return false;
+  }
   EVOKE_RETURN_IF_ERROR(session_->RecoverAtPromptEnd());
-  return Decode(prompt.back());
+  EVOKE_RETURN_IF_ERROR(Decode(prompt.back()));
+  *prefilled = prompt.size();
+  return true;
 }
 
 absl::Status PolicyConversation::Decode(llama_token token) {

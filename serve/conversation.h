@@ -64,12 +64,16 @@ class PolicyConversation {
   // prompt does not continue this conversation.
   std::optional<size_t> Keep(absl::Span<const llama_token> prompt) const;
 
-  // Prefill continues the conversation with `prompt` from `keep` (Keep's
-  // answer): what differs after the last block boundary is rolled back,
-  // the rest of the prompt but its last token is decoded under the policy,
-  // a recovery point runs at the prompt's end, and the last token is
-  // decoded (its logits: llama_get_logits_ith(ctx, -1)).
-  absl::Status Prefill(absl::Span<const llama_token> prompt, size_t keep);
+  // A turn: BeginTurn rolls back what differs after the last block
+  // boundary (to `keep`, Keep's answer); then ContinueTurn decodes the
+  // prompt from *prefilled (= keep at first) under the policy, at most
+  // `max_tokens` tokens a call, so that other slots decode between the
+  // calls: the prompt but its last token, then a recovery point at the
+  // prompt's end and the last token (its logits: llama_get_logits_ith(ctx,
+  // -1)), when it returns true.
+  absl::Status BeginTurn(absl::Span<const llama_token> prompt, size_t keep);
+  absl::StatusOr<bool> ContinueTurn(absl::Span<const llama_token> prompt, size_t* prefilled,
+                                    size_t max_tokens);
   // Decode decodes one generated token (its logits at -1).
   absl::Status Decode(llama_token token);
 
