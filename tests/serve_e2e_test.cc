@@ -86,8 +86,9 @@ class ServeTest : public E2eTest {
     serve_.reset();
   }
 
-  json Post(const std::string& path, const json& body, int want_status = 200) {
-    httplib::Result r = client_http_->Post(path, body.dump(), "application/json");
+  json Post(const std::string& path, const json& body, int want_status = 200,
+            const httplib::Headers& headers = {}) {
+    httplib::Result r = client_http_->Post(path, headers, body.dump(), "application/json");
     EXPECT_TRUE(r) << path;
     if (!r) return json();
     EXPECT_EQ(r->status, want_status) << r->body;
@@ -241,6 +242,28 @@ TEST_F(ServeTest, AConversationLongerThanItsSlotsShareRunsUnderThePolicy) {
   const v1::StatResponse st = Stat();
   EXPECT_GT(st.pinned().blocks() + st.spill().blocks(), 30u);
   StopServe();  // Its conversation's session goes with it.
+}
+
+// X-Evoke-Session names a conversation: its idle slot is chosen first,
+// whatever the tokens say; without the header, the tokens decide.
+TEST_F(ServeTest, XEvokeSessionChoosesItsSlot) {
+  StartServe({"--slots", "2"});
+  const std::string other =
+      "the tall castle needs the loud bridge . each river crosses . the code for green owl is "
+      "5 5 1 . question : what is the code for green owl ? answer :";
+  auto cached = [](const json& r) {
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  };
+  Post("/v1/completions", Completion(kFactPrompt, 1), 200, {{"X-Evoke-Session", "conv-a"}});
+  const json b = Post("/v1/completions", Completion(other, 1));
+  const int64_t other_tokens = b["usage"]["prompt_tokens"].get<int64_t>();
+  // The other conversation's prompt, named conv-a: conv-a's slot, which
+  // holds only their common start (BOS, "the") of it.
+  json r = Post("/v1/completions", Completion(other, 1), 200, {{"X-Evoke-Session", "conv-a"}});
+  EXPECT_LT(cached(r), 8);
+  // Unnamed, it goes where its tokens are.
+  r = Post("/v1/completions", Completion(other, 1));
+  EXPECT_EQ(cached(r), other_tokens - 1);
 }
 
 // A chat's second turn (the first turn, the reply as the client got it, a
