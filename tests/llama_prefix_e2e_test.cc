@@ -114,6 +114,24 @@ TEST_F(LlamaPrefixTest, SavingTwiceSavesOnlyTheMissingBlocks) {
   EXPECT_EQ(second->present, 2u);
   EXPECT_EQ(second->blocks, 1u);
   EXPECT_EQ(second->tokens, 192u);
+  // Loaded back into an emptied sequence: the chain comes through the shared
+  // region (one copy by the daemon), the same bytes as saved; a cap of 100
+  // tokens takes one whole block.
+  const std::vector<float> before = Logits(ctx.get());
+  llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, -1, -1);
+  const llama::TransferStats t0 = (*adapter)->transfer_stats();
+  absl::StatusOr<llama::PrefixResult> back = (*adapter)->LoadLongestPrefix(prompt, 64);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->tokens, 192u);
+  EXPECT_EQ((*adapter)->transfer_stats().shm_transfers - t0.shm_transfers, 3u);
+  EXPECT_EQ((*adapter)->transfer_stats().inline_transfers, t0.inline_transfers);
+  ASSERT_TRUE(llama::DecodeTokens(ctx.get(), absl::MakeConstSpan(prompt).subspan(192), 192));
+  const std::vector<float> after = Logits(ctx.get());
+  EXPECT_TRUE(Bitwise(after, before)) << "the loaded prefix must give the same logits";
+  llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, -1, -1);
+  absl::StatusOr<llama::PrefixResult> capped = (*adapter)->LoadLongestPrefix(prompt, 64, 100);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->tokens, 64u);
   // Bad input.
   EXPECT_EQ((*adapter)->SavePrefix(prompt, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*adapter)->LoadLongestPrefix(prompt, 0).status().code(),

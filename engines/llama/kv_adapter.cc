@@ -543,11 +543,38 @@ absl::StatusOr<PrefixResult> KvAdapter::LoadLongestPrefix(absl::Span<const llama
   if (n == 0) return out;
   std::vector<BlockId>& ids = stored.ids;
   ids.resize(n);
-  EVOKE_ASSIGN_OR_RETURN(std::vector<LoadedBlock> loaded, client_->Load(ids, fingerprint_));
-  stats_.inline_transfers += loaded.size();
-  for (const LoadedBlock& block : loaded) {
-    EVOKE_RETURN_IF_ERROR(Write(block.meta, block.payload, block.served_from, 0).status());
-    out.payload_bytes += block.payload.size();
+  // Through the shared region when it can hold the chain (the daemon copies
+  // each payload once, no message carries it), else inline.
+  const uint64_t block_bytes = uint64_t{format_.n_layer} * block_tokens * format_.n_kv_heads *
+                               format_.head_dim *
+                               (DTypeBytes(format_.k_dtype) + DTypeBytes(format_.v_dtype));
+  SharedRegion* region = RegionFor(n * block_bytes);
+  absl::StatusOr<std::vector<LoadedBlock>> loaded;
+  if (region != nullptr) {
+    std::vector<v1::RegionSlice> slices;
+    for (size_t i = 0; i < n; ++i) slices.push_back(region->Slice(i * block_bytes, block_bytes));
+    loaded = client_->LoadWith(ids, fingerprint_, {}, slices);
+    stats_.shm_transfers += n;
+    if (!loaded.ok() && loaded.status().code() != absl::StatusCode::kNotFound) {
+      if (MayBeTheRegion(loaded.status())) DropRegion();
+      stats_.shm_fallbacks += n;
+      region = nullptr;
+    }
+  }
+  if (region == nullptr) {
+    loaded = client_->Load(ids, fingerprint_);
+    stats_.inline_transfers += n;
+  }
+  if (!loaded.ok()) return loaded.status();
+  for (size_t i = 0; i < loaded->size(); ++i) {
+    const LoadedBlock& block = (*loaded)[i];
+    const absl::string_view payload =
+        region != nullptr
+            ? absl::string_view(reinterpret_cast<const char*>(region->data()) + i * block_bytes,
+                                block.meta.payload_bytes())
+            : absl::string_view(block.payload);
+    EVOKE_RETURN_IF_ERROR(Write(block.meta, payload, block.served_from, 0).status());
+    out.payload_bytes += payload.size();
     ++out.blocks;
   }
   out.tokens = static_cast<uint32_t>(n * block_tokens);
