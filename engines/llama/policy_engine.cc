@@ -292,9 +292,16 @@ absl::Status LlamaPolicySession::Decode(llama_token token) {
 absl::Status LlamaPolicySession::DecodeMany(absl::Span<const llama_token> tokens) {
   const bool per_token = policy_->info().needs_attention || repr_keys_;
   while (!tokens.empty()) {
-    const size_t n = per_token ? 1
-                               : static_cast<size_t>(std::min<uint64_t>(
-                                     tokens.size(), driver_->tokens_to_boundary()));
+    // A run ends at the next block boundary, and where the budget is full:
+    // there a run of one token makes room, so that evictions happen at the
+    // token where Decode's would (a run that made room for all of its tokens
+    // at once would evict earlier than needed, and hold less context).
+    const uint64_t resident = driver_->resident_tokens();
+    const uint64_t fit = options_.budget_tokens > resident ? options_.budget_tokens - resident : 0;
+    const size_t n = per_token || fit == 0
+                         ? 1
+                         : static_cast<size_t>(std::min<uint64_t>(
+                               {tokens.size(), driver_->tokens_to_boundary(), fit}));
     EVOKE_RETURN_IF_ERROR(DecodeRun(tokens.subspan(0, n)));
     tokens.remove_prefix(n);
   }

@@ -186,9 +186,11 @@ class LlamaPolicySession {
   absl::Status Decode(llama_token token);
 
   // DecodeMany decodes `tokens` as Decode would one by one, with the same
-  // recovery points and evictions, but in one llama_decode per run up to the
-  // next block boundary (logits of the last token only) for policies that
-  // read no per-token attention; one by one for the others.
+  // recovery points and the same evictions at the same tokens, but in one
+  // llama_decode per run (logits of the last token only) for policies that
+  // read no per-token attention: a run ends at the next block boundary, and
+  // where the budget is full (one token then makes room). One by one for
+  // the others.
   absl::Status DecodeMany(absl::Span<const llama_token> tokens);
 
   // RecoverAtPromptEnd is a recovery point at the end of a prompt, before
