@@ -258,6 +258,86 @@ TEST_F(LlamaPolicyTest, RecoverAtPromptEndBringsBlocksAtTheBoundaryAndReplaysThe
   }
 }
 
+// DecodeMany (runs in one llama_decode each) keeps the books as Decode one
+// token at a time does: the same blocks evicted, each at the same token,
+// whatever the runs' lengths; then Adopt takes over a sequence decoded
+// outside the session, and DropPending rolls the unfinished block back.
+TEST_F(LlamaPolicyTest, DecodeManyEvictsAtTheTokensDecodeWould) {
+  std::vector<llama_token> tokens;
+  for (uint32_t i = 0; i < 12 * kBlock + 7; ++i) {
+    tokens.push_back(static_cast<llama_token>(1 + (i * 11) % 200));
+  }
+  struct Run {
+    std::vector<std::pair<int64_t, int64_t>> evictions;  // {first position, next position}.
+    uint64_t saved = 0, resident = 0, pending = 0;
+  };
+  auto run = [&](const std::string& mode) -> Run {
+    Run out;
+    llama_context_params p;
+    ContextPtr ctx = MakeContext(512, nullptr, &p);
+    EXPECT_NE(ctx, nullptr);
+    llama::AdapterOptions ao = TestAdapterOptions("policy-test", "many-" + mode);
+    absl::StatusOr<std::unique_ptr<KvAdapter>> adapter =
+        KvAdapter::Open(ctx.get(), p, client_.get(), ao);
+    EXPECT_TRUE(adapter.ok()) << adapter.status();
+    llama::SessionOptions so;
+    so.policy = "streaming_llm";
+    so.params.block_tokens = kBlock;
+    so.budget_tokens = kBudget;
+    so.adopt = mode == "adopt";
+    size_t from = 0;
+    if (so.adopt) {  // The first 100 tokens decoded before the session.
+      from = 100;
+      EXPECT_TRUE(llama::DecodeTokens(ctx.get(), absl::MakeConstSpan(tokens).subspan(0, from), 0));
+    }
+    auto session = llama::LlamaPolicySession::Create(ctx.get(), nullptr, adapter->get(),
+                                                     client_.get(), ao.ns, ao.session_id, so);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return out;
+    llama::LlamaPolicySession& s = **session;
+    s.engine().set_observer([&](policy::BlockHandle, int64_t first, uint32_t, bool bring) {
+      if (!bring) out.evictions.push_back({first, s.next_position()});
+    });
+    if (so.adopt) {
+      EXPECT_EQ(s.Decode(tokens[0]).code(), absl::StatusCode::kFailedPrecondition)
+          << "decoding before Adopt";
+      EXPECT_OK(s.Adopt(absl::MakeConstSpan(tokens).subspan(0, from)));
+    }
+    absl::Span<const llama_token> rest = absl::MakeConstSpan(tokens).subspan(from);
+    if (mode == "one") {
+      for (llama_token t : rest) EXPECT_OK(s.Decode(t));
+    } else {
+      // Uneven pieces, so that runs start and end everywhere.
+      for (size_t i = 0, piece = 1; i < rest.size(); i += piece, piece = piece % 37 + 5) {
+        EXPECT_OK(s.DecodeMany(rest.subspan(i, std::min(piece, rest.size() - i))));
+      }
+    }
+    EXPECT_LE(s.max_cells_used(), kBudget);
+    out.saved = s.driver_stats().blocks_saved;
+    out.resident = s.driver().resident_tokens();
+    out.pending = s.pending_tokens();
+    // Rolling the unfinished block back leaves a boundary and its cells gone.
+    absl::StatusOr<uint64_t> dropped = s.DropPending();
+    EXPECT_TRUE(dropped.ok()) << dropped.status();
+    EXPECT_EQ(dropped.value_or(0), out.pending);
+    EXPECT_EQ(s.pending_tokens(), 0u);
+    EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(ctx.get()), 0) + 1, s.next_position());
+    return out;
+  };
+  const Run one = run("one");
+  const Run many = run("many");
+  const Run adopt = run("adopt");
+  ASSERT_GT(one.saved, 3u);
+  ASSERT_GT(one.pending, 0u);
+  EXPECT_EQ(many.evictions, one.evictions);
+  EXPECT_EQ(many.saved, one.saved);
+  EXPECT_EQ(many.resident, one.resident);
+  EXPECT_EQ(adopt.saved, one.saved);
+  EXPECT_EQ(adopt.resident, one.resident);
+  // Adopt takes the tokens in as Decode would have decoded them.
+  EXPECT_EQ(adopt.evictions, one.evictions);
+}
+
 TEST_F(LlamaPolicyTest, RefusesBudgetsAndPoliciesItCannotRun) {
   llama::AttentionCapture capture;
   llama_context_params p;
