@@ -176,6 +176,12 @@ class EngineImpl final : public Engine {
   // policy with the prompt; `keep`: tokens of the slot's history that begin
   // it. False with the request failed.
   bool StartPolicy(Slot& slot, Pending& p, size_t keep, Usage* usage);
+  // OrderPrefills sorts prompts being decoded: the one admitted first, then
+  // the others shortest remaining first. PrefillQuantum: the tokens `s` may
+  // decode this step, of `left` (the first of several gets half of `step`).
+  static std::vector<Slot*>& OrderPrefills(std::vector<Slot*>* slots);
+  static size_t PrefillQuantum(const Slot& s, const std::vector<Slot*>& order, size_t left,
+                               size_t step);
   // Account adds the slot's conversation's new policy counts to the stats.
   void Account(Slot& s);
   void Count(uint64_t EngineStats::*field, uint64_t n = 1) {

@@ -33,6 +33,12 @@ Slot* EngineImpl::Choose(const Pending& p, size_t* keep) {
     for (Slot& s : slots_) {
       if (!s.active() && s.session == p.request.session) {
         *keep = common(s);
+        // Less than a block in common, and not all of the slot: load from
+        // evoked instead (see below).
+        if (*keep < options_.block_tokens && *keep < s.history().size() &&
+            *keep + 1 < prompt.size()) {
+          *keep = 0;
+        }
         return &s;
       }
     }
@@ -251,6 +257,24 @@ void EngineImpl::Account(Slot& s) {
   s.counted = now;
 }
 
+std::vector<Slot*>& EngineImpl::OrderPrefills(std::vector<Slot*>* slots) {
+  std::sort(slots->begin(), slots->end(), [](const Slot* a, const Slot* b) {
+    return std::make_pair(a->prompt.size() - a->prefilled, a->last_used) <
+           std::make_pair(b->prompt.size() - b->prefilled, b->last_used);
+  });
+  auto oldest = std::min_element(slots->begin(), slots->end(), [](const Slot* a, const Slot* b) {
+    return a->last_used < b->last_used;
+  });
+  if (oldest != slots->end()) std::rotate(slots->begin(), oldest, oldest + 1);
+  return *slots;
+}
+
+size_t EngineImpl::PrefillQuantum(const Slot& s, const std::vector<Slot*>& order, size_t left,
+                                  size_t step) {
+  if (&s == order.front() && order.size() > 1) return std::min(left, step / 2);
+  return left;
+}
+
 void EngineImpl::Step() {
   // One llama_decode for the slots outside a policy: a token for each that
   // generates, then chunks of the prompts being prefilled, up to kStepTokens
@@ -265,7 +289,7 @@ void EngineImpl::Step() {
   std::vector<Part> parts;
   std::vector<Slot*> prefills;     // Outside a policy.
   std::vector<Slot*> policy_prefills;
-  size_t batch_tokens = 0;
+  size_t batch_tokens = 0, policy_tokens = 0;
   for (Slot& s : slots_) {
     if (!s.active()) continue;
     if (s.stream->cancelled()) {
@@ -277,7 +301,9 @@ void EngineImpl::Step() {
       policy_prefills.push_back(&s);
     } else if (s.conv != nullptr) {
       // Under the policy, alone: it acts between tokens.
-      if (absl::Status st = s.conv->Decode(s.next); !st.ok()) {
+      absl::Status st = s.conv->Decode(s.next);
+      Account(s);
+      if (!st.ok()) {
         FailSlot(s, ServerError(absl::StrCat("decoding under the policy: ", st.message())));
       } else {
         Emit(s, llama_sampler_sample(s.sampler.get(), ctx_.get(), -1));
@@ -289,44 +315,34 @@ void EngineImpl::Step() {
       ++batch_tokens;
     }
   }
-  // Prompts are decoded shortest remaining first, up to kStepTokens a step
-  // (for each kind): a turn that adds a few tokens to a conversation gets
-  // its answer at once, a new long prompt makes progress every step, and
-  // the others' decoding goes on meanwhile.
-  auto shortest_first = [](const Slot* a, const Slot* b) {
-    return std::make_pair(a->prompt.size() - a->prefilled, a->last_used) <
-           std::make_pair(b->prompt.size() - b->prefilled, b->last_used);
-  };
-  std::sort(policy_prefills.begin(), policy_prefills.end(), shortest_first);
-  // ... but the longest waiting goes first with half of it, so that no
-  // prompt waits behind a stream of short ones.
-  auto oldest = std::min_element(policy_prefills.begin(), policy_prefills.end(),
-                                 [](const Slot* a, const Slot* b) {
-                                   return a->last_used < b->last_used;
-                                 });
-  if (oldest != policy_prefills.end()) std::rotate(policy_prefills.begin(), oldest, oldest + 1);
-  size_t policy_tokens = 0;
-  for (Slot* p : policy_prefills) {
-    if (policy_tokens >= kStepTokens) break;
-    Slot& s = *p;
-    const size_t before = s.prefilled;
-    const size_t quantum =
-        p == policy_prefills.front() ? kStepTokens / 2 : kStepTokens - policy_tokens;
-    absl::StatusOr<bool> done = s.conv->ContinueTurn(s.prompt, &s.prefilled, quantum);
-    policy_tokens += s.prefilled - before;
+  // Prompts are decoded up to kStepTokens a step (for each kind): the one
+  // that has waited longest first, with at most half of the step when others
+  // wait too, so that no prompt waits behind a stream of short ones; then
+  // the rest shortest remaining first, so that a turn adding a few tokens to
+  // a conversation gets its answer at once. The others' decoding goes on
+  // meanwhile.
+  for (Slot* s : OrderPrefills(&policy_prefills)) {
+    const size_t quantum = PrefillQuantum(*s, policy_prefills, kStepTokens - policy_tokens,
+                                          kStepTokens);
+    if (quantum == 0) break;
+    const size_t before = s->prefilled;
+    absl::StatusOr<bool> done = s->conv->ContinueTurn(s->prompt, &s->prefilled, quantum);
+    policy_tokens += s->prefilled - before;
+    Account(*s);
     if (!done.ok()) {
-      FailSlot(s, ServerError(absl::StrCat("decoding under the policy: ",
-                                           done.status().message())));
+      FailSlot(*s, ServerError(absl::StrCat("decoding under the policy: ",
+                                            done.status().message())));
     } else if (*done) {
-      Emit(s, llama_sampler_sample(s.sampler.get(), ctx_.get(), -1));
+      Emit(*s, llama_sampler_sample(s->sampler.get(), ctx_.get(), -1));
     }
   }
-  std::sort(prefills.begin(), prefills.end(), shortest_first);
-  for (Slot* p : prefills) {
-    Slot& s = *p;
-    if (batch_tokens >= kStepTokens) break;
-    const size_t n = std::min(kStepTokens - batch_tokens, s.prompt.size() - s.prefilled);
-    parts.push_back({&s, batch_tokens, n, s.prefilled + n == s.prompt.size()});
+  const size_t generating = batch_tokens;
+  for (Slot* s : OrderPrefills(&prefills)) {
+    const size_t n = std::min(PrefillQuantum(*s, prefills, kStepTokens - batch_tokens,
+                                             kStepTokens - generating),
+                              s->prompt.size() - s->prefilled);
+    if (n == 0) break;
+    parts.push_back({s, batch_tokens, n, s->prefilled + n == s->prompt.size()});
     batch_tokens += n;
   }
   if (parts.empty()) return;
@@ -396,6 +412,12 @@ void EngineImpl::FinishSlot(Slot& s, const std::string& reason) {
     s.stream->Finish(reason, s.usage);
   }
   Account(s);
+  if (s.conv != nullptr && s.conv->history().empty()) {
+    // Cancelled before its first chunk: nothing to keep.
+    Detach(s);
+    ClearSlot(s);
+    return;
+  }
   // A policy's conversation keeps its blocks in its own session instead.
   if (s.conv == nullptr && options_.save_prefixes && s.tokens.size() >= options_.block_tokens) {
     absl::StatusOr<llama::PrefixResult> saved =

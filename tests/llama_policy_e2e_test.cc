@@ -338,6 +338,42 @@ TEST_F(LlamaPolicyTest, DecodeManyEvictsAtTheTokensDecodeWould) {
   EXPECT_EQ(adopt.evictions, one.evictions);
 }
 
+// A budget of the sinks, one block and a little: the policy evicts the
+// block before the unfinished one while its tokens are held, so dropping
+// them leaves the sequence's last position far before them. The next token
+// must go right after it (llama.cpp refuses a gap), and decoding goes on.
+TEST_F(LlamaPolicyTest, DropPendingAfterItsBlockLeftContinuesAfterTheLastHeldPosition) {
+  llama_context_params p;
+  ContextPtr ctx = MakeContext(256, nullptr, &p);
+  ASSERT_NE(ctx, nullptr);
+  llama::AdapterOptions ao = TestAdapterOptions("policy-test", "drop-gap");
+  absl::StatusOr<std::unique_ptr<KvAdapter>> adapter =
+      KvAdapter::Open(ctx.get(), p, client_.get(), ao);
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  llama::SessionOptions so;
+  so.policy = "streaming_llm";
+  so.params.block_tokens = kBlock;
+  so.budget_tokens = so.params.sink_tokens + kBlock + 8;
+  auto session = llama::LlamaPolicySession::Create(ctx.get(), nullptr, adapter->get(),
+                                                   client_.get(), ao.ns, ao.session_id, so);
+  ASSERT_TRUE(session.ok()) << session.status();
+  llama::LlamaPolicySession& s = **session;
+  // The sinks make a block of their own, then blocks of kBlock.
+  for (uint32_t i = 0; i < so.params.sink_tokens + 3 * kBlock + 20; ++i) {
+    ASSERT_OK(s.Decode(static_cast<llama_token>(i % 90 + 1)));
+  }
+  ASSERT_EQ(s.pending_tokens(), 20u);
+  const int64_t before = s.next_position();
+  absl::StatusOr<uint64_t> dropped = s.DropPending();
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(*dropped, 20u);
+  const llama_pos last = llama_memory_seq_pos_max(llama_get_memory(ctx.get()), 0);
+  EXPECT_LT(last + 20, before) << "the block before the tail had been evicted";
+  EXPECT_EQ(s.next_position(), last + 1);
+  for (uint32_t i = 0; i < 2 * kBlock; ++i) ASSERT_OK(s.Decode(7));
+  EXPECT_LE(s.max_cells_used(), so.budget_tokens);
+}
+
 TEST_F(LlamaPolicyTest, RefusesBudgetsAndPoliciesItCannotRun) {
   llama::AttentionCapture capture;
   llama_context_params p;

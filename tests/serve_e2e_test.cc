@@ -241,6 +241,17 @@ TEST_F(ServeTest, AConversationLongerThanItsSlotsShareRunsUnderThePolicy) {
   // The slot held at most its share: evoked has the rest, as a session.
   const v1::StatResponse st = Stat();
   EXPECT_GT(st.pinned().blocks() + st.spill().blocks(), 30u);
+  // Conversations that replace one another in the slot leave no shared
+  // region behind in evoked (each has its adapter, and its region, while
+  // it lasts).
+  for (int i = 0; i < 4; ++i) {
+    std::string other = absl::StrCat("the code for green owl is ", i, " 5 1 . ");
+    for (int j = 0; j < 40; ++j) other += filler;
+    other += "question : what is the code for green owl ? answer :";
+    Post("/v1/completions", Completion(other, 1));
+  }
+  EXPECT_EQ(Metrics()["evoke_serve_policy_conversations_total"], 5);
+  EXPECT_LE(Stat().leases().shm_regions(), 3u);
   StopServe();  // Its conversation's session goes with it.
 }
 
@@ -251,19 +262,25 @@ TEST_F(ServeTest, XEvokeSessionChoosesItsSlot) {
   const std::string other =
       "the tall castle needs the loud bridge . each river crosses . the code for green owl is "
       "5 5 1 . question : what is the code for green owl ? answer :";
-  auto cached = [](const json& r) {
-    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
-  };
   Post("/v1/completions", Completion(kFactPrompt, 1), 200, {{"X-Evoke-Session", "conv-a"}});
   const json b = Post("/v1/completions", Completion(other, 1));
-  const int64_t other_tokens = b["usage"]["prompt_tokens"].get<int64_t>();
-  // The other conversation's prompt, named conv-a: conv-a's slot, which
-  // holds only their common start (BOS, "the") of it.
-  json r = Post("/v1/completions", Completion(other, 1), 200, {{"X-Evoke-Session", "conv-a"}});
-  EXPECT_LT(cached(r), 8);
-  // Unnamed, it goes where its tokens are.
-  r = Post("/v1/completions", Completion(other, 1));
-  EXPECT_EQ(cached(r), other_tokens - 1);
+  const double other_tokens = b["usage"]["prompt_tokens"].get<double>();
+  // Unnamed, the other conversation goes where its tokens are: the second
+  // slot, which holds all of it.
+  std::map<std::string, double> m0 = Metrics();
+  Post("/v1/completions", Completion(other, 1));
+  std::map<std::string, double> m1 = Metrics();
+  EXPECT_EQ(m1["evoke_serve_prompt_tokens_reused_total"] -
+                m0["evoke_serve_prompt_tokens_reused_total"],
+            other_tokens - 1);
+  // Named conv-a, it goes to conv-a's slot, which holds only their common
+  // start (BOS, "the"): its blocks come from evoked instead.
+  Post("/v1/completions", Completion(other, 1), 200, {{"X-Evoke-Session", "conv-a"}});
+  std::map<std::string, double> m2 = Metrics();
+  EXPECT_EQ(m2["evoke_serve_prompt_tokens_reused_total"],
+            m1["evoke_serve_prompt_tokens_reused_total"]);
+  EXPECT_GT(m2["evoke_serve_prompt_tokens_loaded_total"],
+            m1["evoke_serve_prompt_tokens_loaded_total"]);
 }
 
 // A chat's second turn (the first turn, the reply as the client got it, a

@@ -270,6 +270,8 @@ SharedRegion* KvAdapter::RegionFor(uint64_t bytes) {
   return region_.get();
 }
 
+KvAdapter::~KvAdapter() { DropRegion(); }
+
 void KvAdapter::DropRegion() {
   if (region_ == nullptr) return;
   if (client_->has_lease()) (void)client_->UnregisterRegion(region_->id());
@@ -577,7 +579,7 @@ absl::StatusOr<PrefixResult> KvAdapter::LoadLongestPrefix(absl::Span<const llama
     out.payload_bytes += payload.size();
     ++out.blocks;
   }
-  out.tokens = static_cast<uint32_t>(n * block_tokens);
+  out.tokens = out.blocks * block_tokens;  // What the cache holds now.
   return out;
 }
 

@@ -121,6 +121,11 @@ class KvAdapter {
   static absl::StatusOr<std::unique_ptr<KvAdapter>> Open(llama_context* ctx,
                                                          const llama_context_params& cparams,
                                                          Client* client, AdapterOptions options);
+  // Unregisters its shared region from the daemon (the daemon would keep it,
+  // and its lease's count of regions, until the lease ends).
+  ~KvAdapter();
+  KvAdapter(const KvAdapter&) = delete;
+  KvAdapter& operator=(const KvAdapter&) = delete;
 
   // Read returns the K/V of the engine sequence's cells in [p0, p1) in
   // canonical layout without changing the cache. NOT_FOUND when there are

@@ -362,7 +362,11 @@ absl::StatusOr<uint64_t> LlamaPolicySession::DropPending() {
   for (llama_pos p = first; p < static_cast<llama_pos>(next_position_); ++p) {
     pending_mass_.erase(p);
   }
-  next_position_ = first;
+  // llama.cpp takes a sequence's next token only right after its last
+  // position. When the policy evicted the block before the tail (a budget
+  // of about sinks and two blocks), that is before `first`.
+  next_position_ = std::min<int64_t>(
+      first, int64_t{llama_memory_seq_pos_max(llama_get_memory(ctx_), adapter_->seq())} + 1);
   pending_ids_.clear();
   cells_->Invalidate();
   return m;

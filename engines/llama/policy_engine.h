@@ -216,7 +216,8 @@ class LlamaPolicySession {
 
   // DropPending removes the tokens decoded since the last block boundary
   // from the cache and the books (so that a conversation can take another
-  // turn from there) and returns how many.
+  // turn from there) and returns how many. The next token goes right after
+  // the last position the sequence still holds.
   absl::StatusOr<uint64_t> DropPending();
   uint64_t pending_tokens() const { return driver_->pending_tokens(); }
 
