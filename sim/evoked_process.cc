@@ -34,8 +34,12 @@ std::string DefaultEvokedPath() {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    const std::filesystem::path candidate = self.parent_path().parent_path() / "daemon" / "evoked";
-    if (std::filesystem::exists(candidate, ec)) return candidate.string();
+    // The build tree (<build>/sim/evoke-sim -> <build>/daemon/evoked), then
+    // an installed one beside this binary (<prefix>/bin).
+    for (const std::filesystem::path& candidate :
+         {self.parent_path().parent_path() / "daemon" / "evoked", self.parent_path() / "evoked"}) {
+      if (std::filesystem::exists(candidate, ec)) return candidate.string();
+    }
   }
   return "evoked";
 }

@@ -52,7 +52,8 @@ class EvokedProcess {
 
 // DefaultEvokedPath: daemon/evoked in the build tree next to this binary's
 // directory (found via /proc/self/exe: <build>/sim/evoke-sim ->
-// <build>/daemon/evoked), else "evoked" looked up on PATH.
+// <build>/daemon/evoked), else evoked in this binary's own directory (an
+// installed <prefix>/bin), else "evoked" looked up on PATH.
 std::string DefaultEvokedPath();
 
 }  // namespace evoke::sim
