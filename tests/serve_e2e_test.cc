@@ -255,6 +255,44 @@ TEST_F(ServeTest, AConversationLongerThanItsSlotsShareRunsUnderThePolicy) {
   StopServe();  // Its conversation's session goes with it.
 }
 
+// A conversation that outgrows its slot's share after a first turn that
+// fitted: the policy takes over what the slot holds (nothing is computed
+// again). After a restart, its prefix blocks (written when the first turn
+// ended) come back from evoked, up to the share, and the rest is decoded
+// under the policy.
+TEST_F(ServeTest, AConversationOutgrowingItsShareIsAdoptedAndComesBackAfterARestart) {
+  StartServe({"--slots", "1", "--kv-budget", "256"});
+  const std::string filler = "the tall castle needs the loud bridge . each river crosses . ";
+  std::string prompt = std::string(kFactPrompt);
+  json r = Post("/v1/completions", Completion(prompt, 4));  // Fits: no policy.
+  ASSERT_TRUE(r.contains("usage")) << r.dump();
+  const int64_t first = r["usage"]["prompt_tokens"].get<int64_t>();
+  EXPECT_EQ(Metrics()["evoke_serve_policy_conversations_total"], 0);
+  prompt += r["choices"][0]["text"].get<std::string>() + " ";
+  for (int i = 0; i < 30; ++i) prompt += filler;
+  prompt += "question : what is the code for red fox ? answer :";
+  r = Post("/v1/completions", Completion(prompt, 3));
+  ASSERT_TRUE(r.contains("usage")) << r.dump();
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), first);
+  std::map<std::string, double> m = Metrics();
+  EXPECT_EQ(m["evoke_serve_policy_conversations_total"], 1);
+  EXPECT_GT(m["evoke_serve_policy_evicted_blocks_total"], 0);
+  EXPECT_EQ(m["evoke_serve_prompt_tokens_prefilled_total"],
+            m["evoke_serve_prompt_tokens_total"] - m["evoke_serve_prompt_tokens_reused_total"]);
+  StopServe();
+  StartServe({"--slots", "1", "--kv-budget", "256"});
+  r = Post("/v1/completions", Completion(prompt, 3));
+  ASSERT_TRUE(r.contains("usage")) << r.dump();
+  m = Metrics();
+  EXPECT_EQ(m["evoke_serve_policy_conversations_total"], 1);
+  // The first turn's whole blocks, at most the share.
+  EXPECT_GE(m["evoke_serve_prompt_tokens_loaded_total"], 8);
+  EXPECT_LE(m["evoke_serve_prompt_tokens_loaded_total"], 256);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<double>(),
+            m["evoke_serve_prompt_tokens_loaded_total"]);
+  EXPECT_EQ(m["evoke_serve_failed_total"], 0);
+}
+
 // X-Evoke-Session names a conversation: its idle slot is chosen first,
 // whatever the tokens say; without the header, the tokens decide.
 TEST_F(ServeTest, XEvokeSessionChoosesItsSlot) {
