@@ -81,7 +81,6 @@ class PolicyConversation {
   // cache differ: recovered blocks sit at the tail).
   const std::vector<llama_token>& history() const { return history_; }
   ConversationStats stats() const;
-  const std::string& session_id() const { return session_id_; }
 
  private:
   PolicyConversation() = default;

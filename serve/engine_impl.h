@@ -182,6 +182,14 @@ class EngineImpl final : public Engine {
   static std::vector<Slot*>& OrderPrefills(std::vector<Slot*>* slots);
   static size_t PrefillQuantum(const Slot& s, const std::vector<Slot*>& order, size_t left,
                                size_t step);
+  // LoadPrefix loads the prompt's prefix blocks evoked holds into the slot
+  // (at most max_tokens) and returns the tokens loaded; a failure is
+  // counted and logged, and the slot cleared (0).
+  uint64_t LoadPrefix(Slot& slot, absl::Span<const llama_token> prompt, uint32_t max_tokens);
+  // CountPrompt adds an admitted prompt to the stats: `tokens` in all, of
+  // which `reused` from the slot and `loaded` from evoked; the rest are
+  // prefilled.
+  void CountPrompt(uint64_t tokens, uint64_t reused, uint64_t loaded);
   // Account adds the slot's conversation's new policy counts to the stats.
   void Account(Slot& s);
   void Count(uint64_t EngineStats::*field, uint64_t n = 1) {

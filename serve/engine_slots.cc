@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,10 +23,17 @@ uint64_t EngineImpl::CellsInUse() const {
 
 Slot* EngineImpl::Choose(const Pending& p, size_t* keep) {
   const std::vector<llama_token>& prompt = p.prompt;
-  auto common = [&](const Slot& s) {
+  // What of the slot's history the prompt may keep: the same conversation
+  // (the slot's tokens all begin the prompt, or the prompt is all in the
+  // slot) or a shared start of a block at least. A shorter shared start
+  // (BOS, "user :") is not worth keeping: evoked's prefix blocks serve
+  // better, and it is no reason to take over another conversation's slot.
+  auto common = [&](const Slot& s) -> size_t {
     const std::vector<llama_token>& h = s.history();
-    return static_cast<size_t>(std::mismatch(h.begin(), h.end(), prompt.begin(), prompt.end())
-                                   .first - h.begin());
+    const size_t n = static_cast<size_t>(
+        std::mismatch(h.begin(), h.end(), prompt.begin(), prompt.end()).first - h.begin());
+    if (n < options_.block_tokens && n < h.size() && n + 1 < prompt.size()) return 0;
+    return n;
   };
   Slot* slot = nullptr;
   *keep = 0;
@@ -33,25 +41,13 @@ Slot* EngineImpl::Choose(const Pending& p, size_t* keep) {
     for (Slot& s : slots_) {
       if (!s.active() && s.session == p.request.session) {
         *keep = common(s);
-        // Less than a block in common, and not all of the slot: load from
-        // evoked instead (see below).
-        if (*keep < options_.block_tokens && *keep < s.history().size() &&
-            *keep + 1 < prompt.size()) {
-          *keep = 0;
-        }
         return &s;
       }
     }
   }
   for (Slot& s : slots_) {
     if (s.active()) continue;
-    size_t n = common(s);
-    // The same conversation (the slot's tokens all begin the prompt, or the
-    // prompt is all in the slot) or a shared start of a block at least. A
-    // shorter shared start (BOS, "user :") is no reason to take over another
-    // conversation's slot: an empty or the coldest one, and evoked, serve
-    // better.
-    if (n < options_.block_tokens && n < s.history().size() && n + 1 < prompt.size()) n = 0;
+    const size_t n = common(s);
     if (slot == nullptr || n > *keep ||
         (n == *keep && *keep == 0 &&
          std::make_pair(!s.history().empty(), s.last_used) <
@@ -147,26 +143,13 @@ EngineImpl::Started EngineImpl::Start(Pending& p) {
     }
     uint64_t loaded = 0;
     if (keep == 0) {
-      absl::StatusOr<llama::PrefixResult> got =
-          slot->adapter->LoadLongestPrefix(prompt, options_.block_tokens);
-      if (got.ok()) {
-        loaded = got->tokens;
-      } else {
-        Count(&EngineStats::prefix_load_errors);
-        std::fprintf(stderr, "evoke-serve: loading a prefix from evoked: %s\n",
-                     got.status().ToString().c_str());
-        ClearSlot(*slot);
-      }
+      loaded = LoadPrefix(*slot, prompt, std::numeric_limits<uint32_t>::max());
       slot->tokens.assign(prompt.begin(), prompt.begin() + static_cast<ptrdiff_t>(loaded));
     }
     const size_t from = slot->tokens.size();
     usage.cached_tokens = static_cast<int64_t>(from);
     slot->prefilled = from;  // Step decodes the rest, in chunks.
-    absl::MutexLock lock(&mu_);
-    stats_.prompt_tokens += prompt.size();
-    stats_.reused_from_slot += keep;
-    stats_.loaded_from_evoked += loaded;
-    stats_.prefilled += prompt.size() - from;
+    CountPrompt(prompt.size(), keep, loaded);
   }
   slot->prompt = prompt;
   slot->session = r.session;
@@ -193,18 +176,7 @@ bool EngineImpl::StartPolicy(Slot& slot, Pending& p, size_t keep, Usage* usage) 
                         -1);
     slot.tokens.resize(adopt);
     reused = adopt;
-    if (adopt == 0) {
-      absl::StatusOr<llama::PrefixResult> got = slot.adapter->LoadLongestPrefix(
-          prompt, options_.block_tokens, static_cast<uint32_t>(share_));
-      if (got.ok()) {
-        adopt = loaded = got->tokens;
-      } else {
-        Count(&EngineStats::prefix_load_errors);
-        std::fprintf(stderr, "evoke-serve: loading a prefix from evoked: %s\n",
-                     got.status().ToString().c_str());
-        ClearSlot(slot);
-      }
-    }
+    if (adopt == 0) adopt = loaded = LoadPrefix(slot, prompt, static_cast<uint32_t>(share_));
     llama::AdapterOptions ao = conv_adapter_;
     ao.seq = slot.seq;
     ao.session_id = absl::StrCat("evoke-serve/", name_, "/", instance_, "/", ++conversations_);
@@ -220,7 +192,6 @@ bool EngineImpl::StartPolicy(Slot& slot, Pending& p, size_t keep, Usage* usage) 
       return false;
     }
     slot.conv = *std::move(conv);
-    slot.counted = {};
     keep = adopt;
     Count(&EngineStats::policy_conversations);
   } else {
@@ -238,12 +209,28 @@ bool EngineImpl::StartPolicy(Slot& slot, Pending& p, size_t keep, Usage* usage) 
                                             s.message())));
     return false;
   }
+  CountPrompt(prompt.size(), reused, loaded);
+  return true;
+}
+
+uint64_t EngineImpl::LoadPrefix(Slot& slot, absl::Span<const llama_token> prompt,
+                                uint32_t max_tokens) {
+  absl::StatusOr<llama::PrefixResult> got =
+      slot.adapter->LoadLongestPrefix(prompt, options_.block_tokens, max_tokens);
+  if (got.ok()) return got->tokens;
+  Count(&EngineStats::prefix_load_errors);
+  std::fprintf(stderr, "evoke-serve: loading a prefix from evoked: %s\n",
+               got.status().ToString().c_str());
+  ClearSlot(slot);
+  return 0;
+}
+
+void EngineImpl::CountPrompt(uint64_t tokens, uint64_t reused, uint64_t loaded) {
   absl::MutexLock lock(&mu_);
-  stats_.prompt_tokens += prompt.size();
+  stats_.prompt_tokens += tokens;
   stats_.reused_from_slot += reused;
   stats_.loaded_from_evoked += loaded;
-  stats_.prefilled += prompt.size() - keep;
-  return true;
+  stats_.prefilled += tokens - reused - loaded;
 }
 
 void EngineImpl::Account(Slot& s) {
@@ -349,9 +336,9 @@ void EngineImpl::Step() {
   llama_batch batch = llama_batch_init(static_cast<int32_t>(batch_tokens), 0, 1);
   for (const Part& part : parts) {
     Slot& s = *part.slot;
+    const bool prefill = s.prefilling();
     for (size_t k = 0; k < part.n; ++k) {
       const size_t i = part.first + k;
-      const bool prefill = s.prefilling();
       batch.token[i] = prefill ? s.prompt[s.prefilled + k] : s.next;
       batch.pos[i] = static_cast<llama_pos>(s.tokens.size() + k);
       batch.n_seq_id[i] = 1;

@@ -547,9 +547,8 @@ absl::StatusOr<PrefixResult> KvAdapter::LoadLongestPrefix(absl::Span<const llama
   ids.resize(n);
   // Through the shared region when it can hold the chain (the daemon copies
   // each payload once, no message carries it), else inline.
-  const uint64_t block_bytes = uint64_t{format_.n_layer} * block_tokens * format_.n_kv_heads *
-                               format_.head_dim *
-                               (DTypeBytes(format_.k_dtype) + DTypeBytes(format_.v_dtype));
+  EVOKE_ASSIGN_OR_RETURN(const uint64_t block_bytes,
+                         CanonicalPayloadBytes(fingerprint_, block_tokens, format_.n_layer));
   SharedRegion* region = RegionFor(n * block_bytes);
   absl::StatusOr<std::vector<LoadedBlock>> loaded;
   if (region != nullptr) {

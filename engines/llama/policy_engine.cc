@@ -12,23 +12,6 @@
 #include "evoke/client.h"
 
 namespace evoke::llama {
-namespace {
-
-// Decodes one token of `seq` at `pos`, asking for its logits.
-bool DecodeOne(llama_context* ctx, llama_token token, llama_pos pos, llama_seq_id seq) {
-  llama_batch batch = llama_batch_init(1, 0, 1);
-  batch.token[0] = token;
-  batch.pos[0] = pos;
-  batch.n_seq_id[0] = 1;
-  batch.seq_id[0][0] = seq;
-  batch.logits[0] = true;
-  batch.n_tokens = 1;
-  const int32_t rc = llama_decode(ctx, batch);
-  llama_batch_free(batch);
-  return rc == 0;
-}
-
-}  // namespace
 
 LlamaBlockEngine::LlamaBlockEngine(llama_context* ctx, KvAdapter* adapter,
                                    policy::EvokedRecoverySource* source, EngineOptions options,
@@ -114,9 +97,7 @@ absl::StatusOr<uint64_t> LlamaBlockEngine::Bring(policy::BlockHandle handle, uin
   if (source_ != nullptr) source_->SetResident(handle, true);
   ++stats_.brought;
   if (observer_) observer_(handle, first_position, n_tokens, true);
-  return uint64_t{adapter_->format().n_layer} * n_tokens * adapter_->format().n_kv_heads *
-         adapter_->format().head_dim *
-         (DTypeBytes(adapter_->format().k_dtype) + DTypeBytes(adapter_->format().v_dtype));
+  return CanonicalPayloadBytes(adapter_->fingerprint(), n_tokens, adapter_->format().n_layer);
 }
 
 absl::StatusOr<v1::Summary> LlamaBlockEngine::ReprKeys(const policy::ResidentBlock& block) {
@@ -318,9 +299,7 @@ absl::Status LlamaPolicySession::DecodeRun(absl::Span<const llama_token> run) {
   }
   const llama_pos first = static_cast<llama_pos>(next_position_);
   if (capture_ != nullptr) capture_->BeginStep();
-  const bool decoded = run.size() == 1 ? DecodeOne(ctx_, run[0], first, adapter_->seq())
-                                       : DecodeTokens(ctx_, run, first, adapter_->seq());
-  if (!decoded) {
+  if (!DecodeTokens(ctx_, run, first, adapter_->seq())) {
     return absl::InternalError(absl::StrCat("llama_decode failed at position ", first));
   }
   if (capture_ != nullptr) last_query_ = capture_->recovery_query();
@@ -400,29 +379,21 @@ absl::Status LlamaPolicySession::Adopt(absl::Span<const llama_token> tokens) {
                      tokens.size(), " tokens"));
   }
   const bool recovers = policy_->info().recovers;
+  // Each token as Decode takes it in, without the decode: room first, then
+  // the books, and mean keys for a completed block (recovering policies).
+  auto take = [&](llama_token t) -> absl::Status {
+    EVOKE_RETURN_IF_ERROR(driver_->MakeRoom(1));
+    EVOKE_ASSIGN_OR_RETURN(std::optional<policy::BlockHandle> done,
+                           driver_->TokenDecoded(static_cast<llama_pos>(next_position_)));
+    ++next_position_;
+    pending_ids_.push_back(t);
+    if (driver_->pending_tokens() == 0) pending_ids_.clear();
+    if (done.has_value() && recovers) return SetMeanKeys(*done);
+    return absl::OkStatus();
+  };
   cells_->Invalidate();
   for (llama_token t : tokens) {
-    absl::Status s = driver_->MakeRoom(1);
-    const llama_pos pos = static_cast<llama_pos>(next_position_);
-    absl::StatusOr<std::optional<policy::BlockHandle>> done =
-        s.ok() ? driver_->TokenDecoded(pos) : absl::StatusOr<std::optional<policy::BlockHandle>>(s);
-    if (done.ok()) {
-      ++next_position_;
-      pending_ids_.push_back(t);
-      if (driver_->pending_tokens() == 0) pending_ids_.clear();
-    }
-    if (done.ok() && done->has_value() && recovers) {
-      for (const policy::ResidentBlock& b : driver_->resident()) {
-        if (b.handle != **done) continue;
-        absl::StatusOr<std::vector<float>> mean =
-            engine_->MeanKeys(b.first_position, b.n_tokens, options_.summary_layer);
-        if (mean.ok()) s = driver_->SetSummary(b.handle, *std::move(mean));
-        else s = mean.status();
-        break;
-      }
-    }
-    if (!done.ok()) s = done.status();
-    if (!s.ok()) {
+    if (absl::Status s = take(t); !s.ok()) {
       broken_ = s;  // Part of the sequence is in the books, part not.
       return s;
     }
@@ -484,16 +455,17 @@ absl::Status LlamaPolicySession::AccountDecoded(llama_pos pos) {
       break;
     }
   }
-  if (done.has_value() && info.recovers) {
-    // Mean keys for the resident gate (EVOKE) and for scoring residents.
-    for (const policy::ResidentBlock& b : driver_->resident()) {
-      if (b.handle != *done) continue;
-      EVOKE_ASSIGN_OR_RETURN(std::vector<float> mean,
-                             engine_->MeanKeys(b.first_position, b.n_tokens,
-                                               options_.summary_layer));
-      EVOKE_RETURN_IF_ERROR(driver_->SetSummary(*done, std::move(mean)));
-      break;
-    }
+  if (done.has_value() && info.recovers) return SetMeanKeys(*done);
+  return absl::OkStatus();
+}
+
+absl::Status LlamaPolicySession::SetMeanKeys(policy::BlockHandle block) {
+  for (const policy::ResidentBlock& b : driver_->resident()) {
+    if (b.handle != block) continue;
+    EVOKE_ASSIGN_OR_RETURN(std::vector<float> mean,
+                           engine_->MeanKeys(b.first_position, b.n_tokens,
+                                             options_.summary_layer));
+    return driver_->SetSummary(block, std::move(mean));
   }
   return absl::OkStatus();
 }

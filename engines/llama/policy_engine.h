@@ -239,6 +239,9 @@ class LlamaPolicySession {
   absl::Status CheckNotBroken() const;
   // Books, statistics and summaries for the token just decoded at `pos`.
   absl::Status AccountDecoded(llama_pos pos);
+  // SetMeanKeys attaches its mean keys to the resident block `block` just
+  // completed (EVOKE's resident gate, and scoring residents).
+  absl::Status SetMeanKeys(policy::BlockHandle block);
   // A recovery point when one is due (recovering policies, block boundary).
   absl::Status RecoveryPointIfDue();
   // Decodes `run` (within one block) in one llama_decode, with its books.
